@@ -1,0 +1,1 @@
+//! iwdump. Being written.
