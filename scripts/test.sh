@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The project's test command (README.md): build, every test, clippy with warnings as
+# errors, and rustfmt. Exits non-zero as soon as any of them fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -d ../shared/pcaps ]; then
+    echo "error: ../shared/pcaps (the kernel siw captures the wire tests read) is missing" >&2
+    exit 1
+fi
+
+cargo build --workspace --all-targets --locked
+cargo test --workspace --all-targets --locked
+cargo test --workspace --doc --locked
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo fmt --all -- --check
