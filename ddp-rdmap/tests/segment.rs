@@ -1,0 +1,311 @@
+//! TX segmentation (RFC 5041 §5): lengths around the segment size, the 64 KiB
+//! messages of `shared/pcaps/ib_write_bw.pcap` and `ib_send_bw.pcap`, and errors.
+
+use ddp_rdmap::segment::{segment_count, Message, Segment, SegmentError, Target};
+use ddp_rdmap::{Header, Opcode};
+
+/// MULPDU for a 1460-byte MSS (1448 with TCP timestamps): 1448 - 2 - 4 = 1442.
+const MULPDU: usize = 1442;
+const TAGGED_ROOM: u32 = 1442 - 14; // 1428
+const UNTAGGED_ROOM: u32 = 1442 - 18; // 1424
+
+fn write(len: u32) -> Message {
+    Message {
+        opcode: Opcode::Write,
+        len,
+        target: Target::Tagged {
+            stag: 0xba44_2800,
+            to: 0x7f7f_f9f3_f000,
+        },
+    }
+}
+
+fn send(len: u32) -> Message {
+    Message {
+        opcode: Opcode::Send,
+        len,
+        target: Target::Untagged {
+            msn: 1,
+            inv_stag: 0,
+        },
+    }
+}
+
+fn segs(m: Message) -> Vec<Segment> {
+    m.segments(MULPDU).unwrap().collect()
+}
+
+fn bytes(h: &Header) -> Vec<u8> {
+    h.to_bytes().unwrap()[..h.buffer_len()].to_vec()
+}
+
+#[test]
+fn zero_length_is_one_last_segment() {
+    let s = segs(write(0));
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].offset, s[0].len, s[0].ulpdu_len()), (0, 0, 14));
+    assert!(s[0].header.last);
+    let s = segs(send(0));
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].header.mo(), s[0].ulpdu_len()), (Some(0), 18));
+    assert!(s[0].header.last);
+    // The MPA peer-to-peer RTR: zero-length Write to STag 1, TO 0.
+    let rtr = Message {
+        opcode: Opcode::Write,
+        len: 0,
+        target: Target::Tagged { stag: 1, to: 0 },
+    };
+    let s = segs(rtr);
+    assert_eq!(
+        bytes(&s[0].header),
+        [0xc1, 0x40, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
+}
+
+#[test]
+fn lengths_around_one_segment() {
+    for (len, count) in [
+        (1, 1),
+        (TAGGED_ROOM - 1, 1),
+        (TAGGED_ROOM, 1),
+        (TAGGED_ROOM + 1, 2),
+        (2 * TAGGED_ROOM, 2),
+        (2 * TAGGED_ROOM + 1, 3),
+    ] {
+        let s = segs(write(len));
+        assert_eq!(s.len(), count, "len {len}");
+        assert_eq!(s.last().unwrap().offset + s.last().unwrap().len, len);
+        assert!(s.iter().all(|g| g.ulpdu_len() <= MULPDU));
+    }
+    for (len, count) in [
+        (1, 1),
+        (UNTAGGED_ROOM - 1, 1),
+        (UNTAGGED_ROOM, 1),
+        (UNTAGGED_ROOM + 1, 2),
+    ] {
+        let s = segs(send(len));
+        assert_eq!(s.len(), count, "len {len}");
+    }
+    // MULPDU - header - 1 payload bytes: one segment one byte short of full.
+    let s = segs(write(TAGGED_ROOM - 1));
+    assert_eq!(s[0].ulpdu_len(), MULPDU - 1);
+    // Exactly full.
+    let s = segs(write(TAGGED_ROOM));
+    assert_eq!(s[0].ulpdu_len(), MULPDU);
+    // One more byte: a full segment and a 1-byte last one.
+    let s = segs(write(TAGGED_ROOM + 1));
+    assert_eq!((s[0].len, s[1].len), (TAGGED_ROOM, 1));
+    assert_eq!((s[0].header.last, s[1].header.last), (false, true));
+    assert_eq!(
+        s[1].header.to(),
+        Some(0x7f7f_f9f3_f000 + u64::from(TAGGED_ROOM))
+    );
+}
+
+#[test]
+fn write_64k_matches_ib_write_bw_capture() {
+    let s = segs(write(65536));
+    assert_eq!(s.len(), 46);
+    assert!(s[..45]
+        .iter()
+        .all(|g| g.len == 1428 && g.ulpdu_len() == 1442 && !g.header.last));
+    assert_eq!(s[45].len, 65536 - 45 * 1428);
+    assert_eq!(s[45].ulpdu_len(), 1290);
+    // Headers exactly as siw sent them (ib_write_bw.pcap frames 34, 35, 99).
+    assert_eq!(
+        bytes(&s[0].header),
+        [0x81, 0x40, 0xba, 0x44, 0x28, 0x00, 0, 0, 0x7f, 0x7f, 0xf9, 0xf3, 0xf0, 0x00]
+    );
+    assert_eq!(
+        bytes(&s[1].header),
+        [0x81, 0x40, 0xba, 0x44, 0x28, 0x00, 0, 0, 0x7f, 0x7f, 0xf9, 0xf3, 0xf5, 0x94]
+    );
+    assert_eq!(
+        bytes(&s[45].header),
+        [0xc1, 0x40, 0xba, 0x44, 0x28, 0x00, 0, 0, 0x7f, 0x7f, 0xf9, 0xf4, 0xeb, 0x04]
+    );
+}
+
+#[test]
+fn send_64k_matches_ib_send_bw_capture() {
+    let s = segs(send(65536));
+    assert_eq!(s.len(), 47);
+    assert!(s[..46]
+        .iter()
+        .all(|g| g.len == 1424 && g.ulpdu_len() == 1442));
+    assert_eq!((s[46].len, s[46].ulpdu_len()), (32, 50));
+    for (i, g) in s.iter().enumerate() {
+        assert_eq!(g.header.mo(), Some(i as u32 * 1424));
+        assert_eq!((g.header.qn(), g.header.msn()), (Some(0), Some(1)));
+    }
+    // ib_send_bw.pcap frames 38 and 104.
+    assert_eq!(
+        bytes(&s[1].header),
+        [0x01, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0x05, 0x90]
+    );
+    assert_eq!(
+        bytes(&s[46].header),
+        [0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0xff, 0xe0]
+    );
+}
+
+#[test]
+fn invalidate_stag_and_queues() {
+    let m = Message {
+        opcode: Opcode::SendSEInvalidate,
+        len: 10,
+        target: Target::Untagged {
+            msn: 9,
+            inv_stag: 0x1234_5678,
+        },
+    };
+    let s = segs(m);
+    assert_eq!(s[0].header.invalidate_stag(), Some(0x1234_5678));
+    assert_eq!(
+        bytes(&s[0].header),
+        [0x41, 0x46, 0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0]
+    );
+    // Non-invalidate opcodes send the reserved word as 0.
+    let m = Message {
+        opcode: Opcode::Send,
+        ..m
+    };
+    assert_eq!(
+        segs(m)[0].header.buffer,
+        ddp_rdmap::ddp::BufferModel::Untagged {
+            rsvd_ulp: 0,
+            qn: 0,
+            msn: 9,
+            mo: 0
+        }
+    );
+    // Queue numbers follow the opcode.
+    for (op, len, qn) in [
+        (Opcode::ReadRequest, 28, 1),
+        (Opcode::Terminate, 4, 2),
+        (Opcode::ImmediateData, 8, 0),
+        (Opcode::AtomicRequest, 52, 1),
+        (Opcode::AtomicResponse, 12, 3),
+    ] {
+        let m = Message {
+            opcode: op,
+            len,
+            target: Target::Untagged {
+                msn: 1,
+                inv_stag: 0,
+            },
+        };
+        let s = segs(m);
+        assert_eq!(
+            (s.len(), s[0].header.qn(), s[0].header.last),
+            (1, Some(qn), true)
+        );
+    }
+}
+
+#[test]
+fn errors() {
+    assert_eq!(
+        write(1).segments(14).unwrap_err(),
+        SegmentError::MulpduTooSmall {
+            mulpdu: 14,
+            header_len: 14
+        }
+    );
+    assert_eq!(
+        send(1).segments(18).unwrap_err(),
+        SegmentError::MulpduTooSmall {
+            mulpdu: 18,
+            header_len: 18
+        }
+    );
+    assert!(send(1).segments(19).is_ok());
+    let bad = Message {
+        opcode: Opcode::Write,
+        len: 1,
+        target: Target::Untagged {
+            msn: 1,
+            inv_stag: 0,
+        },
+    };
+    assert_eq!(
+        bad.segments(MULPDU).unwrap_err(),
+        SegmentError::TargetMismatch {
+            opcode: Opcode::Write
+        }
+    );
+    let bad = Message {
+        opcode: Opcode::Send,
+        len: 1,
+        target: Target::Tagged { stag: 1, to: 0 },
+    };
+    assert_eq!(
+        bad.segments(MULPDU).unwrap_err(),
+        SegmentError::TargetMismatch {
+            opcode: Opcode::Send
+        }
+    );
+    let rr = Message {
+        opcode: Opcode::ReadRequest,
+        len: 28,
+        target: Target::Untagged {
+            msn: 1,
+            inv_stag: 0,
+        },
+    };
+    assert_eq!(
+        rr.segments(18 + 27).unwrap_err(),
+        SegmentError::TooLongForOneSegment {
+            opcode: Opcode::ReadRequest,
+            len: 28,
+            max: 27
+        }
+    );
+    let wrap = Message {
+        opcode: Opcode::Write,
+        len: 2,
+        target: Target::Tagged {
+            stag: 1,
+            to: u64::MAX,
+        },
+    };
+    assert_eq!(
+        wrap.segments(MULPDU).unwrap_err(),
+        SegmentError::ToWrap {
+            to: u64::MAX,
+            len: 2
+        }
+    );
+    // The last byte exactly at 2^64 - 1 is fine.
+    let edge = Message {
+        opcode: Opcode::Write,
+        len: 1,
+        target: Target::Tagged {
+            stag: 1,
+            to: u64::MAX,
+        },
+    };
+    assert_eq!(edge.segments(MULPDU).unwrap().count(), 1);
+}
+
+#[test]
+fn count_helper_and_exact_size() {
+    assert_eq!(segment_count(0, 1428), 1);
+    assert_eq!(segment_count(1428, 1428), 1);
+    assert_eq!(segment_count(1429, 1428), 2);
+    assert_eq!(segment_count(u32::MAX, 1), u32::MAX as usize);
+    let it = write(65536).segments(MULPDU).unwrap();
+    assert_eq!(it.len(), 46);
+    // Largest message, 1-byte segments: the iterator is lazy.
+    let m = Message {
+        opcode: Opcode::Send,
+        len: u32::MAX,
+        target: Target::Untagged {
+            msn: 1,
+            inv_stag: 0,
+        },
+    };
+    let mut it = m.segments(19).unwrap();
+    assert_eq!(it.len(), u32::MAX as usize);
+    assert_eq!(it.next().unwrap().len, 1);
+}
