@@ -12,5 +12,5 @@ for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     echo "== $t for ${secs}s"
     RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" \
-        -max_len=4096 2>&1 | tee "/tmp/fuzz-$t.log" | grep -E '^#[0-9]+.*(DONE|pulse)|SUMMARY|panicked|Done' | tail -3
+        -max_len=4096 -rss_limit_mb=8192 2>&1 | tee "/tmp/fuzz-$t.log" | grep -E '^#[0-9]+.*(DONE|pulse)|SUMMARY|panicked|Done' | tail -3
 done
