@@ -405,7 +405,7 @@ impl Deframer {
     fn step(&mut self, input: &[u8]) -> (usize, Option<Result<(), DeframeError>>) {
         let markers = self.cfg.framing.markers;
         // Markers: at every position that is a multiple of 512 (section 4.3).
-        if markers && (self.marker_got > 0 || self.pos % MARKER_INTERVAL == 0) {
+        if markers && (self.marker_got > 0 || self.pos.is_multiple_of(MARKER_INTERVAL)) {
             if self.marker_got == 0 {
                 self.marker_leading = !self.started;
                 self.begin_fpdu();

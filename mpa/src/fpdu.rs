@@ -335,7 +335,7 @@ struct Writer<'b> {
 
 impl Writer<'_> {
     fn marker_if_due(&mut self, in_crc: bool) {
-        if !self.markers || self.pos % MARKER_INTERVAL != 0 {
+        if !self.markers || !self.pos.is_multiple_of(MARKER_INTERVAL) {
             return;
         }
         let fpduptr = match self.header_pos {
