@@ -449,7 +449,7 @@ mod tests {
         let mut x: u32 = 12345;
         for i in 28..g.len() {
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
-            if x % 7 == 0 {
+            if x.is_multiple_of(7) {
                 g[i] = (x >> 16) as u8;
             }
             if let Ok(cap) = Capture::new(&g) {
