@@ -16,10 +16,7 @@
 /// appear in [`phy`]'s API).
 pub use smoltcp;
 
-pub mod cq;
 pub mod link;
 pub mod mpa_conn;
-pub mod mr;
 pub mod netns;
 pub mod phy;
-pub mod qp;
