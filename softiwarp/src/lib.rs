@@ -16,7 +16,10 @@
 /// appear in [`phy`]'s API).
 pub use smoltcp;
 
+pub mod cq;
 pub mod link;
 pub mod mpa_conn;
+pub mod mr;
 pub mod netns;
 pub mod phy;
+pub mod qp;

@@ -1,0 +1,1037 @@
+//! The per-QP protocol engine: RDMAP (RFC 5040, with RFC 7306 Immediate Data) over
+//! DDP (RFC 5041) for one RC QP, sans-IO.
+//!
+//! [`Qp`] owns one QP's protocol state and nothing else: no socket, no clock, no
+//! thread (quinn-proto style). The driver (the device's engine thread) feeds it whole
+//! ULPDUs with [`Qp::handle_ulpdu`] (the bytes MPA delivers after the ULPDU Length,
+//! before pad and CRC) and pulls ULPDUs to send with [`Qp::poll_transmit`];
+//! application verbs arrive as [`Qp::post_send`], [`Qp::post_recv`] and
+//! [`Qp::modify_state`]. Completions go to the [`Cq`]s given at creation;
+//! asynchronous events come out of [`Qp::poll_event`].
+//!
+//! Method groups: getters; `handle_*` (input); application mutators (`post_*`,
+//! `modify_state`, `set_ord_ird`); `poll_*` (output).
+//!
+//! # Example
+//!
+//! Two engines back to back, a Send moved by hand:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use softiwarp::{cq::Cq, mr::MrTable, qp::{Qp, QpInit}};
+//! use verbs::{AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, WcStatus};
+//!
+//! let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+//! let mut ends = Vec::new();
+//! for n in 1..=2 {
+//!     let mrs = Arc::new(MrTable::new());
+//!     let pd = mrs.alloc_pd()?;
+//!     let cq = Cq::new(n, 16)?;
+//!     let mut qp = Qp::new(QpInit::new(n, pd, cap), Arc::clone(&mrs), Arc::clone(&cq), Arc::clone(&cq))?;
+//!     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+//!         qp.modify_state(s)?;
+//!     }
+//!     ends.push((mrs, pd, cq, qp));
+//! }
+//! let [(_, _, a_cq, mut a), (b_mrs, b_pd, b_cq, mut b)] = <[_; 2]>::try_from(ends).ok().unwrap();
+//! let buf = b_mrs.reg_mr(b_pd, 0x1000, 64, AccessFlags::LOCAL_WRITE)?;
+//! b.post_recv(RecvWr::new(7, vec![Sge::new(0x1000, 64, buf.stag())]))?;
+//! a.post_send(SendWr::send_inline(1, b"hi".to_vec()).with_flags(SendFlags::SIGNALED))?;
+//! while let Some(ulpdu) = a.poll_transmit_vec(1442)? {
+//!     b.handle_ulpdu(&ulpdu)?;
+//! }
+//! assert_eq!(a_cq.poll(4)?[0].status, WcStatus::Success);
+//! let wc = b_cq.poll(4)?[0];
+//! assert_eq!((wc.wr_id, wc.byte_len), (7, 2));
+//! let mut got = [0u8; 2];
+//! buf.read(0, &mut got)?;
+//! assert_eq!(&got, b"hi");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Send queue processing (TX; siw `siw_qp_tx.c`)
+//!
+//! WRs are started strictly in posting order. A started Send, Send with SE / with
+//! Invalidate, RDMA Write or Write with Immediate is one *message* segmented into DDP
+//! segments for the MULPDU the driver passes (`ddp_rdmap::segment`); an RDMA Read is
+//! one Read Request per non-empty scatter SGE (a remote range split to match, each
+//! one ORD credit; siw allows one SGE, we allow `max_send_sge`); Local Invalidate and
+//! Fast Register execute when they are reached. A WR is started only when:
+//!
+//! - the QP is in RTS (in SQD nothing new starts; what is in flight finishes);
+//! - with [`SendFlags::FENCE`], no earlier RDMA Read is outstanding (RFC 5040 §5.5;
+//!   `IBV_SEND_FENCE`; siw `orq_fence`);
+//! - an RDMA Read has an ORD credit for each Read Request it sends; without one it
+//!   waits at the head of the SQ (siw does the same);
+//! - a tagged message (RDMA Write) does not start while a Read Response is half
+//!   sent, nor a Read Response while a Write is: a receiver places tagged segments
+//!   through one tagged context and rejects interleaved tagged messages (siw
+//!   `siw_get_hdr`, "packet intersection").
+//!
+//! Read Responses (for the Read Requests the peer sent, queued up to IRD) form a
+//! second stream beside the SQ: RFC 5040 §5.5 orders Read Responses among
+//! themselves (request order) but not against the responder's own outgoing Sends and
+//! Writes. [`Qp::poll_transmit`] alternates between the two streams segment by
+//! segment whenever both have something ready, so a long Send does not starve the
+//! peer's Reads; untagged SQ messages interleave with a Read Response at segment
+//! granularity, Writes only at message boundaries (above).
+//!
+//! MSNs: each untagged queue counts messages from 1 (RFC 5041 §4.3): QN 0 (Sends and
+//! Immediate Data), QN 1 (Read Requests); the single Terminate uses QN 2, MSN 1.
+//!
+//! # Completion timing
+//!
+//! - Send, RDMA Write (and Write with Immediate, after its Immediate Data): when the
+//!   last DDP segment of the message has been handed to the driver by
+//!   [`Qp::poll_transmit`] (siw completes when the last byte is passed to TCP). The
+//!   source buffer may be reused then; iWARP has no end-to-end acknowledgement, so a
+//!   later failure at the peer surfaces as a Terminate (the QP goes to Error).
+//! - RDMA Read: when the last Read Response segment of its last Read Request has
+//!   been placed.
+//! - Local Invalidate, Fast Register: when executed.
+//! - Receive: when the last segment of the incoming Send (or the Immediate Data) is
+//!   placed; for Send with Invalidate the STag is invalidated first, so the
+//!   invalidation is visible before the completion is.
+//!
+//! Completions of each queue are delivered in posting order (verbs contract 2): a
+//! finished WR waits behind an earlier RDMA Read still in flight. An unsignaled
+//! successful send WR produces no completion; every other WR produces exactly one.
+//!
+//! # Errors and Terminate (RFC 5040 §7, RFC 5041 §7)
+//!
+//! Every violation found in an incoming ULPDU is checked *before* any byte of it is
+//! placed. It queues the Terminate that [`ddp_rdmap::terminate::Repr::for_error`]
+//! builds for the cause and the offending ULPDU (QN 2, MSN 1, opcode Terminate) as the
+//! next and last ULPDU [`Qp::poll_transmit`] returns, moves the QP to Error, completes
+//! the WR concerned with its error status (a receive WR too small:
+//! [`WcStatus::LocLenErr`]; a Read WR whose response went wrong:
+//! [`WcStatus::LocProtErr`] / [`WcStatus::BadRespErr`]), flushes the rest, and reports
+//! [`QpEvent::TerminateQueued`] plus an async event ([`AsyncEvent::QpAccessErr`] for
+//! protection errors, [`AsyncEvent::QpReqErr`] for malformed or unexpected requests).
+//! Local failures (an SGE that fails its lkey check, a failed Local Invalidate or
+//! Fast Register, a CQ overflow) complete the WR with its status, send an RDMAP
+//! Local Catastrophic Error Terminate and report [`AsyncEvent::QpFatal`].
+//!
+//! A received Terminate is never answered: the QP goes to Error, the oldest started
+//! send WR completes with the status mapped from the Terminate's cause
+//! ([`status_for_terminate`]) and `vendor_err` = `Layer << 12 | EType << 8 | Code`,
+//! everything else is flushed, and [`QpEvent::TerminateReceived`] and
+//! [`AsyncEvent::QpFatal`] are reported. After a Terminate is sent or received, no
+//! ULPDU is processed or produced any more.
+//!
+//! # Flush
+//!
+//! Entering Error (by [`Qp::modify_state`], a Terminate, or a local failure) completes
+//! every outstanding send WR and then every outstanding receive WR, each in posting
+//! order, exactly once, with [`WcStatus::WrFlushErr`] unless it is the WR the error
+//! concerns. A WR posted while the QP is in Error (or SQE) is accepted and completes
+//! at once with [`WcStatus::WrFlushErr`] (Linux siw behaviour; verbs contract 3).
+//! Moving to Reset flushes the same way first, so even then every accepted WR
+//! completes once.
+
+mod rx;
+mod tx;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ddp_rdmap::reassembly::UntaggedQueue;
+use ddp_rdmap::terminate::{ErrorCause, RdmapOperationCode};
+use ddp_rdmap::Opcode;
+use verbs::{
+    check_transition, AccessFlags, AsyncEvent, Payload, QpCap, QpState, RecvWr, SendFlags, SendOp,
+    SendWr, Sge, Stag, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::cq::Cq;
+use crate::mr::{Mr, MrTable, PdId};
+
+pub use tx::TxSink;
+
+/// Smallest MULPDU [`Qp::poll_transmit`] accepts, in bytes: the largest
+/// single-segment ULPDU, a Terminate with both headers copied (18 + 52 bytes).
+pub const MIN_MULPDU: usize = 70;
+
+/// Largest ORD / IRD, in Read Requests: the 14-bit field of the MPA Rev 2 IRD/ORD
+/// word (RFC 6581 §3).
+pub const MAX_ORD_IRD: u32 = 0x3fff;
+
+/// Size of one Read Request buffer on QN 1 (the RDMA Read Request header, RFC 5040
+/// §4.4), bytes. The IRD is the number of these buffers posted.
+const READ_REQUEST_BUFFER: u32 = 28;
+
+/// What a QP is created with (`struct ibv_qp_init_attr` plus the iWARP IRD/ORD and
+/// the QP's access flags, `ibv_qp_attr.qp_access_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    /// The QP number (`ibv_qp.qp_num`), copied into every completion.
+    pub qp_num: u32,
+    /// The QP's PD: MRs of other PDs are refused (RFC 5040 §2).
+    pub pd: PdId,
+    /// Queue depths (in WRs), SGE limits and inline limit (bytes).
+    pub cap: QpCap,
+    /// `sq_sig_all`: every send WR completes, signaled or not.
+    pub sq_sig_all: bool,
+    /// ORD: RDMA Read Requests this QP may have outstanding (`max_rd_atomic`).
+    pub ord: u32,
+    /// IRD: incoming RDMA Read Requests this QP queues (`max_dest_rd_atomic`); one
+    /// more is a protocol error.
+    pub ird: u32,
+    /// Incoming remote operations accepted at all (`qp_access_flags`):
+    /// `REMOTE_WRITE` (RDMA Write), `REMOTE_READ` (RDMA Read Request).
+    pub access: AccessFlags,
+}
+
+impl QpInit {
+    /// Defaults for a QP of `pd` numbered `qp_num` with `cap`: `sq_sig_all` off, ORD
+    /// and IRD 16, remote Write and Read accepted.
+    pub fn new(qp_num: u32, pd: PdId, cap: QpCap) -> QpInit {
+        QpInit {
+            qp_num,
+            pd,
+            cap,
+            sq_sig_all: false,
+            ord: 16,
+            ird: 16,
+            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        }
+    }
+}
+
+/// Something the driver (or, through it, the application) must learn about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpEvent {
+    /// A verbs asynchronous event for this QP (`ibv_get_async_event(3)`).
+    Async(AsyncEvent),
+    /// The engine found an error and queued a Terminate with this cause; it is the
+    /// next ULPDU [`Qp::poll_transmit`] returns, and the last. The driver closes the
+    /// connection after sending it.
+    TerminateQueued {
+        /// Layer / EType / Error Code sent.
+        cause: ErrorCause,
+    },
+    /// The peer sent a Terminate (RFC 5040 §4.8). `cause` is `None` if its header
+    /// did not parse. The QP is in Error; the driver closes the connection.
+    TerminateReceived {
+        /// The peer's Layer / EType / Error Code.
+        cause: Option<ErrorCause>,
+    },
+    /// A completion did not fit in the CQ named `cq` (see [`crate::cq`]); the QP went
+    /// to Error.
+    CqOverflow {
+        /// Handle of the CQ.
+        cq: u32,
+    },
+}
+
+/// Why [`Qp::handle_ulpdu`] did not process a ULPDU normally. The QP's state and
+/// events tell the same story; this is for the driver's convenience.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RxError {
+    /// The QP is not receiving (Reset or Init); the ULPDU was ignored.
+    #[error("ULPDU ignored in QP state {state}")]
+    NotReady {
+        /// The QP's state.
+        state: QpState,
+    },
+    /// A Terminate was already sent or received, or the QP is in Error: nothing is
+    /// processed any more (RFC 5040 §7).
+    #[error("ULPDU ignored: the RDMAP stream is terminated")]
+    Terminated,
+    /// The ULPDU broke a rule; a Terminate with `cause` is queued and the QP is in
+    /// Error. Nothing of the ULPDU was placed.
+    #[error("protocol error: {cause}")]
+    Protocol {
+        /// The Terminate's Layer / EType / Error Code.
+        cause: ErrorCause,
+    },
+    /// A local resource failed while handling the ULPDU (a receive WR's SGE failed
+    /// its lkey check); the WR completes with `status`, a Local Catastrophic
+    /// Terminate is queued and the QP is in Error.
+    #[error("local error: {status}")]
+    Local {
+        /// The completion status of the receive WR.
+        status: WcStatus,
+    },
+    /// The ULPDU was the peer's Terminate; the QP is in Error.
+    #[error("peer terminated the stream")]
+    PeerTerminated {
+        /// The peer's cause, if its header parsed.
+        cause: Option<ErrorCause>,
+    },
+}
+
+/// Why [`Qp::poll_transmit`] could not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TxError {
+    /// The MULPDU is below [`MIN_MULPDU`] bytes.
+    #[error("MULPDU {mulpdu} is below the minimum of {min} bytes")]
+    MulpduTooSmall {
+        /// MULPDU given, bytes.
+        mulpdu: usize,
+        /// [`MIN_MULPDU`].
+        min: usize,
+    },
+}
+
+/// The completion status for the send WR in progress when the peer's Terminate
+/// carries `cause` (our mapping; the RFCs leave it to the verbs provider):
+///
+/// | cause | status |
+/// |---|---|
+/// | RDMAP Remote Protection, DDP Tagged Buffer (invalid STag, bounds, not associated, TO wrap) | [`WcStatus::RemAccessErr`] |
+/// | DDP Untagged Buffer (QN, MSN, no buffer, MO, too long, version), RDMAP "Invalid RDMAP version", "Unexpected OpCode", DDP Tagged "Invalid DDP version" | [`WcStatus::RemInvReqErr`] |
+/// | other RDMAP Remote Operation, Local Catastrophic (RDMAP, DDP) | [`WcStatus::RemOpErr`] |
+/// | LLP (MPA) | [`WcStatus::FatalErr`] |
+/// | unrecognized | [`WcStatus::GeneralErr`] |
+pub fn status_for_terminate(cause: ErrorCause) -> WcStatus {
+    use ddp_rdmap::terminate::DdpTaggedCode;
+    match cause {
+        ErrorCause::RdmapRemoteProtection(_) => WcStatus::RemAccessErr,
+        ErrorCause::DdpTagged(DdpTaggedCode::InvalidVersion) => WcStatus::RemInvReqErr,
+        ErrorCause::DdpTagged(_) => WcStatus::RemAccessErr,
+        ErrorCause::DdpUntagged(_) => WcStatus::RemInvReqErr,
+        ErrorCause::RdmapRemoteOperation(
+            RdmapOperationCode::InvalidVersion | RdmapOperationCode::UnexpectedOpcode,
+        ) => WcStatus::RemInvReqErr,
+        ErrorCause::RdmapRemoteOperation(_)
+        | ErrorCause::RdmapLocalCatastrophic { .. }
+        | ErrorCause::DdpLocalCatastrophic { .. } => WcStatus::RemOpErr,
+        ErrorCause::Llp(_) => WcStatus::FatalErr,
+        ErrorCause::Unrecognized { .. } => WcStatus::GeneralErr,
+    }
+}
+
+/// `vendor_err` for a completion caused by a Terminate: `Layer << 12 | EType << 8 |
+/// Error Code` (the first 16 bits of the Terminate Control word, RFC 5040 §4.8).
+pub fn vendor_err_for(cause: ErrorCause) -> u32 {
+    (u32::from(cause.layer_value() & 0xf) << 12)
+        | (u32::from(cause.etype() & 0xf) << 8)
+        | u32::from(cause.code())
+}
+
+/// A resolved piece of local memory: `len` bytes at buffer offset `off` of `mr`.
+#[derive(Debug, Clone)]
+pub(crate) struct Piece {
+    pub(crate) mr: Arc<Mr>,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+/// Progress of one send WR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Posted, not started.
+    Queued,
+    /// Started: transmitting, or (Reads) waiting for Read Responses.
+    Started,
+    /// Finished successfully; waits for earlier WRs before it completes.
+    Done,
+}
+
+#[derive(Debug)]
+struct SqEntry {
+    seq: u64,
+    wr: SendWr,
+    signaled: bool,
+    /// Payload length, bytes.
+    len: u32,
+    phase: Phase,
+    /// RDMA Read: Read Requests in the WR, and how many were answered in full.
+    reads_total: u32,
+    reads_done: u32,
+}
+
+#[derive(Debug)]
+struct RqEntry {
+    wr_id: u64,
+    sges: Vec<Sge>,
+    /// Per SGE, the resolved buffer offset once checked (lazily, before the first
+    /// byte lands in it).
+    resolved: Vec<Option<(Arc<Mr>, usize)>>,
+}
+
+/// An outbound RDMA Read Request awaiting its Read Response (ORQ entry).
+#[derive(Debug, Clone, Copy)]
+struct OrqEntry {
+    seq: u64,
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+    placed: u32,
+}
+
+/// An inbound RDMA Read Request, validated, waiting for its Read Response (IRQ).
+#[derive(Debug)]
+struct IrqEntry {
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+    src: Option<Piece>,
+}
+
+/// The per-QP protocol engine. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Qp {
+    init: QpInit,
+    mrs: Arc<MrTable>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    state: QpState,
+
+    // Send queue.
+    sq: VecDeque<SqEntry>,
+    next_seq: u64,
+    /// Sequence number of the next WR to start.
+    start_seq: u64,
+    tx_sq: Option<tx::Job>,
+    tx_rr: Option<tx::Job>,
+    last_was_rr: bool,
+    send_msn: u32,
+    rreq_msn: u32,
+    orq: VecDeque<OrqEntry>,
+    irq: VecDeque<IrqEntry>,
+
+    // Receive side.
+    rq: VecDeque<RqEntry>,
+    q0: UntaggedQueue,
+    q1: UntaggedQueue,
+    rx_cache: Option<Arc<Mr>>,
+
+    // Termination.
+    terminate_out: Option<Vec<u8>>,
+    stream_closed: bool,
+    cq_overflow: Option<u32>,
+    comm_est: bool,
+    sqd_notified: bool,
+    events: VecDeque<QpEvent>,
+}
+
+impl Qp {
+    /// Creates a QP in Reset (`ibv_create_qp(3)`).
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidHandle`] if `init.pd` is not allocated in `mrs`;
+    /// [`VerbsError::InvalidArgument`] `"max_send_wr"` (0) or `"ord"` / `"ird"`
+    /// (above [`MAX_ORD_IRD`]).
+    pub fn new(
+        init: QpInit,
+        mrs: Arc<MrTable>,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+    ) -> Result<Qp, VerbsError> {
+        if !mrs.pd_exists(init.pd) {
+            return Err(VerbsError::InvalidHandle {
+                object: verbs::ObjectKind::Pd,
+                handle: init.pd.raw(),
+            });
+        }
+        if init.cap.max_send_wr == 0 {
+            return Err(VerbsError::InvalidArgument {
+                what: "max_send_wr",
+            });
+        }
+        if init.ord > MAX_ORD_IRD {
+            return Err(VerbsError::InvalidArgument { what: "ord" });
+        }
+        if init.ird > MAX_ORD_IRD {
+            return Err(VerbsError::InvalidArgument { what: "ird" });
+        }
+        let mut qp = Qp {
+            init,
+            mrs,
+            send_cq,
+            recv_cq,
+            state: QpState::Reset,
+            sq: VecDeque::new(),
+            next_seq: 0,
+            start_seq: 0,
+            tx_sq: None,
+            tx_rr: None,
+            last_was_rr: false,
+            send_msn: 1,
+            rreq_msn: 1,
+            orq: VecDeque::new(),
+            irq: VecDeque::new(),
+            rq: VecDeque::new(),
+            q0: UntaggedQueue::new(),
+            q1: UntaggedQueue::new(),
+            rx_cache: None,
+            terminate_out: None,
+            stream_closed: false,
+            cq_overflow: None,
+            comm_est: false,
+            sqd_notified: false,
+            events: VecDeque::new(),
+        };
+        qp.reset_protocol();
+        Ok(qp)
+    }
+
+    // ------------------------------------------------------------------ getters
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.init.qp_num
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The creation parameters (ORD/IRD as last set).
+    pub fn init(&self) -> &QpInit {
+        &self.init
+    }
+
+    /// Send WRs accepted and not yet completed (SQ occupancy, in WRs).
+    pub fn sq_outstanding(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receive WRs posted and not yet completed (RQ occupancy, in WRs).
+    pub fn rq_outstanding(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Outbound Read Requests awaiting a response (ORQ; at most ORD).
+    pub fn reads_outstanding(&self) -> usize {
+        self.orq.len()
+    }
+
+    /// Inbound Read Requests queued or being answered (at most IRD).
+    pub fn read_responses_pending(&self) -> usize {
+        self.irq.len() + usize::from(self.tx_rr.is_some())
+    }
+
+    /// True once a Terminate was sent or received, or the QP entered Error: no ULPDU
+    /// is processed any more, and none is produced once the queued Terminate (if
+    /// any) was transmitted.
+    pub fn is_terminated(&self) -> bool {
+        self.stream_closed
+    }
+
+    // ------------------------------------------------------------------ mutators
+
+    /// Changes the QP state (`ibv_modify_qp(3)` with `IBV_QP_STATE`), checked with
+    /// [`check_transition`]. To Error: flushes every outstanding WR (no Terminate is
+    /// sent; the driver closes the connection). To Reset: flushes the same way, then
+    /// clears every queue and counter (MSNs back to 1). To SQD: no new send WR
+    /// starts; [`AsyncEvent::SqDrained`] is reported once nothing is in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::IllegalTransition`].
+    pub fn modify_state(&mut self, to: QpState) -> Result<(), VerbsError> {
+        check_transition(self.state, to)?;
+        match to {
+            QpState::Error => self.enter_error(None, None),
+            QpState::Reset => {
+                if self.state != QpState::Error {
+                    self.enter_error(None, None);
+                }
+                self.reset_protocol();
+                self.state = QpState::Reset;
+            }
+            QpState::Sqd => {
+                self.state = QpState::Sqd;
+                self.sqd_notified = false;
+                self.check_sq_drained();
+            }
+            other => self.state = other,
+        }
+        self.after_op();
+        Ok(())
+    }
+
+    /// Sets ORD and IRD, e.g. to the values negotiated in the MPA Rev 2 IRD/ORD word
+    /// (RFC 6581 §3). Allowed in Reset and Init.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidQpState`] in other states; [`VerbsError::InvalidArgument`]
+    /// `"ord"` / `"ird"` above [`MAX_ORD_IRD`].
+    pub fn set_ord_ird(&mut self, ord: u32, ird: u32) -> Result<(), VerbsError> {
+        if !matches!(self.state, QpState::Reset | QpState::Init) {
+            return Err(VerbsError::InvalidQpState {
+                op: "set_ord_ird",
+                state: self.state,
+            });
+        }
+        if ord > MAX_ORD_IRD {
+            return Err(VerbsError::InvalidArgument { what: "ord" });
+        }
+        if ird > MAX_ORD_IRD {
+            return Err(VerbsError::InvalidArgument { what: "ird" });
+        }
+        self.init.ord = ord;
+        self.init.ird = ird;
+        self.q1 = UntaggedQueue::new();
+        for _ in 0..ird {
+            self.q1.post_buffer(READ_REQUEST_BUFFER);
+        }
+        Ok(())
+    }
+
+    /// Posts a send WR (`ibv_post_send(3)`).
+    ///
+    /// Accepted in RTS and SQD (queued; in SQD it starts once the QP is back in
+    /// RTS) and in Error / SQE, where it completes at once with
+    /// [`WcStatus::WrFlushErr`] (siw behaviour). Local checks that need the MR table
+    /// (lkey, PD, bounds) run when the WR starts and fail it with
+    /// [`WcStatus::LocProtErr`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`SendWr::validate`] against the QP's [`QpCap`];
+    /// [`VerbsError::Unsupported`] for atomics (RFC 7306 atomics are not
+    /// implemented) and for an RDMA Read when ORD is 0;
+    /// [`VerbsError::InvalidArgument`] `"remote_addr"` when an RDMA Write's or
+    /// Read's remote range wraps past 2^64;
+    /// [`VerbsError::InvalidQpState`] in Reset, Init, RTR;
+    /// [`VerbsError::QueueFull`] with `max_send_wr` WRs outstanding.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), VerbsError> {
+        wr.validate(&self.init.cap)?;
+        if wr.op.is_atomic() {
+            return Err(VerbsError::Unsupported { what: "atomics" });
+        }
+        let len = u32::try_from(wr.payload.len()).map_err(|_| VerbsError::MessageTooLong {
+            len: wr.payload.len(),
+            max: u64::from(u32::MAX),
+        })?;
+        let remote_addr = match wr.op {
+            SendOp::RdmaWrite { remote_addr, .. }
+            | SendOp::RdmaWriteWithImm { remote_addr, .. }
+            | SendOp::RdmaRead { remote_addr, .. } => Some(remote_addr),
+            _ => None,
+        };
+        if let Some(addr) = remote_addr {
+            if len > 0 && addr.checked_add(u64::from(len) - 1).is_none() {
+                return Err(VerbsError::InvalidArgument {
+                    what: "remote_addr",
+                });
+            }
+        }
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && self.init.ord == 0 {
+            return Err(VerbsError::Unsupported {
+                what: "RDMA Read with ORD 0",
+            });
+        }
+        match self.state {
+            QpState::Rts | QpState::Sqd => {}
+            QpState::Error | QpState::Sqe => {
+                let wc = WorkCompletion::flushed(wr.wr_id, wr.op.wc_opcode(), self.qp_num());
+                self.push_send_wc(wc);
+                self.after_op();
+                return Ok(());
+            }
+            state => {
+                return Err(VerbsError::InvalidQpState {
+                    op: "post_send",
+                    state,
+                })
+            }
+        }
+        if self.sq.len() >= self.init.cap.max_send_wr as usize {
+            return Err(VerbsError::QueueFull {
+                queue: verbs::WorkQueue::Send,
+                depth: self.init.cap.max_send_wr,
+            });
+        }
+        let reads_total = match (&wr.op, &wr.payload) {
+            (SendOp::RdmaRead { .. }, Payload::Sges(sges)) => {
+                let n = sges.iter().filter(|s| s.length > 0).count() as u32;
+                n.max(1)
+            }
+            _ => 0,
+        };
+        let signaled = self.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sq.push_back(SqEntry {
+            seq,
+            wr,
+            signaled,
+            len,
+            phase: Phase::Queued,
+            reads_total,
+            reads_done: 0,
+        });
+        Ok(())
+    }
+
+    /// Posts a receive WR (`ibv_post_recv(3)`). Receive WRs are consumed in posting
+    /// order, one per incoming Send or Immediate Data message (RFC 5040 §5.3: MSN
+    /// *n* on QN 0 lands in the *n*-th one).
+    ///
+    /// Accepted in every state but Reset; in Error it completes at once with
+    /// [`WcStatus::WrFlushErr`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`RecvWr::validate`]; [`VerbsError::InvalidQpState`] in Reset;
+    /// [`VerbsError::QueueFull`] with `max_recv_wr` WRs outstanding.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
+        wr.validate(&self.init.cap)?;
+        match self.state {
+            QpState::Reset => {
+                return Err(VerbsError::InvalidQpState {
+                    op: "post_recv",
+                    state: self.state,
+                })
+            }
+            QpState::Error => {
+                let wc = WorkCompletion::flushed(wr.wr_id, WcOpcode::Recv, self.qp_num());
+                self.push_recv_wc(wc);
+                self.after_op();
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.rq.len() >= self.init.cap.max_recv_wr as usize {
+            return Err(VerbsError::QueueFull {
+                queue: verbs::WorkQueue::Recv,
+                depth: self.init.cap.max_recv_wr,
+            });
+        }
+        // RecvWr::validate bounds the total by u32::MAX.
+        let len = u32::try_from(wr.len()).unwrap_or(u32::MAX);
+        self.q0.post_buffer(len);
+        let n = wr.sg_list.len();
+        self.rq.push_back(RqEntry {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            resolved: vec![None; n],
+        });
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ output
+
+    /// The next event, oldest first.
+    pub fn poll_event(&mut self) -> Option<QpEvent> {
+        self.events.pop_front()
+    }
+
+    /// True if [`Qp::poll_transmit`] may produce a ULPDU now: a Terminate is queued,
+    /// a message or Read Response is in progress, or a WR or Read Request waits and
+    /// is not blocked by fence, ORD or the tagged-interleaving rule. (It may still
+    /// produce nothing if the next WR is local or fails its checks.)
+    pub fn wants_transmit(&self) -> bool {
+        if self.terminate_out.is_some() {
+            return true;
+        }
+        if self.stream_closed || !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return false;
+        }
+        if self.tx_rr.is_some() || (!self.irq.is_empty() && !self.sq_job_tagged()) {
+            return true;
+        }
+        match &self.tx_sq {
+            Some(job) => self.job_ready(job),
+            None => self.state == QpState::Rts && self.next_startable().is_some(),
+        }
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    fn reset_protocol(&mut self) {
+        self.sq.clear();
+        self.rq.clear();
+        self.start_seq = self.next_seq;
+        self.tx_sq = None;
+        self.tx_rr = None;
+        self.last_was_rr = false;
+        self.send_msn = 1;
+        self.rreq_msn = 1;
+        self.orq.clear();
+        self.irq.clear();
+        self.q0 = UntaggedQueue::new();
+        self.q1 = UntaggedQueue::new();
+        for _ in 0..self.init.ird {
+            self.q1.post_buffer(READ_REQUEST_BUFFER);
+        }
+        self.rx_cache = None;
+        self.terminate_out = None;
+        self.stream_closed = false;
+        self.comm_est = false;
+        self.sqd_notified = false;
+    }
+
+    fn index_of(&self, seq: u64) -> Option<usize> {
+        let front = self.sq.front()?.seq;
+        let i = usize::try_from(seq.checked_sub(front)?).ok()?;
+        (i < self.sq.len()).then_some(i)
+    }
+
+    fn entry_mut(&mut self, seq: u64) -> Option<&mut SqEntry> {
+        let i = self.index_of(seq)?;
+        self.sq.get_mut(i)
+    }
+
+    fn push_send_wc(&mut self, wc: WorkCompletion) {
+        if self.send_cq.push(wc).is_err() {
+            self.cq_overflow.get_or_insert(self.send_cq.handle());
+        }
+    }
+
+    fn push_recv_wc(&mut self, wc: WorkCompletion) {
+        if self.recv_cq.push(wc).is_err() {
+            self.cq_overflow.get_or_insert(self.recv_cq.handle());
+        }
+    }
+
+    /// Completes finished send WRs from the head of the SQ, in order.
+    fn retire(&mut self) {
+        while let Some(front) = self.sq.front() {
+            if front.phase != Phase::Done {
+                break;
+            }
+            let Some(e) = self.sq.pop_front() else { break };
+            if e.signaled {
+                let mut wc = WorkCompletion::new(
+                    e.wr.wr_id,
+                    WcStatus::Success,
+                    e.wr.op.wc_opcode(),
+                    self.qp_num(),
+                );
+                wc.byte_len = if e.wr.op.is_local() { 0 } else { e.len };
+                self.push_send_wc(wc);
+            }
+        }
+        self.check_sq_drained();
+    }
+
+    /// Marks the WR `seq` finished and completes what can be completed.
+    fn finish(&mut self, seq: u64) {
+        if let Some(e) = self.entry_mut(seq) {
+            e.phase = Phase::Done;
+        }
+        self.retire();
+    }
+
+    fn check_sq_drained(&mut self) {
+        if self.state != QpState::Sqd || self.sqd_notified {
+            return;
+        }
+        let in_flight = self.tx_sq.is_some() || self.sq.iter().any(|e| e.phase == Phase::Started);
+        if !in_flight {
+            self.sqd_notified = true;
+            self.events.push_back(QpEvent::Async(AsyncEvent::SqDrained {
+                qp_num: self.qp_num(),
+            }));
+        }
+    }
+
+    /// Moves to Error and flushes: every send WR, then every receive WR, in
+    /// posting order. `sq_err` names the send WR (by sequence number) the error
+    /// concerns and its status; `rq_err` gives the status of the oldest receive WR.
+    /// Both carry the `vendor_err`.
+    fn enter_error(
+        &mut self,
+        sq_err: Option<(u64, WcStatus, u32)>,
+        rq_err: Option<(WcStatus, u32)>,
+    ) {
+        self.state = QpState::Error;
+        self.stream_closed = true;
+        self.tx_sq = None;
+        self.tx_rr = None;
+        self.orq.clear();
+        self.irq.clear();
+        self.rx_cache = None;
+        let qp_num = self.qp_num();
+        let sq: Vec<SqEntry> = self.sq.drain(..).collect();
+        for e in sq {
+            let (status, vendor) = match sq_err {
+                Some((seq, st, v)) if seq == e.seq => (st, v),
+                _ => (WcStatus::WrFlushErr, 0),
+            };
+            let mut wc = WorkCompletion::new(e.wr.wr_id, status, e.wr.op.wc_opcode(), qp_num);
+            wc.vendor_err = vendor;
+            self.push_send_wc(wc);
+        }
+        self.start_seq = self.next_seq;
+        let rq: Vec<RqEntry> = self.rq.drain(..).collect();
+        for (i, r) in rq.into_iter().enumerate() {
+            let (status, vendor) = match rq_err {
+                Some((st, v)) if i == 0 => (st, v),
+                _ => (WcStatus::WrFlushErr, 0),
+            };
+            let mut wc = WorkCompletion::new(r.wr_id, status, WcOpcode::Recv, qp_num);
+            wc.vendor_err = vendor;
+            self.push_recv_wc(wc);
+        }
+        self.q0 = UntaggedQueue::new();
+    }
+
+    /// Queues `repr` as the final ULPDU.
+    fn queue_terminate(&mut self, repr: &ddp_rdmap::terminate::Repr) {
+        use ddp_rdmap::ddp::BufferModel;
+        let header = ddp_rdmap::Header {
+            opcode: Opcode::Terminate,
+            last: true,
+            buffer: BufferModel::Untagged {
+                rsvd_ulp: 0,
+                qn: ddp_rdmap::rdmap::QN_TERMINATE,
+                msn: 1,
+                mo: 0,
+            },
+        };
+        let hlen = header.buffer_len();
+        let mut bytes = vec![0u8; hlen + repr.buffer_len()];
+        // Cannot fail: the buffer is sized by buffer_len and the cause's nibbles
+        // come from the tables.
+        let ok = header.emit(&mut bytes).is_ok()
+            && bytes.get_mut(hlen..).is_some_and(|b| repr.emit(b).is_ok());
+        if ok {
+            self.terminate_out = Some(bytes);
+        }
+        self.events
+            .push_back(QpEvent::TerminateQueued { cause: repr.cause });
+    }
+
+    /// A local failure of WR `seq` (or of no WR): completes it with `status`,
+    /// queues an RDMAP Local Catastrophic Terminate, moves to Error.
+    fn local_failure(&mut self, sq_err: Option<(u64, WcStatus)>, rq_err: Option<WcStatus>) {
+        self.local_failure_with(
+            sq_err,
+            rq_err,
+            AsyncEvent::QpFatal {
+                qp_num: self.qp_num(),
+            },
+        );
+    }
+
+    /// [`Qp::local_failure`] reporting `event`.
+    fn local_failure_with(
+        &mut self,
+        sq_err: Option<(u64, WcStatus)>,
+        rq_err: Option<WcStatus>,
+        event: AsyncEvent,
+    ) {
+        if self.state == QpState::Error {
+            return;
+        }
+        let cause = ErrorCause::RdmapLocalCatastrophic { code: 0 };
+        tracing::debug!(qp = self.qp_num(), ?sq_err, ?rq_err, "local failure");
+        self.queue_terminate(&ddp_rdmap::terminate::Repr::for_error(cause, None));
+        self.enter_error(sq_err.map(|(s, st)| (s, st, 0)), rq_err.map(|st| (st, 0)));
+        self.events.push_back(QpEvent::Async(event));
+    }
+
+    /// Runs after every public entry point: turns a CQ overflow into QP Error.
+    fn after_op(&mut self) {
+        if let Some(cq) = self.cq_overflow.take() {
+            self.events.push_back(QpEvent::CqOverflow { cq });
+            if self.state != QpState::Error {
+                self.local_failure(None, None);
+            }
+            // Flushing into a broken CQ overflows again; that is already reported.
+            self.cq_overflow = None;
+        }
+    }
+
+    /// The first startable WR's sequence number, if the head of the unstarted WRs
+    /// may start now (fence and tagged-interleaving rules; ORD is checked when the
+    /// Read Request is sent).
+    fn next_startable(&self) -> Option<u64> {
+        let i = self.index_of(self.start_seq)?;
+        let e = self.sq.get(i)?;
+        if e.wr.flags.contains(SendFlags::FENCE)
+            && self
+                .sq
+                .iter()
+                .take(i)
+                .any(|p| matches!(p.wr.op, SendOp::RdmaRead { .. }) && p.phase != Phase::Done)
+        {
+            return None;
+        }
+        if matches!(
+            e.wr.op,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }
+        ) && self.tx_rr.is_some()
+        {
+            return None;
+        }
+        Some(e.seq)
+    }
+
+    /// Resolves the local SGEs of a WR: lkey index, key, PD, valid, rights, bounds
+    /// (siw `siw_check_sgl_tx`). Zero-length SGEs are skipped.
+    fn resolve_sges(&self, sges: &[Sge], needed: AccessFlags) -> Option<Vec<Piece>> {
+        let mut pieces = Vec::with_capacity(sges.len());
+        for s in sges.iter().filter(|s| s.length > 0) {
+            let (mr, off) = self
+                .mrs
+                .check(s.lkey, self.init.pd, s.addr, u64::from(s.length), needed)
+                .ok()?;
+            pieces.push(Piece {
+                mr,
+                off,
+                len: s.length as usize,
+            });
+        }
+        Some(pieces)
+    }
+
+    /// The MR for a tagged placement by `stag`: the cached one if it still holds
+    /// that index, else a table lookup. Keeps the FPDU path at one lock acquisition
+    /// (the MR's) in the common case.
+    fn tagged_mr(&mut self, stag: Stag) -> Option<Arc<Mr>> {
+        if let Some(mr) = &self.rx_cache {
+            if mr.index() == stag.index() && !mr.is_deregistered() {
+                return Some(Arc::clone(mr));
+            }
+        }
+        let mr = self.mrs.lookup(stag)?;
+        self.rx_cache = Some(Arc::clone(&mr));
+        Some(mr)
+    }
+
+    fn sq_job_tagged(&self) -> bool {
+        self.tx_sq.as_ref().is_some_and(tx::Job::is_tagged)
+    }
+
+    fn job_ready(&self, job: &tx::Job) -> bool {
+        match job {
+            tx::Job::ReadRequests { .. } => (self.orq.len() as u64) < u64::from(self.init.ord),
+            tx::Job::Message(_) => true,
+        }
+    }
+}
+
+/// Helper for tests and drivers that want a ULPDU as a vector:
+/// [`Qp::poll_transmit`] into a fresh `Vec<u8>`.
+impl Qp {
+    /// [`Qp::poll_transmit`] into a new vector: `Ok(Some(ulpdu))` if one was
+    /// produced.
+    ///
+    /// # Errors
+    ///
+    /// As [`Qp::poll_transmit`].
+    pub fn poll_transmit_vec(&mut self, mulpdu: usize) -> Result<Option<Vec<u8>>, TxError> {
+        let mut v = Vec::new();
+        Ok(self.poll_transmit(mulpdu, &mut v)?.then_some(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_is_send() {
+        fn is_send<T: Send>() {}
+        is_send::<Qp>();
+    }
+
+    #[test]
+    fn vendor_err_layout() {
+        use ddp_rdmap::terminate::DdpUntaggedCode;
+        let c = ErrorCause::DdpUntagged(DdpUntaggedCode::MessageTooLong);
+        assert_eq!(vendor_err_for(c), 0x1205);
+        assert_eq!(status_for_terminate(c), WcStatus::RemInvReqErr);
+    }
+}
