@@ -40,7 +40,13 @@ fn run(program: &str, args: &[&str]) -> io::Result<()> {
     let out = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
-        .output()?;
+        .output()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot start `{program}`: {e} (is iproute2 installed?)"),
+            )
+        })?;
     if out.status.success() {
         Ok(())
     } else {
