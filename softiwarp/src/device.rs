@@ -1,0 +1,821 @@
+//! The soft iWARP device as applications (and, next, the iw-cm provider) see it: open a
+//! device on a link, listen, connect, accept or reject, move ULPDUs, close.
+//!
+//! [`Device::open`] starts the device's engine thread ([`crate::engine`]), which opens the
+//! link (entering a network namespace first if asked) and runs the [`Stack`]. Every call
+//! below enqueues a command for the engine and wakes it; results come back on one-shot
+//! channels, events on queues. Nothing here runs on the engine thread and the engine
+//! never waits on a caller.
+//!
+//! # How this maps onto the iw-cm provider interface (next step)
+//!
+//! | iw-cm provider | here |
+//! |---|---|
+//! | `create_listen(port, backlog)` | [`Device::listen`] |
+//! | `destroy_listen` | dropping the [`Listener`] / [`Listener::close`] |
+//! | `connect(addr, private data, ird, ord)` | [`Device::connect`] |
+//! | `accept(private data, ird, ord)` | [`ConnectRequest::accept`] |
+//! | `reject(private data)` | [`ConnectRequest::reject`] |
+//! | `disconnect(abrupt?)` | [`Connection::close`] with [`CloseMode`] |
+//! | `CONNECT_REQUEST` | [`Listener::next_request`] |
+//! | `CONNECT_REPLY` (0 / `ECONNREFUSED` / `ETIMEDOUT` / `ECONNRESET`) | [`ConnEvent::Established`] / [`ConnEvent::Failed`] with [`ConnError::Rejected`] (with the reply's private data) or [`ConnError::Refused`], [`ConnError::TimedOut`], [`ConnError::Reset`] |
+//! | `ESTABLISHED` | [`ConnEvent::Established`] (responder) |
+//! | `DISCONNECT`, `CLOSE` | [`ConnEvent::Disconnected`], [`ConnEvent::Closed`] / [`ConnEvent::Failed`] |
+//! | device removal | [`DeviceEvent::DeviceGone`], every connection `Failed(DeviceGone)` |
+//!
+//! Events are enqueued per connection in order, never called up: the provider's event
+//! worker drains them.
+//!
+//! # Example (memory link, no privileges)
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use std::time::Duration;
+//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::link::{MemoryConfig, MemoryLink};
+//! use softiwarp::stack::MpaParams;
+//!
+//! let (a, b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+//! let server = Device::open(DeviceConfig::new(
+//!     "srv", LinkConfig::memory(b), Ipv4Addr::new(10, 9, 0, 2), 24)).unwrap();
+//! let client = Device::open(DeviceConfig::new(
+//!     "cli", LinkConfig::memory(a), Ipv4Addr::new(10, 9, 0, 1), 24)).unwrap();
+//! let listener = server.listen(4791, 8).unwrap();
+//! let conn = client.connect(Ipv4Addr::new(10, 9, 0, 2), 4791, MpaParams {
+//!     private_data: b"hi".to_vec(), ird: 1, ord: 1, settings: None }).unwrap();
+//! let request = listener.next_request(Duration::from_secs(5)).unwrap();
+//! assert_eq!(request.private_data(), b"hi");
+//! let served = request.accept(b"", 1, 1).unwrap();
+//! conn.wait_established(Duration::from_secs(5)).unwrap();
+//! conn.send_ulpdu(b"a DDP segment", Duration::from_secs(1)).unwrap();
+//! assert_eq!(served.recv_ulpdu(Duration::from_secs(5)).unwrap(), b"a DDP segment");
+//! ```
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as StdInstant};
+
+use mpa::negotiate::{Agreed, LocalSettings};
+use mpa::wire::Repr;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use crate::engine::{
+    Command, DeviceEnd, DeviceEvent, Engine, EngineConfig, EventQueue, PendingRequest, Shared,
+};
+use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
+use crate::phy::{InterfaceConfig, TcpConfig};
+use crate::stack::{
+    CloseMode, ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId,
+    MpaDefaults, MpaParams, Stack, StackConfig, StackError, DEFAULT_CONNECT_TIMEOUT_US,
+    DEFAULT_TERMINATE_LINGER_US,
+};
+use crate::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
+
+/// How long a call waits for the engine's answer before giving up with
+/// [`DeviceError::NoAnswer`]: 10 s (the engine answers in microseconds; this only guards
+/// against a wedged engine).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which link a device runs on.
+pub enum LinkSpec {
+    /// A TAP interface opened by name (`TapLink::open`) on the engine thread, inside
+    /// [`DeviceConfig::netns`] if set.
+    Tap(String),
+    /// One end of an in-process [`MemoryLink`] pair.
+    Memory(MemoryLink),
+    /// Any other link, built by the caller.
+    Boxed(Box<dyn Link>),
+}
+
+impl std::fmt::Debug for LinkSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkSpec::Tap(n) => write!(f, "Tap({n:?})"),
+            LinkSpec::Memory(m) => write!(f, "Memory({})", m.name()),
+            LinkSpec::Boxed(l) => write!(f, "Boxed({})", l.name()),
+        }
+    }
+}
+
+/// Fault injection on a device's link ([`Faults`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultSpec {
+    /// Seed of the fault RNG (same seed, same faults).
+    pub seed: u64,
+    /// Faults on frames the device sends.
+    pub tx: FaultConfig,
+    /// Faults on frames the device receives.
+    pub rx: FaultConfig,
+}
+
+/// The link of a device and its middlewares.
+#[derive(Debug)]
+pub struct LinkConfig {
+    /// The link.
+    pub spec: LinkSpec,
+    /// Write every frame (both directions, as the stack sees them: after receive faults,
+    /// before send faults) to a pcap file at this path.
+    pub pcap: Option<PathBuf>,
+    /// Inject faults.
+    pub faults: Option<FaultSpec>,
+}
+
+impl LinkConfig {
+    /// A TAP interface by name; no capture, no faults.
+    pub fn tap(name: &str) -> Self {
+        LinkConfig {
+            spec: LinkSpec::Tap(name.to_owned()),
+            pcap: None,
+            faults: None,
+        }
+    }
+
+    /// A memory link end; no capture, no faults.
+    pub fn memory(link: MemoryLink) -> Self {
+        LinkConfig {
+            spec: LinkSpec::Memory(link),
+            pcap: None,
+            faults: None,
+        }
+    }
+
+    /// With a pcap capture at `path`.
+    pub fn with_pcap(mut self, path: impl Into<PathBuf>) -> Self {
+        self.pcap = Some(path.into());
+        self
+    }
+
+    /// With fault injection.
+    pub fn with_faults(mut self, faults: FaultSpec) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+}
+
+/// Configuration of a [`Device`].
+#[derive(Debug)]
+pub struct DeviceConfig {
+    /// Device name, for logs and the engine thread's name (`sw-<name>`, cut to 15 bytes).
+    pub name: String,
+    /// The link.
+    pub link: LinkConfig,
+    /// Interface: MAC, IPv4 address and prefix, gateway, smoltcp's random seed.
+    pub interface: InterfaceConfig,
+    /// TCP settings (default: 256 KiB buffers, Nagle off, keep-alive 5 s, timeout 20 s).
+    pub tcp: TcpConfig,
+    /// MPA defaults (default: Linux siw compatible).
+    pub mpa: MpaDefaults,
+    /// TCP connect timeout. Default 20 s.
+    pub connect_timeout: Duration,
+    /// Engine loop settings (spin time, stream queue bounds).
+    pub engine: EngineConfig,
+    /// A network namespace file (e.g. `/run/netns/NAME`) the engine thread enters with
+    /// `setns(2)` before it opens the link; `None`: the namespace of the thread calling
+    /// [`Device::open`].
+    pub netns: Option<PathBuf>,
+}
+
+impl DeviceConfig {
+    /// A configuration with every default: MAC `02:00:` + the four address bytes, no
+    /// gateway, a random seed derived from the address.
+    pub fn new(name: &str, link: LinkConfig, address: Ipv4Addr, prefix_len: u8) -> Self {
+        let o = address.octets();
+        DeviceConfig {
+            name: name.to_owned(),
+            link,
+            interface: InterfaceConfig {
+                mac: [0x02, 0x00, o[0], o[1], o[2], o[3]],
+                address,
+                prefix_len,
+                gateway: None,
+                random_seed: u64::from(u32::from(address)) ^ 0x5eed_0000_0000,
+            },
+            tcp: TcpConfig::default(),
+            mpa: MpaDefaults::default(),
+            connect_timeout: Duration::from_micros(DEFAULT_CONNECT_TIMEOUT_US),
+            engine: EngineConfig::default(),
+            netns: None,
+        }
+    }
+}
+
+/// Errors of device calls.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The link could not be opened or set up.
+    #[error("link: {0}")]
+    Link(#[from] LinkError),
+    /// The stack refused the call (bad port, backlog, settings, state...).
+    #[error("{0}")]
+    Stack(#[from] StackError),
+    /// The engine thread could not be started, or could not enter the namespace.
+    #[error("engine thread: {0}")]
+    Thread(std::io::Error),
+    /// The device's link is gone (device removal).
+    #[error("device gone ({0:?})")]
+    Gone(GoneReason),
+    /// The device was shut down.
+    #[error("device shut down")]
+    Closed,
+    /// The engine did not answer within [`COMMAND_TIMEOUT`].
+    #[error("no answer from the engine")]
+    NoAnswer,
+}
+
+/// Errors of [`Connection::wait_established`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// Not established within the timeout (the connection attempt goes on).
+    #[error("not established within the timeout")]
+    Timeout,
+    /// The connection failed (rejected, refused, timed out, reset, MPA error, ...).
+    #[error("{0}")]
+    Failed(ConnError),
+    /// The connection was closed (locally) before it was established.
+    #[error("closed before establishment")]
+    Closed,
+}
+
+/// Errors of [`Listener::next_request`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ListenError {
+    /// No request within the timeout.
+    #[error("no connection request within the timeout")]
+    Timeout,
+    /// The listener was closed or the device shut down.
+    #[error("listener closed")]
+    Closed,
+    /// The device is gone.
+    #[error("device gone ({0:?})")]
+    Gone(GoneReason),
+}
+
+/// What connections and listeners hold of their device.
+#[derive(Debug)]
+struct Handle {
+    cmds: Sender<Command>,
+    waker: Waker,
+    shared: Arc<Shared>,
+}
+
+impl Handle {
+    fn ended_error(&self) -> DeviceError {
+        match self.shared.ended() {
+            Some(DeviceEnd::Gone(r)) => DeviceError::Gone(r),
+            _ => DeviceError::Closed,
+        }
+    }
+
+    /// Sends a command without waiting.
+    fn post(&self, cmd: Command) -> Result<(), DeviceError> {
+        if let Some(DeviceEnd::Gone(r)) = self.shared.ended() {
+            return Err(DeviceError::Gone(r));
+        }
+        self.cmds.send(cmd).map_err(|_| self.ended_error())?;
+        self.waker.wake();
+        Ok(())
+    }
+
+    /// Sends a command and waits for its result.
+    fn call<T>(
+        &self,
+        make: impl FnOnce(Sender<Result<T, StackError>>) -> Command,
+    ) -> Result<T, DeviceError> {
+        let (tx, rx): (_, Receiver<Result<T, StackError>>) = mpsc::channel();
+        self.post(make(tx))?;
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(r) => Ok(r?),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
+        }
+    }
+}
+
+/// A soft iWARP device: an engine thread running a [`Stack`] on a link. See the
+/// [module docs](self). Dropping it shuts the device down (connections are reset) and
+/// joins the engine thread.
+#[derive(Debug)]
+pub struct Device {
+    handle: Arc<Handle>,
+    thread: Option<JoinHandle<()>>,
+    name: String,
+    address: Ipv4Addr,
+    mtu: usize,
+    tid: i32,
+    stream: StreamConfig,
+}
+
+struct Started {
+    mtu: usize,
+    tid: i32,
+}
+
+fn open_link(cfg: LinkConfig) -> Result<Box<dyn Link>, LinkError> {
+    let mut link: Box<dyn Link> = match cfg.spec {
+        LinkSpec::Tap(name) => Box::new(TapLink::open(&name)?),
+        LinkSpec::Memory(m) => Box::new(m),
+        LinkSpec::Boxed(l) => l,
+    };
+    if let Some(f) = cfg.faults {
+        link = Box::new(Faults::new(link, f.seed, f.tx, f.rx)?);
+    }
+    if let Some(path) = cfg.pcap {
+        link = Box::new(Pcap::create(link, path)?);
+    }
+    Ok(link)
+}
+
+fn enter_netns(path: &PathBuf) -> std::io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)?;
+    Ok(())
+}
+
+impl Device {
+    /// Opens a device: starts its engine thread, which enters `config.netns` (if set),
+    /// opens the link and builds the stack. Returns once the device runs.
+    ///
+    /// Errors: [`DeviceError::Thread`] (thread or eventfd creation, `setns`),
+    /// [`DeviceError::Link`] (the TAP cannot be opened, the pcap file cannot be created,
+    /// bad fault or interface settings), [`DeviceError::Stack`] (TCP or MPA settings).
+    pub fn open(config: DeviceConfig) -> Result<Device, DeviceError> {
+        let wake = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| DeviceError::Thread(e.into()))?,
+        );
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let shared = Arc::new(Shared::new());
+        let (start_tx, start_rx) = mpsc::channel::<Result<Started, DeviceError>>();
+        let DeviceConfig {
+            name,
+            link,
+            interface,
+            tcp,
+            mpa,
+            connect_timeout,
+            engine,
+            netns,
+        } = config;
+        let stack_cfg = StackConfig {
+            interface,
+            tcp,
+            mpa,
+            connect_timeout_us: u64::try_from(connect_timeout.as_micros()).unwrap_or(u64::MAX),
+            terminate_linger_us: DEFAULT_TERMINATE_LINGER_US,
+        };
+        let thread_name: String = format!("sw-{name}").chars().take(15).collect();
+        let (t_wake, t_shared, t_name) = (wake.clone(), shared.clone(), name.clone());
+        let thread = std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                let setup = || -> Result<Stack<Box<dyn Link>>, DeviceError> {
+                    if let Some(ns) = &netns {
+                        enter_netns(ns).map_err(DeviceError::Thread)?;
+                    }
+                    let link = open_link(link)?;
+                    Ok(Stack::new(link, stack_cfg, smoltcp::time::Instant::ZERO)?)
+                };
+                let start = StdInstant::now();
+                match setup() {
+                    Ok(stack) => {
+                        let started = Started {
+                            mtu: stack.link().mtu(),
+                            tid: nix::unistd::gettid().as_raw(),
+                        };
+                        if start_tx.send(Ok(started)).is_err() {
+                            return;
+                        }
+                        Engine::new(stack, cmd_rx, t_wake, t_shared, engine, start, t_name).run();
+                    }
+                    Err(e) => {
+                        let _ = start_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(DeviceError::Thread)?;
+        let started = match start_rx.recv() {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(DeviceError::Thread(std::io::Error::other(
+                    "the engine thread died while starting",
+                )));
+            }
+        };
+        tracing::info!(device = %name, address = %interface.address, mtu = started.mtu, "device open");
+        Ok(Device {
+            handle: Arc::new(Handle {
+                cmds: cmd_tx,
+                waker: Waker::eventfd(wake),
+                shared,
+            }),
+            thread: Some(thread),
+            name,
+            address: interface.address,
+            mtu: started.mtu,
+            tid: started.tid,
+            stream: engine.stream,
+        })
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device's IPv4 address.
+    pub fn address(&self) -> Ipv4Addr {
+        self.address
+    }
+
+    /// The link's IP MTU in bytes.
+    pub fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    /// The Linux thread id of the engine thread (for `/proc/self/task/<tid>/stat`).
+    pub fn engine_tid(&self) -> i32 {
+        self.tid
+    }
+
+    /// The next device event, waiting up to `timeout`; `None` on timeout, or once the
+    /// device has ended and every event was taken.
+    pub fn next_event(&self, timeout: Duration) -> Option<DeviceEvent> {
+        self.handle.shared.events.pop(timeout).ok()
+    }
+
+    /// `Some` once the device is gone or shut down.
+    pub fn ended(&self) -> Option<DeviceEnd> {
+        self.handle.shared.ended()
+    }
+
+    /// Listens on TCP `port` with room for `backlog` undecided connections (1..=1024),
+    /// negotiating with the device's MPA defaults (see [`crate::stack`] for how the
+    /// backlog works with smoltcp: beyond it, SYNs are answered with RST).
+    ///
+    /// Errors: [`DeviceError::Stack`] with `InvalidPort`, `InvalidBacklog`, `PortInUse`;
+    /// [`DeviceError::Gone`], [`DeviceError::Closed`].
+    pub fn listen(&self, port: u16, backlog: usize) -> Result<Listener, DeviceError> {
+        self.listen_with(port, backlog, None)
+    }
+
+    /// As [`Device::listen`], negotiating with `settings` instead of the device defaults
+    /// (`accept` supplies private data, IRD and ORD).
+    ///
+    /// Errors: as [`Device::listen`], and [`DeviceError::Stack`] with `Settings`.
+    pub fn listen_with(
+        &self,
+        port: u16,
+        backlog: usize,
+        settings: Option<LocalSettings>,
+    ) -> Result<Listener, DeviceError> {
+        let queue = Arc::new(EventQueue::new());
+        let q = queue.clone();
+        let id = self.handle.call(|reply| Command::Listen {
+            port,
+            backlog,
+            settings,
+            queue: q,
+            reply,
+        })?;
+        Ok(Listener {
+            id,
+            port,
+            queue,
+            handle: self.handle.clone(),
+        })
+    }
+
+    /// Connects to `address:port` with `params` (private data, IRD/ORD, optional
+    /// settings): TCP then MPA, in the background. Returns the pending connection at
+    /// once; its [`ConnEvent`]s tell the outcome ([`Connection::wait_established`]).
+    ///
+    /// Errors: [`DeviceError::Stack`] with `Settings` (e.g. private data too long),
+    /// `InvalidPort`, `NoFreePort`, `Unaddressable`; [`DeviceError::Gone`],
+    /// [`DeviceError::Closed`].
+    pub fn connect(
+        &self,
+        address: Ipv4Addr,
+        port: u16,
+        params: MpaParams,
+    ) -> Result<Connection, DeviceError> {
+        let (_, end) = stream::pair(self.stream, self.handle.waker.clone());
+        let e = end.clone();
+        let id = self.handle.call(|reply| Command::Connect {
+            remote: SocketAddrV4::new(address, port),
+            params,
+            end: e,
+            reply,
+        })?;
+        Ok(Connection::new(id, end, self.handle.clone()))
+    }
+
+    /// Shuts the device down: every connection is reset and fails with
+    /// [`ConnError::DeviceClosed`], listeners end, the engine thread exits (the pcap file,
+    /// if any, is flushed). Same as dropping the device.
+    pub fn close(self) {}
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let _ = self.handle.cmds.send(Command::Shutdown);
+        self.handle.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A listening port. Dropping it (or [`Listener::close`]) stops listening (iw-cm
+/// `destroy_listen`); requests already taken stay valid.
+#[derive(Debug)]
+pub struct Listener {
+    id: ListenerId,
+    port: u16,
+    queue: Arc<EventQueue<PendingRequest>>,
+    handle: Arc<Handle>,
+}
+
+impl Listener {
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The next connection request (a valid MPA Request), waiting up to `timeout`.
+    ///
+    /// Errors: [`ListenError::Timeout`], [`ListenError::Closed`] (listener closed or
+    /// device shut down), [`ListenError::Gone`].
+    pub fn next_request(&self, timeout: Duration) -> Result<ConnectRequest, ListenError> {
+        match self.queue.pop(timeout) {
+            Ok(p) => Ok(ConnectRequest {
+                info: p.info,
+                end: p.end,
+                handle: self.handle.clone(),
+                decided: false,
+            }),
+            Err(None) => Err(ListenError::Timeout),
+            Err(Some(DeviceEnd::Gone(r))) => Err(ListenError::Gone(r)),
+            Err(Some(DeviceEnd::Closed)) => Err(ListenError::Closed),
+        }
+    }
+
+    /// Stops listening.
+    pub fn close(self) {}
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.handle.post(Command::Unlisten { id: self.id });
+    }
+}
+
+/// A connection request: the peer's MPA Request on a listener. Answer with
+/// [`ConnectRequest::accept`] or [`ConnectRequest::reject`]; dropping it unanswered
+/// rejects it with no private data.
+#[derive(Debug)]
+pub struct ConnectRequest {
+    info: ConnectRequestInfo,
+    end: StreamEnd,
+    handle: Arc<Handle>,
+    decided: bool,
+}
+
+impl ConnectRequest {
+    /// The peer's MPA Request (revision, flags, IRD/ORD word, private data).
+    pub fn request(&self) -> &Repr {
+        &self.info.request
+    }
+
+    /// The peer's ULP private data, in bytes.
+    pub fn private_data(&self) -> &[u8] {
+        &self.info.request.private_data
+    }
+
+    /// The peer's IRD and ORD (RFC 6581), when it sent them (MPA Rev 2).
+    pub fn ird_ord(&self) -> Option<(u16, u16)> {
+        self.info.request.rev2.map(|r| (r.ird, r.ord))
+    }
+
+    /// The MPA revision of the Request.
+    pub fn rev(&self) -> u8 {
+        self.info.request.rev
+    }
+
+    /// Local address and port.
+    pub fn local(&self) -> SocketAddrV4 {
+        self.info.local
+    }
+
+    /// Peer address and port.
+    pub fn remote(&self) -> SocketAddrV4 {
+        self.info.remote
+    }
+
+    /// Accepts with `private_data` (bytes), `ird` and `ord` (14 bits): the MPA Reply is
+    /// sent and the connection is established (its first event is
+    /// [`ConnEvent::Established`], or [`ConnEvent::Failed`] if the IRD/ORD rules of
+    /// RFC 6581 refuse it).
+    ///
+    /// Errors: [`DeviceError::Stack`] with `Mpa` (private data too long, IRD/ORD over 14
+    /// bits; the request stays undecided and is rejected when dropped) or `WrongState`
+    /// (the peer went away meanwhile); [`DeviceError::Gone`], [`DeviceError::Closed`].
+    pub fn accept(
+        mut self,
+        private_data: &[u8],
+        ird: u16,
+        ord: u16,
+    ) -> Result<Connection, DeviceError> {
+        let conn = self.info.conn;
+        let pd = private_data.to_vec();
+        self.handle.call(|reply| Command::Accept {
+            conn,
+            private_data: pd,
+            ird,
+            ord,
+            reply,
+        })?;
+        self.decided = true;
+        Ok(Connection::new(conn, self.end.clone(), self.handle.clone()))
+    }
+
+    /// Rejects with `private_data` (bytes): a reject Reply (R set, RFC 5044 7.1.1) is
+    /// sent and the TCP connection closed.
+    ///
+    /// Errors: as [`ConnectRequest::accept`].
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), DeviceError> {
+        let conn = self.info.conn;
+        let pd = private_data.to_vec();
+        self.handle.call(|reply| Command::Reject {
+            conn,
+            private_data: pd,
+            reply: Some(reply),
+        })?;
+        self.decided = true;
+        Ok(())
+    }
+}
+
+impl Drop for ConnectRequest {
+    fn drop(&mut self) {
+        if !self.decided {
+            let _ = self.handle.post(Command::Reject {
+                conn: self.info.conn,
+                private_data: Vec::new(),
+                reply: None,
+            });
+        }
+    }
+}
+
+/// One connection (pending, established, or ended). ULPDUs go through bounded queues
+/// ([`StreamConfig`]); events come in order ([`Connection::next_event`]). Dropping it
+/// closes it gracefully if it is still open.
+#[derive(Debug)]
+pub struct Connection {
+    id: ConnId,
+    end: StreamEnd,
+    handle: Arc<Handle>,
+    closed: AtomicBool,
+}
+
+impl Connection {
+    fn new(id: ConnId, end: StreamEnd, handle: Arc<Handle>) -> Self {
+        Connection {
+            id,
+            end,
+            handle,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The connection's id on its device.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// Waits up to `timeout` until the connection is established and returns its
+    /// parameters. Events are not consumed.
+    ///
+    /// Errors: [`ConnectError::Timeout`], [`ConnectError::Failed`] (rejected with the
+    /// reply's private data, refused, timed out, reset, MPA error, device gone),
+    /// [`ConnectError::Closed`].
+    pub fn wait_established(&self, timeout: Duration) -> Result<Established, ConnectError> {
+        match self.end.wait_established(timeout) {
+            Ok(e) => Ok(e),
+            Err(Some(e)) => Err(ConnectError::Failed(e)),
+            Err(None) => match self.end.ended() {
+                Some(Some(e)) => Err(ConnectError::Failed(e)),
+                Some(None) => Err(ConnectError::Closed),
+                None => Err(ConnectError::Timeout),
+            },
+        }
+    }
+
+    /// The next event, waiting up to `timeout`; `None` if none came. Every connection
+    /// ends with exactly one [`ConnEvent::Closed`] or [`ConnEvent::Failed`].
+    pub fn next_event(&self, timeout: Duration) -> Option<ConnEvent> {
+        self.end.next_event(timeout)
+    }
+
+    /// The parameters, once established.
+    pub fn established(&self) -> Option<Established> {
+        self.end.established()
+    }
+
+    /// The agreed MPA settings, once established.
+    pub fn agreed(&self) -> Option<Agreed> {
+        self.end.established().map(|e| e.agreed)
+    }
+
+    /// MULPDU: the largest ULPDU this side may send, in bytes, once established.
+    pub fn mulpdu(&self) -> Option<usize> {
+        self.end.established().map(|e| e.mulpdu)
+    }
+
+    /// The outcome once ended: `Some(None)` closed, `Some(Some(e))` failed.
+    pub fn ended(&self) -> Option<Option<ConnError>> {
+        self.end.ended()
+    }
+
+    /// Waits up to `timeout` for the connection to end; the outcome, or `None` on timeout.
+    pub fn wait_ended(&self, timeout: Duration) -> Option<Option<ConnError>> {
+        self.end.wait_ended(timeout)
+    }
+
+    /// Queues one ULPDU (1..=MULPDU bytes) to send, waiting up to `timeout` for room in
+    /// the send queue (backpressure).
+    ///
+    /// Errors: [`SendError`] (`Timeout`, `NotEstablished`, `Closed`, `Failed`, `Empty`,
+    /// `TooLong`).
+    pub fn send_ulpdu(&self, ulpdu: &[u8], timeout: Duration) -> Result<(), SendError> {
+        self.end.send(ulpdu, timeout)
+    }
+
+    /// As [`Connection::send_ulpdu`], taking the buffer (no copy into the queue).
+    ///
+    /// Errors: as [`Connection::send_ulpdu`].
+    pub fn send_ulpdu_vec(&self, ulpdu: Vec<u8>, timeout: Duration) -> Result<(), SendError> {
+        self.end.send_vec(ulpdu, timeout)
+    }
+
+    /// Queues one ULPDU without waiting.
+    ///
+    /// Errors: [`SendError::WouldBlock`] when the queue is full, and as
+    /// [`Connection::send_ulpdu`].
+    pub fn try_send_ulpdu(&self, ulpdu: &[u8]) -> Result<(), SendError> {
+        self.end.try_send(ulpdu)
+    }
+
+    /// The next received ULPDU, waiting up to `timeout`.
+    ///
+    /// Errors: [`RecvError::Timeout`]; [`RecvError::Closed`] / [`RecvError::Failed`] once
+    /// the connection ended (or the peer closed) and everything received was read.
+    pub fn recv_ulpdu(&self, timeout: Duration) -> Result<Vec<u8>, RecvError> {
+        self.end.recv(timeout)
+    }
+
+    /// The next received ULPDU if one is queued.
+    ///
+    /// Errors: [`RecvError::WouldBlock`], and as [`Connection::recv_ulpdu`].
+    pub fn try_recv_ulpdu(&self) -> Result<Vec<u8>, RecvError> {
+        self.end.try_recv()
+    }
+
+    /// Closes the connection. Graceful: ULPDUs already queued are sent, then MPA/TCP
+    /// close (FIN); abortive: RST now. [`ConnEvent::Closed`] follows (unless it failed
+    /// first). Sends fail from now on.
+    ///
+    /// Errors: [`DeviceError::Stack`] with `WrongState` if it already ended,
+    /// `NoSuchConnection` if it is gone; [`DeviceError::Gone`], [`DeviceError::Closed`].
+    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
+        self.closed.store(true, Ordering::Relaxed);
+        self.end.mark_closed();
+        let conn = self.id;
+        self.handle.call(|reply| Command::Close {
+            conn,
+            mode,
+            reply: Some(reply),
+        })
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::Relaxed) && self.end.ended().is_none() {
+            let _ = self.handle.post(Command::Close {
+                conn: self.id,
+                mode: CloseMode::Graceful,
+                reply: None,
+            });
+        }
+    }
+}

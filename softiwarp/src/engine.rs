@@ -1,0 +1,485 @@
+//! The engine thread: one per device, owning the device's [`Stack`] and [`Link`] the way a
+//! NIC owns its firmware state.
+//!
+//! Other threads never touch the stack. They talk to the engine through
+//!
+//! - a **command queue** (`std::sync::mpsc`, unbounded, so a sender never blocks) for
+//!   listen, connect, accept, reject, close and shutdown, each with a one-shot reply
+//!   channel where a result is expected;
+//! - the **stream queues** of each connection ([`crate::stream`]), shared under a mutex,
+//!   for ULPDUs in both directions;
+//! - one **wake-up eventfd** (`eventfd(2)` through nix, non-blocking): anyone who queues a
+//!   command, queues a ULPDU into an empty send queue, or frees receive room the engine
+//!   waits for writes 1 to it.
+//!
+//! The loop: reset the eventfd (before looking at any queue, so a later wake-up is never
+//! lost), run every queued command, [`Stack::poll`] with the time since the device
+//! started, route the stack's events, then decide how to wait:
+//!
+//! - after a pass that did something, loop at once;
+//! - for [`EngineConfig::spin`] after the last activity, keep polling without sleeping
+//!   (busy polling was 21% faster than blocking at MTU 1500, transport-notes.md);
+//! - then sleep in `poll(2)` on the link's poll fd and the eventfd, with the timeout the
+//!   stack's deadline gives (rounded up to whole milliseconds), or forever when nothing is
+//!   timed. An idle device therefore costs nothing but its timers (TCP keep-alive).
+//!   When the stack asks to be polled "now" but the last pass did nothing (smoltcp can ask
+//!   for that while it cannot send), the engine sleeps at least 1 ms.
+//!
+//! Events leave the engine through queues only: [`ConnEvent`]s go to each connection's
+//! [`StreamEnd`], connection requests to their listener's queue, device events
+//! ([`DeviceEvent`]) to the device's queue. No user code ever runs on the engine thread,
+//! and the engine never waits for a user: every lock it takes is held only by short
+//! critical sections that never block.
+//!
+//! Link failure: `LinkEvent::Down` / `Up` become [`DeviceEvent::LinkDown`] /
+//! [`DeviceEvent::LinkUp`] (connections stay; TCP retransmits and its user timeout
+//! decides). `LinkEvent::Gone` fails every connection with
+//! [`ConnError::DeviceGone`](crate::stack::ConnError::DeviceGone), ends every listener,
+//! reports [`DeviceEvent::DeviceGone`] and ends the engine thread.
+//!
+//! Tracing: an `info`-level span per device (`device{name}`), a `debug`-level span per
+//! connection inside the stack; state changes at `debug`, nothing per FPDU above `trace`.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddrV4;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant as StdInstant};
+
+use mpa::negotiate::LocalSettings;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::EventFd;
+use smoltcp::time::Instant;
+
+use crate::link::{DownReason, GoneReason, Link, LinkEvent};
+use crate::stack::{
+    CloseMode, ConnEvent, ConnId, ConnectRequestInfo, ListenerId, MpaParams, Stack, StackError,
+    StackEvent,
+};
+use crate::stream::{self, StreamConfig, StreamEnd, Waker};
+
+/// Settings of the engine loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// How long to keep polling without sleeping after the last activity. Default 50 us;
+    /// zero sleeps as soon as a pass does nothing.
+    pub spin: Duration,
+    /// Queue bounds of each stream connection.
+    pub stream: StreamConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            spin: Duration::from_micros(50),
+            stream: StreamConfig::default(),
+        }
+    }
+}
+
+/// A device-level event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceEvent {
+    /// The link is up (again).
+    LinkUp,
+    /// The link went down; connections stay, TCP retransmits (its user timeout aborts
+    /// them if the link stays down).
+    LinkDown(DownReason),
+    /// The link is gone: every connection failed, every listener ended, the engine
+    /// stopped. Terminal (rdma_cm `DEVICE_REMOVAL` is built on it).
+    DeviceGone(GoneReason),
+}
+
+/// What ended a device, as later calls report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceEnd {
+    /// The link is gone.
+    Gone(GoneReason),
+    /// The device was shut down.
+    Closed,
+}
+
+/// A queue with a condition variable, for events leaving the engine.
+#[derive(Debug)]
+pub(crate) struct EventQueue<T> {
+    inner: Mutex<(VecDeque<T>, Option<DeviceEnd>)>,
+    cond: Condvar,
+}
+
+impl<T> EventQueue<T> {
+    pub(crate) fn new() -> Self {
+        EventQueue {
+            inner: Mutex::new((VecDeque::new(), None)),
+            cond: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<T>, Option<DeviceEnd>)> {
+        // Every critical section is a push, a pop or a flag set: a poisoned lock still
+        // holds a consistent queue.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn push(&self, item: T) {
+        self.lock().0.push_back(item);
+        self.cond.notify_all();
+    }
+
+    /// Takes every queued item.
+    pub(crate) fn drain(&self) -> Vec<T> {
+        self.lock().0.drain(..).collect()
+    }
+
+    /// Marks the queue ended (nothing more will come).
+    pub(crate) fn end(&self, end: DeviceEnd) {
+        self.lock().1.get_or_insert(end);
+        self.cond.notify_all();
+    }
+
+    /// The next item, waiting up to `timeout`. `Err(Some(end))` once the queue is empty
+    /// and ended, `Err(None)` on timeout.
+    pub(crate) fn pop(&self, timeout: Duration) -> Result<T, Option<DeviceEnd>> {
+        let deadline = StdInstant::now() + timeout;
+        let mut g = self.lock();
+        loop {
+            if let Some(item) = g.0.pop_front() {
+                return Ok(item);
+            }
+            if let Some(end) = g.1 {
+                return Err(Some(end));
+            }
+            let left = deadline
+                .checked_duration_since(StdInstant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or(None)?;
+            g = self
+                .cond
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// A connection request waiting in a listener's queue.
+#[derive(Debug)]
+pub(crate) struct PendingRequest {
+    pub(crate) info: ConnectRequestInfo,
+    pub(crate) end: StreamEnd,
+}
+
+/// A command to the engine.
+pub(crate) enum Command {
+    Listen {
+        port: u16,
+        backlog: usize,
+        settings: Option<LocalSettings>,
+        queue: Arc<EventQueue<PendingRequest>>,
+        reply: Sender<Result<ListenerId, StackError>>,
+    },
+    Unlisten {
+        id: ListenerId,
+    },
+    Connect {
+        remote: SocketAddrV4,
+        params: MpaParams,
+        end: StreamEnd,
+        reply: Sender<Result<ConnId, StackError>>,
+    },
+    Accept {
+        conn: ConnId,
+        private_data: Vec<u8>,
+        ird: u16,
+        ord: u16,
+        reply: Sender<Result<(), StackError>>,
+    },
+    Reject {
+        conn: ConnId,
+        private_data: Vec<u8>,
+        reply: Option<Sender<Result<(), StackError>>>,
+    },
+    Close {
+        conn: ConnId,
+        mode: CloseMode,
+        reply: Option<Sender<Result<(), StackError>>>,
+    },
+    Shutdown,
+}
+
+/// What the engine shares with the device handle.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) events: EventQueue<DeviceEvent>,
+    pub(crate) ended: Mutex<Option<DeviceEnd>>,
+}
+
+impl Shared {
+    pub(crate) fn new() -> Self {
+        Shared {
+            events: EventQueue::new(),
+            ended: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn ended(&self) -> Option<DeviceEnd> {
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the end (before the last event is queued, so whoever sees the event sees
+    /// the state too).
+    fn set_ended(&self, end: DeviceEnd) {
+        self.ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(end);
+    }
+}
+
+/// The engine: the stack, the command queue, the wake-up fd and the routing tables.
+pub(crate) struct Engine<L: Link> {
+    pub(crate) stack: Stack<L>,
+    pub(crate) cmds: Receiver<Command>,
+    pub(crate) wake: Arc<EventFd>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) start: StdInstant,
+    pub(crate) name: String,
+    conns: HashMap<ConnId, StreamEnd>,
+    listeners: HashMap<ListenerId, Arc<EventQueue<PendingRequest>>>,
+}
+
+/// Microseconds since `start`, as a smoltcp instant.
+fn elapsed(start: StdInstant) -> Instant {
+    Instant::from_micros(i64::try_from(start.elapsed().as_micros()).unwrap_or(i64::MAX))
+}
+
+impl<L: Link> Engine<L> {
+    pub(crate) fn new(
+        stack: Stack<L>,
+        cmds: Receiver<Command>,
+        wake: Arc<EventFd>,
+        shared: Arc<Shared>,
+        cfg: EngineConfig,
+        start: StdInstant,
+        name: String,
+    ) -> Self {
+        Engine {
+            stack,
+            cmds,
+            wake,
+            shared,
+            cfg,
+            start,
+            name,
+            conns: HashMap::new(),
+            listeners: HashMap::new(),
+        }
+    }
+
+    fn waker(&self) -> Waker {
+        Waker::eventfd(self.wake.clone())
+    }
+
+    /// Runs until shutdown, until every handle to the command queue is gone, or until
+    /// the link is gone.
+    pub(crate) fn run(mut self) {
+        let span = tracing::info_span!("device", name = %self.name);
+        let _entered = span.enter();
+        tracing::debug!("engine running");
+        let mut last_activity = StdInstant::now();
+        loop {
+            // Reset the wake-up first: anything queued after this wakes the next sleep.
+            let _ = self.wake.read();
+            let mut active = false;
+            loop {
+                match self.cmds.try_recv() {
+                    Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => {
+                        self.shutdown();
+                        return;
+                    }
+                    Ok(cmd) => {
+                        active = true;
+                        self.handle(cmd);
+                    }
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            let now = elapsed(self.start);
+            let deadline = self.stack.poll(now);
+            active |= self.stack.progressed();
+            self.route();
+            if let Some(reason) = self.stack.gone() {
+                self.gone(reason);
+                return;
+            }
+            if active {
+                last_activity = StdInstant::now();
+                continue;
+            }
+            if last_activity.elapsed() < self.cfg.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep(now, deadline);
+        }
+    }
+
+    fn sleep(&self, now: Instant, deadline: Option<Instant>) {
+        let timeout = match deadline {
+            None => PollTimeout::NONE,
+            Some(d) => {
+                // smoltcp's Instant difference is an absolute value: a past deadline must
+                // not turn into a future one.
+                let us = if d > now { (d - now).total_micros() } else { 0 }.max(1000);
+                let ms = us.div_ceil(1000).min(u64::from(i32::MAX as u32));
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+            }
+        };
+        let mut fds = [
+            PollFd::new(self.stack.link().poll_fd(), PollFlags::POLLIN),
+            PollFd::new(std::os::fd::AsFd::as_fd(&*self.wake), PollFlags::POLLIN),
+        ];
+        // EINTR and the like just end the sleep early.
+        let _ = poll(&mut fds, timeout);
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        let now = elapsed(self.start);
+        match cmd {
+            Command::Listen {
+                port,
+                backlog,
+                settings,
+                queue,
+                reply,
+            } => {
+                let r = self.stack.listen(port, backlog, settings);
+                if let Ok(id) = r {
+                    self.listeners.insert(id, queue);
+                }
+                let _ = reply.send(r);
+            }
+            Command::Unlisten { id } => {
+                if let Some(q) = self.listeners.remove(&id) {
+                    q.end(DeviceEnd::Closed);
+                    // Requests nobody took are rejected (taken ones are answered by their
+                    // handles, or rejected when those are dropped).
+                    for p in q.drain() {
+                        let _ = self.stack.reject(p.info.conn, &[]);
+                        self.conns.remove(&p.info.conn);
+                    }
+                }
+                let _ = self.stack.unlisten(id);
+            }
+            Command::Connect {
+                remote,
+                params,
+                end,
+                reply,
+            } => {
+                let r = self.stack.connect(remote, params, Box::new(end.ulp()), now);
+                if let Ok(id) = r {
+                    self.conns.insert(id, end);
+                }
+                let _ = reply.send(r);
+            }
+            Command::Accept {
+                conn,
+                private_data,
+                ird,
+                ord,
+                reply,
+            } => {
+                let r = match self.conns.get(&conn) {
+                    Some(end) => {
+                        let ulp = end.ulp();
+                        self.stack
+                            .accept(conn, &private_data, ird, ord, Box::new(ulp))
+                    }
+                    None => Err(StackError::NoSuchConnection(conn)),
+                };
+                let _ = reply.send(r);
+            }
+            Command::Reject {
+                conn,
+                private_data,
+                reply,
+            } => {
+                let r = self.stack.reject(conn, &private_data);
+                if r.is_ok() {
+                    if let Some(end) = self.conns.remove(&conn) {
+                        end.deliver_event(ConnEvent::Closed);
+                    }
+                }
+                if let Some(reply) = reply {
+                    let _ = reply.send(r);
+                }
+            }
+            Command::Close { conn, mode, reply } => {
+                let r = self.stack.close(conn, mode);
+                if let Some(reply) = reply {
+                    let _ = reply.send(r);
+                }
+            }
+            Command::Shutdown => {}
+        }
+    }
+
+    /// Hands the stack's events to their queues.
+    fn route(&mut self) {
+        while let Some(ev) = self.stack.poll_event() {
+            match ev {
+                StackEvent::ConnectRequest(info) => match self.listeners.get(&info.listener) {
+                    Some(q) => {
+                        let (_, end) = stream::pair(self.cfg.stream, self.waker());
+                        self.conns.insert(info.conn, end.clone());
+                        q.push(PendingRequest { info, end });
+                    }
+                    None => {
+                        let _ = self.stack.reject(info.conn, &[]);
+                    }
+                },
+                StackEvent::Conn { conn, event } => {
+                    let last = event.is_final();
+                    if let Some(end) = self.conns.get(&conn) {
+                        end.deliver_event(event);
+                    }
+                    if last {
+                        self.conns.remove(&conn);
+                    }
+                }
+                StackEvent::Link(LinkEvent::Up) => self.shared.events.push(DeviceEvent::LinkUp),
+                StackEvent::Link(LinkEvent::Down(r)) => {
+                    self.shared.events.push(DeviceEvent::LinkDown(r));
+                }
+                StackEvent::Link(LinkEvent::Gone(_)) => {}
+            }
+        }
+    }
+
+    fn end_everything(&mut self, end: DeviceEnd) {
+        self.shared.set_ended(end);
+        for (_, q) in self.listeners.drain() {
+            q.end(end);
+        }
+        self.conns.clear();
+        if let DeviceEnd::Gone(reason) = end {
+            self.shared.events.push(DeviceEvent::DeviceGone(reason));
+        }
+        self.shared.events.end(end);
+    }
+
+    fn gone(&mut self, reason: GoneReason) {
+        tracing::info!(?reason, "device gone");
+        self.route();
+        self.end_everything(DeviceEnd::Gone(reason));
+    }
+
+    fn shutdown(&mut self) {
+        tracing::debug!("engine shutting down");
+        let now = elapsed(self.start);
+        self.stack.shutdown(now);
+        self.route();
+        self.end_everything(DeviceEnd::Closed);
+    }
+}

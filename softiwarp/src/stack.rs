@@ -1,0 +1,2305 @@
+//! The device's transport core: one smoltcp interface, its TCP sockets, and an MPA
+//! connection with an upper layer on each socket, driven sans-IO.
+//!
+//! A [`Stack`] owns the [`Link`] (through a [`LinkDevice`]), the smoltcp `Interface` and
+//! `SocketSet`, a table of connections and a table of listeners. It reads no clock and
+//! starts no thread: the driver (the engine thread of [`crate::engine`], or a test with a
+//! virtual clock) calls [`Stack::poll`] with the current time and gets back the next
+//! deadline, and reads what happened from [`Stack::poll_event`]. Two stacks joined by a
+//! [`MemoryLink`](crate::link::MemoryLink) pair therefore run deterministically in one
+//! thread, which is how most of the tests drive it.
+//!
+//! # A connection
+//!
+//! Each connection is a TCP socket, an [`MpaConn`] (created once TCP is established,
+//! with the EMSS of that TCP connection) and an upper layer implementing [`Ulp`]: the
+//! consumer of received ULPDUs and the supplier of ULPDUs to send. The stream upper of
+//! [`crate::stream`] is the one used so far; the per-QP RDMAP engine plugs in here next.
+//!
+//! [`Stack::poll`] does, in order:
+//!
+//! 1. link events ([`LinkEvent`]): reported as [`StackEvent::Link`]; `Gone` fails every
+//!    connection with [`ConnError::DeviceGone`] and removes every listener;
+//! 2. smoltcp `Interface::poll` (ingress, then egress);
+//! 3. listeners: harvest listen sockets that became connections, re-arm the pool;
+//! 4. rounds over the connections: TCP state changes, the receive path (socket bytes into
+//!    [`MpaConn::handle_rx`], events out, ULPDUs to the upper while it has room), MPA
+//!    timers, closing, and the transmit path (at most **one FPDU per connection per
+//!    round** into the socket, see below), then `Interface::poll_egress` so each FPDU
+//!    leaves as its own segment; repeated while any connection wrote something (at most
+//!    [`MAX_ROUNDS`] rounds per call);
+//! 5. the next deadline: the earliest of smoltcp's `poll_at`, the MPA startup timers, TCP
+//!    connect deadlines and Terminate linger deadlines, or `now` when work was left over.
+//!
+//! # One FPDU per TCP segment (RFC 5044 section 4.5, design.md section 4)
+//!
+//! ULPDUs are limited to MULPDU, computed by `mpa::fpdu::mulpdu` from the EMSS of the
+//! connection (the smaller of this side's MSS, `MTU - 40`, and the MSS option of the
+//! peer's SYN; smoltcp sends no TCP options on data segments, so the MSS is the EMSS) and
+//! the agreed markers. So every FPDU fits in one segment. What smoltcp does with the bytes
+//! of its send buffer is another matter: it has no notion of records and cuts the buffer
+//! at `min(peer window, MSS, congestion window)` from its send pointer. With a full-sized
+//! window two FPDUs written back to back would leave as one MSS-sized segment holding one
+//! and a half of them (**re-segmentation**), and when the peer's window is smaller than
+//! an FPDU smoltcp sends the part that fits, so an FPDU can also be split.
+//!
+//! What the stack does about it (best effort):
+//!
+//! * Only whole FPDUs go into the send buffer (an FPDU waits until the buffer has room
+//!   for all of it).
+//! * A connection writes its next FPDU only when everything written before has been
+//!   *transmitted at least once*: the device wrapper reads the TCP header of every frame
+//!   smoltcp sends and keeps, per 4-tuple, the highest sequence number sent; written minus
+//!   sent is the unsent backlog, and the next FPDU waits for it to be zero. Each write is
+//!   followed by an egress pass, so an FPDU leaves as exactly one segment whenever the
+//!   peer's window can take it. The result: **a segment never carries bytes of two FPDUs
+//!   on first transmission**; when the window is smaller than the FPDU, the FPDU goes out
+//!   as two or more segments, each holding only bytes of that FPDU.
+//! * Retransmissions are smoltcp's: after an RTO it resends from the oldest unacknowledged
+//!   byte in MSS-sized pieces, which may cross FPDU boundaries. Receivers (ours, siw,
+//!   Chelsio) reassemble the stream, so this costs only the "one FPDU per segment"
+//!   optimisation, not correctness.
+//!
+//! # Listeners and the backlog
+//!
+//! smoltcp has no accept queue: a listening socket *becomes* the connection when a SYN
+//! arrives. A listener with backlog `n` therefore keeps a pool of listening sockets on its
+//! port: while `armed + pending < n`, a fresh socket is armed, where `pending` counts
+//! connections of this listener not yet decided (TCP handshake in progress, MPA Request
+//! not yet in, or [`StackEvent::ConnectRequest`] reported and neither [`Stack::accept`]ed
+//! nor [`Stack::reject`]ed). When `n` connections are pending no socket listens on the
+//! port, and smoltcp answers a further SYN with a RST (no socket accepts the segment, so
+//! `process_tcp` replies with `rst_reply`): the initiator sees the connection refused.
+//! Linux instead drops the SYN while its accept queue is full, so the client retries;
+//! here the refusal is immediate and visible. The pool is re-armed at every poll. Socket
+//! buffers are allocated zeroed, so an armed socket costs address space, not memory, until
+//! it is used. `backlog` is at most [`MAX_BACKLOG`].
+//!
+//! # Bad input
+//!
+//! Anything the peer sends that MPA refuses (a broken Request/Reply, garbage instead of an
+//! FPDU, a CRC error, a failed RTR) fails only that connection: [`MpaConn`] reports the
+//! error, the stack sends a Terminate when [`MpaConn::can_send_terminate`] says one may
+//! be sent (Layer LLP, the error's code; RFC 5044 section 8), waits until it is
+//! acknowledged (at most [`StackConfig::terminate_linger_us`]) and aborts the TCP
+//! connection (RST). A Terminate received from the peer ends the connection the same way
+//! (no further FPDU is processed, RFC 5040 section 5.3) with
+//! [`ConnError::TerminateReceived`]. Connections that fail before the user heard of them
+//! (a responder that never got a valid Request) are dropped silently and counted in
+//! [`StackStats::startup_failures`].
+//!
+//! # Copies
+//!
+//! Transmit: the upper hands the ULPDU parts (a header and a payload slice) to
+//! [`MpaConn::send_ulpdu`], which frames them with the CRC computed in the same pass (the
+//! one copy out of user memory); the framed FPDU is then copied into smoltcp's send buffer.
+//! Receive: the deframer copies each ULPDU out of smoltcp's receive buffer, CRC checked in
+//! the same pass. Framing straight into smoltcp's ring would save the second transmit copy;
+//! `MpaConn` does not offer that yet.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use ddp_rdmap::ddp::BufferModel;
+use ddp_rdmap::rdmap::QN_TERMINATE;
+use ddp_rdmap::terminate::ErrorCause;
+use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
+use mpa::negotiate::{Agreed, LocalSettings, SettingsError};
+use mpa::wire::{Limits, Repr};
+use smoltcp::iface::{Interface, SocketHandle, SocketSet};
+use smoltcp::phy::{Device, DeviceCapabilities, RxToken, TxToken};
+use smoltcp::socket::tcp;
+use smoltcp::time::Instant;
+use smoltcp::wire::{IpAddress, IpEndpoint};
+
+use crate::link::{GoneReason, Link, LinkError, LinkEvent};
+use crate::mpa_conn::{
+    CallError, InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State,
+    DEFAULT_STARTUP_TIMEOUT_US,
+};
+use crate::phy::{
+    build_interface, mss_for_mtu, DeviceStats, InterfaceConfig, LinkDevice, LinkRxToken,
+    LinkTxToken, TcpConfig,
+};
+
+/// Most connection rounds (one FPDU per connection each) in one [`Stack::poll`]; when
+/// more work is left, `poll` returns `now` as the deadline so the driver calls again
+/// (after taking in new frames), which keeps ingress from starving.
+pub const MAX_ROUNDS: usize = 256;
+
+/// Largest listen backlog, in connections (Linux caps `listen(2)` at `somaxconn`, 4096
+/// by default; each armed socket here reserves its buffers' address space).
+pub const MAX_BACKLOG: usize = 1024;
+
+/// Bytes of the TCP receive stream handed to [`MpaConn::handle_rx`] at once: 64 KiB.
+/// Between chunks the stack delivers the ULPDUs and asks the upper for room again.
+pub const RX_CHUNK: usize = 64 * 1024;
+
+/// Default TCP connect timeout: 20 s, in microseconds (the TCP user timeout default of
+/// [`TcpConfig`]).
+pub const DEFAULT_CONNECT_TIMEOUT_US: u64 = 20_000_000;
+
+/// Default time to wait for a Terminate to be acknowledged before the RST: 1 s, in
+/// microseconds.
+pub const DEFAULT_TERMINATE_LINGER_US: u64 = 1_000_000;
+
+/// How long a closed socket may wait to send its RST before it is dropped anyway:
+/// 1000 ms.
+pub const ZOMBIE_LINGER_MS: u64 = 1000;
+
+/// First port of the ephemeral range used for active connections (IANA, RFC 6335 6).
+pub const EPHEMERAL_FIRST: u16 = 49152;
+
+/// MSS assumed for a peer whose SYN carries no MSS option: 536 bytes (RFC 9293 3.7.1).
+pub const DEFAULT_REMOTE_MSS: usize = 536;
+
+/// Identifies a connection of one [`Stack`] (never reused by that stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// Identifies a listener of one [`Stack`] (never reused by that stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListenerId(pub u64);
+
+/// MPA defaults of a device, used for every connection unless overridden.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpaDefaults {
+    /// Negotiation settings (revision, CRC policy, markers, P2P and RTR kinds, IRD/ORD,
+    /// private data). Default: `LocalSettings::default()`, Linux siw compatible.
+    pub settings: LocalSettings,
+    /// Limits for parsing the peer's Request/Reply.
+    pub limits: Limits,
+    /// How long to wait for the peer's Request (responder) or Reply (initiator), in
+    /// microseconds from TCP establishment. Default 10 s, as [`MpaConfig`].
+    pub startup_timeout_us: u64,
+}
+
+impl Default for MpaDefaults {
+    fn default() -> Self {
+        MpaDefaults {
+            settings: LocalSettings::default(),
+            limits: Limits::default(),
+            startup_timeout_us: DEFAULT_STARTUP_TIMEOUT_US,
+        }
+    }
+}
+
+/// Configuration of a [`Stack`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackConfig {
+    /// MAC, IPv4 address, prefix, gateway and smoltcp's random seed.
+    pub interface: InterfaceConfig,
+    /// TCP socket settings (buffers, Nagle, keep-alive, user timeout).
+    pub tcp: TcpConfig,
+    /// MPA defaults.
+    pub mpa: MpaDefaults,
+    /// A connect fails with [`ConnError::TimedOut`] when TCP is not established this many
+    /// microseconds after [`Stack::connect`]. Default [`DEFAULT_CONNECT_TIMEOUT_US`].
+    pub connect_timeout_us: u64,
+    /// After an error with a Terminate queued, how long to wait (microseconds) for it to
+    /// be acknowledged before the RST. Default [`DEFAULT_TERMINATE_LINGER_US`].
+    pub terminate_linger_us: u64,
+}
+
+impl StackConfig {
+    /// A configuration with every default but the interface.
+    pub fn new(interface: InterfaceConfig) -> Self {
+        StackConfig {
+            interface,
+            tcp: TcpConfig::default(),
+            mpa: MpaDefaults::default(),
+            connect_timeout_us: DEFAULT_CONNECT_TIMEOUT_US,
+            terminate_linger_us: DEFAULT_TERMINATE_LINGER_US,
+        }
+    }
+}
+
+/// The MPA parameters of one connection: what `rdma_connect` / `rdma_accept` take.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MpaParams {
+    /// ULP private data for the Request, in bytes (at most 508 with Rev 2, 512 with
+    /// Rev 1; RFC 5044 7.1.1, RFC 6581).
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Read queue depth offered (14 bits, RFC 6581).
+    pub ird: u16,
+    /// Outbound RDMA Read queue depth wanted (14 bits).
+    pub ord: u16,
+    /// Settings replacing the device's [`MpaDefaults::settings`] for this connection
+    /// (their `private_data`, `ird` and `ord` are replaced by the fields above).
+    pub settings: Option<LocalSettings>,
+}
+
+/// What an established connection looks like, reported once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Established {
+    /// This side's role.
+    pub role: Role,
+    /// The agreed MPA settings, seen from this side (includes the peer's private data).
+    pub agreed: Agreed,
+    /// The largest ULPDU this side may send, in bytes (RFC 5044 4.5).
+    pub mulpdu: usize,
+    /// The EMSS of the TCP connection, in bytes (payload bytes per segment).
+    pub emss: usize,
+    /// First DDP MSNs the upper uses, after any RTR (RFC 5041 4.3).
+    pub initial_msn: InitialMsn,
+    /// Local address and port.
+    pub local: SocketAddrV4,
+    /// Peer address and port.
+    pub remote: SocketAddrV4,
+}
+
+/// Which phase a timeout happened in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimeoutPhase {
+    /// TCP was not established in time (no SYN-ACK; e.g. no such host).
+    TcpConnect,
+    /// The MPA Reply did not come within the startup timeout (RFC 5044 7.1.2).
+    MpaReply,
+}
+
+/// Why a connection ended abnormally (the payload of [`ConnEvent::Failed`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// The responder rejected the connection (R set in the MPA Reply, RFC 5044 7.1.1):
+    /// rdma_cm's `REJECTED` with the reply's private data.
+    #[error("connection rejected by the peer ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The ULP private data of the reject Reply, in bytes.
+        private_data: Vec<u8>,
+    },
+    /// The peer answered the SYN with a RST (nothing listening, or its backlog is full):
+    /// `ECONNREFUSED`.
+    #[error("connection refused")]
+    Refused,
+    /// A timeout: `ETIMEDOUT`.
+    #[error("timed out ({0:?})")]
+    TimedOut(TimeoutPhase),
+    /// The TCP connection was reset or lost (RST received, TCP user timeout):
+    /// `ECONNRESET`.
+    #[error("connection reset")]
+    Reset,
+    /// MPA found the peer's input bad, or the negotiation failed; a Terminate was sent
+    /// when one could be.
+    #[error("MPA error: {0}")]
+    Mpa(MpaError),
+    /// The peer sent a Terminate (RFC 5040 5.3); the connection was aborted.
+    #[error("Terminate received: {0}")]
+    TerminateReceived(ErrorCause),
+    /// The upper layer sent a Terminate ([`Ulp::poll_terminate`]); the connection was
+    /// aborted after it.
+    #[error("Terminate sent by the upper layer: {0:?}")]
+    TerminateSent(Option<ErrorCause>),
+    /// The upper layer handed over a ULPDU MPA refused.
+    #[error("upper layer error: {0}")]
+    Ulp(CallError),
+    /// The connection could not be set up with the TCP parameters it got (e.g. an EMSS
+    /// below `mpa_conn::MIN_EMSS`).
+    #[error("connection setup failed: {0}")]
+    Setup(String),
+    /// The link is gone (device removal).
+    #[error("device gone ({0:?})")]
+    DeviceGone(GoneReason),
+    /// The device was shut down.
+    #[error("device shut down")]
+    DeviceClosed,
+}
+
+/// How to close a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseMode {
+    /// Send what is queued, then FIN (`shutdown(SHUT_WR)` then close; MPA graceful close,
+    /// RFC 5044 7.2): the peer sees [`ConnEvent::Disconnected`] then [`ConnEvent::Closed`].
+    Graceful,
+    /// RST now, dropping what is queued (`SO_LINGER` 0 close): the peer sees
+    /// [`ConnError::Reset`].
+    Abortive,
+}
+
+/// An event of one connection. Every connection's events end with exactly one
+/// [`ConnEvent::Closed`] or [`ConnEvent::Failed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnEvent {
+    /// MPA negotiation succeeded; ULPDUs may be sent (iw-cm `CONNECT_REPLY` with status
+    /// 0 for the initiator, `ESTABLISHED` for the responder).
+    Established(Established),
+    /// The peer closed its half (FIN, iw-cm `DISCONNECT`); the stack closes this side in
+    /// turn, and [`ConnEvent::Closed`] follows.
+    Disconnected,
+    /// Final: the TCP connection is closed (after a graceful close by either side, or a
+    /// local abort). iw-cm `CLOSE`.
+    Closed,
+    /// Final: the connection failed.
+    Failed(ConnError),
+}
+
+impl ConnEvent {
+    /// `true` for the final events, [`ConnEvent::Closed`] and [`ConnEvent::Failed`].
+    pub fn is_final(&self) -> bool {
+        matches!(self, ConnEvent::Closed | ConnEvent::Failed(_))
+    }
+}
+
+/// A connection request that reached a listener: the peer's valid MPA Request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectRequestInfo {
+    /// The listener it came to.
+    pub listener: ListenerId,
+    /// The new connection; answer with [`Stack::accept`] or [`Stack::reject`].
+    pub conn: ConnId,
+    /// Local address and port.
+    pub local: SocketAddrV4,
+    /// Peer address and port.
+    pub remote: SocketAddrV4,
+    /// The peer's MPA Request (revision, flags, IRD/ORD word, private data).
+    pub request: Repr,
+}
+
+/// What a [`Stack`] reports, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StackEvent {
+    /// A valid MPA Request arrived on a listener (iw-cm `CONNECT_REQUEST`).
+    ConnectRequest(ConnectRequestInfo),
+    /// An event of a connection the user knows of (one made by [`Stack::connect`], or one
+    /// reported by a [`StackEvent::ConnectRequest`]).
+    Conn {
+        /// The connection.
+        conn: ConnId,
+        /// What happened.
+        event: ConnEvent,
+    },
+    /// The link changed state. After `Gone`, every connection has failed with
+    /// [`ConnError::DeviceGone`] and every listener is removed.
+    Link(LinkEvent),
+}
+
+/// Counters of a [`Stack`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackStats {
+    /// TCP connections established (both roles).
+    pub tcp_established: u64,
+    /// Connections that reached MPA full operation (both roles).
+    pub mpa_established: u64,
+    /// Responder connections dropped before the user heard of them (bad or missing
+    /// Request, negotiation refused without a ConnectRequest, reset during startup).
+    pub startup_failures: u64,
+    /// ULPDUs handed to MPA for sending.
+    pub ulpdus_tx: u64,
+    /// ULPDUs received and given to an upper.
+    pub ulpdus_rx: u64,
+    /// Bytes written into TCP send buffers (MPA frames and FPDUs).
+    pub stream_tx_bytes: u64,
+    /// Bytes read from TCP receive buffers.
+    pub stream_rx_bytes: u64,
+    /// FPDUs whose CRC did not match.
+    pub crc_errors: u64,
+    /// Terminates sent (by the stack or an upper).
+    pub terminates_sent: u64,
+    /// Terminates received.
+    pub terminates_received: u64,
+}
+
+/// Errors of [`Stack`] calls. Nothing changed when one is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    /// The link or the interface configuration was refused.
+    #[error("link: {0}")]
+    Link(#[from] LinkError),
+    /// MPA settings that cannot be put on the wire (e.g. private data too long).
+    #[error("MPA settings: {0}")]
+    Settings(#[from] SettingsError),
+    /// A configuration value is out of range (the message says which).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Port 0 cannot be listened on or connected to.
+    #[error("port 0 is not a valid port")]
+    InvalidPort,
+    /// The backlog is 0 or over [`MAX_BACKLOG`].
+    #[error("backlog {0} is outside 1..={MAX_BACKLOG}")]
+    InvalidBacklog(usize),
+    /// A listener already exists on that port.
+    #[error("port {0} is already listened on")]
+    PortInUse(u16),
+    /// No ephemeral port is free for a new connection.
+    #[error("no free ephemeral port")]
+    NoFreePort,
+    /// smoltcp refused the remote address (unspecified, or not reachable by any route).
+    #[error("address {0} is not reachable")]
+    Unaddressable(SocketAddrV4),
+    /// No such connection (never made, or already removed).
+    #[error("no connection {0:?}")]
+    NoSuchConnection(ConnId),
+    /// No such listener.
+    #[error("no listener {0:?}")]
+    NoSuchListener(ListenerId),
+    /// The call does not fit the connection's state (e.g. `accept` twice).
+    #[error("{call} not allowed: {why}")]
+    WrongState {
+        /// The call.
+        call: &'static str,
+        /// Why.
+        why: &'static str,
+    },
+    /// MPA refused the call (e.g. accept with IRD/ORD over 14 bits).
+    #[error("MPA: {0}")]
+    Mpa(#[from] CallError),
+    /// The link is gone; nothing can be done on this stack any more.
+    #[error("device gone ({0:?})")]
+    Gone(GoneReason),
+}
+
+/// The framing callback handed to [`Ulp::poll_ulpdu`]: takes the parts of one ULPDU
+/// (their concatenation is the ULPDU) and frames them into an FPDU.
+pub type EmitUlpdu<'a> = dyn FnMut(&[&[u8]]) -> Result<(), CallError> + 'a;
+
+/// The upper layer of one connection: consumes received ULPDUs and supplies ULPDUs to
+/// send. Called only from [`Stack`] methods, on the thread driving the stack (the engine
+/// thread), so implementations must not block (the stream upper only takes a short lock;
+/// the QP engine will only touch its own state).
+pub trait Ulp: Send {
+    /// MPA full operation was reached (RFC 5044 7.1.2; for the responder, at `accept`,
+    /// before the initiator's first FPDU).
+    fn on_established(&mut self, info: &Established);
+
+    /// How many more bytes of ULPDUs the upper can take now. While it is 0 the stack
+    /// stops reading the socket, so TCP's window closes (receive backpressure). The
+    /// bound is soft: up to [`RX_CHUNK`] bytes of ULPDUs may arrive beyond it.
+    fn rx_room(&mut self) -> usize;
+
+    /// One received ULPDU (one DDP segment: no MPA length, pad, markers or CRC), CRC
+    /// already checked.
+    fn on_ulpdu(&mut self, ulpdu: Vec<u8>);
+
+    /// Called when the connection can take one more ULPDU: full operation, everything
+    /// written before went out, and the socket has room for a whole FPDU. Call `emit` at
+    /// most once with the ULPDU's parts (1..=`mulpdu` bytes in total; e.g. a DDP header
+    /// and a payload slice of a memory region), which frames them with MPA (one copy,
+    /// CRC in the same pass). Return whether a ULPDU was emitted; an error (from `emit`
+    /// or the upper's own) fails the connection with [`ConnError::Ulp`].
+    fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError>;
+
+    /// A Terminate ULPDU the upper wants sent (RFC 5040 5.3, e.g. after a DDP or RDMAP
+    /// error it detected). The stack sends it as the last FPDU, then aborts the
+    /// connection ([`ConnError::TerminateSent`]). Default: never.
+    fn poll_terminate(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// The peer closed its half gracefully ([`ConnEvent::Disconnected`]). Default: nothing.
+    fn on_disconnected(&mut self) {}
+
+    /// Final: the connection closed gracefully or was aborted locally.
+    fn on_closed(&mut self);
+
+    /// Final: the connection failed (also before establishment: rejected, refused, ...).
+    fn on_error(&mut self, error: &ConnError);
+}
+
+/// A test hook on the receive path: called with the stream offset (bytes since the first
+/// byte received on the connection, i.e. the first byte of the MPA Request or Reply) and
+/// each newly received chunk of the TCP byte stream, before MPA sees it. It may change the
+/// bytes, e.g. to emulate corruption that TCP's checksum did not catch.
+pub type RxHook = Box<dyn FnMut(u64, &mut [u8]) + Send>;
+
+// ---------------------------------------------------------------------------------------
+// Per-4-tuple transmit tracking (see "One FPDU per TCP segment").
+
+/// What the device wrapper learned about one TCP connection from its frames.
+#[derive(Debug, Clone, Copy, Default)]
+struct Track {
+    /// One past the highest sequence number sent (SYN and FIN count).
+    snd_max: Option<u32>,
+    /// The MSS option of the peer's SYN (536 when absent).
+    remote_mss: Option<u16>,
+}
+
+#[derive(Debug, Default)]
+struct SegTracker {
+    map: HashMap<u64, Track>,
+    listen_ports: Vec<u16>,
+}
+
+fn tuple_key(local_port: u16, remote: Ipv4Addr, remote_port: u16) -> u64 {
+    (u64::from(u32::from(remote)) << 32) | (u64::from(remote_port) << 16) | u64::from(local_port)
+}
+
+/// The TCP fields the tracker needs, from an Ethernet/IPv4/TCP frame.
+struct SegInfo {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    src_port: u16,
+    dst_port: u16,
+    seq: u32,
+    seg_len: u32,
+    syn: bool,
+    ack: bool,
+    mss: Option<u16>,
+}
+
+const TCP_SYN: u8 = 0x02;
+const TCP_FIN: u8 = 0x01;
+const TCP_ACK: u8 = 0x10;
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Parses the TCP header of an Ethernet II / IPv4 frame; `None` for anything else.
+/// With `verify`, the IPv4 header and TCP checksums must be right (received frames may be
+/// corrupted; smoltcp drops those, and so must the tracker).
+fn parse_seg(frame: &[u8], verify: bool) -> Option<SegInfo> {
+    if be16(frame, 12)? != 0x0800 {
+        return None;
+    }
+    let ip = frame.get(14..)?;
+    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
+    if *ip.first()? >> 4 != 4 || ihl < 20 || *ip.get(9)? != 6 {
+        return None;
+    }
+    let total = usize::from(be16(ip, 2)?);
+    let ip = ip.get(..total)?;
+    let tcp = ip.get(ihl..)?;
+    let doff = usize::from(*tcp.get(12)? >> 4) * 4;
+    if doff < 20 || doff > tcp.len() {
+        return None;
+    }
+    let src = Ipv4Addr::from(be32(ip, 12)?);
+    let dst = Ipv4Addr::from(be32(ip, 16)?);
+    if verify {
+        let hdr = smoltcp::wire::Ipv4Packet::new_checked(ip).ok()?;
+        if !hdr.verify_checksum() {
+            return None;
+        }
+        let seg = smoltcp::wire::TcpPacket::new_checked(tcp).ok()?;
+        if !seg.verify_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst)) {
+            return None;
+        }
+    }
+    let flags = *tcp.get(13)?;
+    let syn = flags & TCP_SYN != 0;
+    let fin = flags & TCP_FIN != 0;
+    let mut mss = None;
+    if syn {
+        let mut opts = tcp.get(20..doff)?;
+        while let Some(&kind) = opts.first() {
+            match kind {
+                0 => break,
+                1 => opts = &opts[1..],
+                _ => {
+                    let len = usize::from(*opts.get(1)?);
+                    if len < 2 || len > opts.len() {
+                        break;
+                    }
+                    if kind == 2 && len == 4 {
+                        mss = be16(opts, 2);
+                    }
+                    opts = &opts[len..];
+                }
+            }
+        }
+    }
+    let payload = tcp.len() - doff;
+    Some(SegInfo {
+        src,
+        dst,
+        src_port: be16(tcp, 0)?,
+        dst_port: be16(tcp, 2)?,
+        seq: be32(tcp, 4)?,
+        seg_len: u32::try_from(payload).ok()? + u32::from(syn) + u32::from(fin),
+        syn,
+        ack: flags & TCP_ACK != 0,
+        mss,
+    })
+}
+
+impl SegTracker {
+    fn on_tx(&mut self, frame: &[u8]) {
+        let Some(seg) = parse_seg(frame, false) else {
+            return;
+        };
+        let k = tuple_key(seg.src_port, seg.dst, seg.dst_port);
+        let entry = if seg.syn {
+            self.map.entry(k).or_default()
+        } else {
+            match self.map.get_mut(&k) {
+                Some(e) => e,
+                None => return,
+            }
+        };
+        let end = seg.seq.wrapping_add(seg.seg_len);
+        entry.snd_max = match entry.snd_max {
+            // A SYN (re)starts the sequence space: a new connection on a reused 4-tuple.
+            Some(m) if !seg.syn && (end.wrapping_sub(m) as i32) <= 0 => Some(m),
+            _ => Some(end),
+        };
+    }
+
+    fn on_rx(&mut self, frame: &[u8]) {
+        // Only SYNs matter here; look at the flags before verifying anything.
+        let Some(&flags) = frame
+            .get(14)
+            .map(|b| usize::from(b & 0x0f) * 4)
+            .and_then(|ihl| frame.get(14 + ihl + 13))
+        else {
+            return;
+        };
+        if flags & TCP_SYN == 0 {
+            return;
+        }
+        let Some(seg) = parse_seg(frame, true) else {
+            return;
+        };
+        let k = tuple_key(seg.dst_port, seg.src, seg.src_port);
+        let mss = Some(seg.mss.unwrap_or(DEFAULT_REMOTE_MSS as u16));
+        if seg.ack {
+            if let Some(e) = self.map.get_mut(&k) {
+                e.remote_mss = mss;
+            }
+        } else if self.listen_ports.contains(&seg.dst_port) {
+            self.map.entry(k).or_default().remote_mss = mss;
+        }
+    }
+
+    fn get(&self, key: u64) -> Track {
+        self.map.get(&key).copied().unwrap_or_default()
+    }
+}
+
+/// The smoltcp device: a [`LinkDevice`] whose tokens show each frame to the tracker.
+struct TrackedDevice<L> {
+    inner: LinkDevice<L>,
+    tracker: RefCell<SegTracker>,
+}
+
+struct TrackedRx<'a> {
+    inner: LinkRxToken<'a>,
+    tracker: &'a RefCell<SegTracker>,
+}
+
+struct TrackedTx<'a, L> {
+    inner: LinkTxToken<'a, L>,
+    tracker: &'a RefCell<SegTracker>,
+}
+
+impl RxToken for TrackedRx<'_> {
+    fn consume<R, F>(self, f: F) -> R
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        let tracker = self.tracker;
+        self.inner.consume(|frame| {
+            tracker.borrow_mut().on_rx(frame);
+            f(frame)
+        })
+    }
+}
+
+impl<L: Link> TxToken for TrackedTx<'_, L> {
+    fn consume<R, F>(self, len: usize, f: F) -> R
+    where
+        F: FnOnce(&mut [u8]) -> R,
+    {
+        let tracker = self.tracker;
+        self.inner.consume(len, |frame| {
+            let r = f(frame);
+            tracker.borrow_mut().on_tx(frame);
+            r
+        })
+    }
+}
+
+impl<L: Link> Device for TrackedDevice<L> {
+    type RxToken<'a>
+        = TrackedRx<'a>
+    where
+        Self: 'a;
+    type TxToken<'a>
+        = TrackedTx<'a, L>
+    where
+        Self: 'a;
+
+    fn receive(&mut self, timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
+        let tracker = &self.tracker;
+        let (rx, tx) = self.inner.receive(timestamp)?;
+        Some((
+            TrackedRx { inner: rx, tracker },
+            TrackedTx { inner: tx, tracker },
+        ))
+    }
+
+    fn transmit(&mut self, timestamp: Instant) -> Option<Self::TxToken<'_>> {
+        let tracker = &self.tracker;
+        let tx = self.inner.transmit(timestamp)?;
+        Some(TrackedTx { inner: tx, tracker })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        self.inner.capabilities()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Connections.
+
+/// Where a connection is in its life, as far as the stack's bookkeeping goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    /// Being serviced.
+    Active,
+    /// Final event given (or never visible); waiting for the socket to finish (RST sent,
+    /// TIME-WAIT over) before removal.
+    Zombie,
+}
+
+struct Conn {
+    id: ConnId,
+    handle: SocketHandle,
+    role: Role,
+    key: u64,
+    local: SocketAddrV4,
+    remote: SocketAddrV4,
+    listener: Option<ListenerId>,
+    settings: LocalSettings,
+    /// `debug` span of this connection (id, role, peer), entered while it is serviced.
+    span: tracing::Span,
+    connect_started: Instant,
+    connect_deadline: Option<Instant>,
+    mpa: Option<MpaConn>,
+    upper: Option<Box<dyn Ulp>>,
+    emss: usize,
+    life: Life,
+    /// When the connection became a zombie (set by the reaper).
+    zombie_since: Option<Instant>,
+    /// The user knows of this connection (initiator; responder after ConnectRequest).
+    visible: bool,
+    /// Counts against its listener's backlog.
+    in_backlog: bool,
+    final_sent: bool,
+    close_requested: bool,
+    /// Graceful close asked in full operation: MPA closes once the upper's queue is empty.
+    close_pending: bool,
+    aborted: bool,
+    abort_now: bool,
+    peer_fin_seen: bool,
+    tcp_closed_reported: bool,
+    /// The TCP connection is closed: nothing can be sent any more.
+    tcp_dead: bool,
+    fin_sent: bool,
+    rx_stopped: bool,
+    terminate_queued: bool,
+    /// The upper sent a Terminate: abort once it is out.
+    ulp_terminated: bool,
+    linger_deadline: Option<Instant>,
+    written: u64,
+    snd_base: Option<u32>,
+    rx_offset: u64,
+    hooked_upto: u64,
+    hook: Option<RxHook>,
+}
+
+/// Borrowed stack state a connection works with.
+struct Cx<'a> {
+    events: &'a mut VecDeque<StackEvent>,
+    tracker: &'a RefCell<SegTracker>,
+    stats: &'a mut StackStats,
+    cfg: &'a StackConfig,
+    progress: &'a mut bool,
+    /// The link's IP MTU in bytes.
+    mtu: usize,
+}
+
+fn micros(t: Instant) -> u64 {
+    u64::try_from(t.total_micros()).unwrap_or(0)
+}
+
+fn from_micros(us: u64) -> Instant {
+    Instant::from_micros(i64::try_from(us).unwrap_or(i64::MAX))
+}
+
+fn v4(ep: IpEndpoint) -> SocketAddrV4 {
+    #[allow(unreachable_patterns)] // IPv6 exists only if another crate turns it on
+    match ep.addr {
+        IpAddress::Ipv4(a) => SocketAddrV4::new(a, ep.port),
+        _ => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, ep.port),
+    }
+}
+
+/// The ULPDU of a Terminate with only the error (M = D = R = 0; RFC 5040 4.8), on the
+/// Terminate queue (QN 2) with MSN 1: the first and only message of that queue.
+fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
+    let repr = ddp_rdmap::terminate::Repr::for_error(cause, None);
+    let u = Ulpdu {
+        header: Header {
+            opcode: Opcode::Terminate,
+            last: true,
+            buffer: BufferModel::Untagged {
+                rsvd_ulp: 0,
+                qn: QN_TERMINATE,
+                msn: 1,
+                mo: 0,
+            },
+        },
+        body: Body::Terminate(repr),
+        payload: &[],
+        len: 0,
+    };
+    let mut out = vec![0u8; u.buffer_len()];
+    u.emit(&mut out).ok()?;
+    Some(out)
+}
+
+/// The cause of a Terminate message, if `ulpdu` is one (RDMAP opcode 7 on QN 2).
+fn terminate_cause_of(ulpdu: &[u8]) -> Option<ErrorCause> {
+    // Cheap test first: untagged (T = 0) with DV = 01, RV = 01 and opcode 7.
+    if ulpdu.len() < 2 || ulpdu[0] & 0x83 != 0x01 || ulpdu[1] & 0xcf != 0x47 {
+        return None;
+    }
+    match Ulpdu::parse(ulpdu).ok()?.body {
+        Body::Terminate(t) => Some(t.cause),
+        _ => None,
+    }
+}
+
+impl Conn {
+    fn emit(&mut self, cx: &mut Cx, event: ConnEvent) {
+        if !self.visible || self.final_sent {
+            return;
+        }
+        *cx.progress = true;
+        if event.is_final() {
+            self.final_sent = true;
+            if let Some(u) = self.upper.as_mut() {
+                match &event {
+                    ConnEvent::Failed(e) => u.on_error(e),
+                    _ => u.on_closed(),
+                }
+            }
+        }
+        cx.events.push_back(StackEvent::Conn {
+            conn: self.id,
+            event,
+        });
+    }
+
+    fn fail(&mut self, cx: &mut Cx, error: ConnError) {
+        if !self.visible && !self.final_sent {
+            cx.stats.startup_failures += 1;
+            self.final_sent = true;
+            return;
+        }
+        self.emit(cx, ConnEvent::Failed(error));
+    }
+
+    fn unsent(&mut self, cx: &Cx) -> usize {
+        let Some(snd_max) = cx.tracker.borrow().get(self.key).snd_max else {
+            return 0;
+        };
+        let Some(base) = self.snd_base else {
+            return 0;
+        };
+        let sent = snd_max.wrapping_sub(base);
+        let unsent = (self.written as u32).wrapping_sub(sent);
+        // A FIN counts in snd_max; anything absurd means "nothing to wait for".
+        if unsent as i32 <= 0 {
+            0
+        } else {
+            unsent as usize
+        }
+    }
+
+    /// Creates the MPA endpoint once TCP is established.
+    fn start_mpa(&mut self, cx: &mut Cx, now: Instant) {
+        let local_mss = mss_for_mtu(cx.mtu);
+        let remote_mss = cx
+            .tracker
+            .borrow()
+            .get(self.key)
+            .remote_mss
+            .map_or(local_mss, usize::from);
+        self.emss = local_mss.min(remote_mss);
+        self.snd_base = cx.tracker.borrow().get(self.key).snd_max;
+        cx.stats.tcp_established += 1;
+        *cx.progress = true;
+        let cfg = MpaConfig {
+            settings: self.settings.clone(),
+            limits: cx.cfg.mpa.limits,
+            emss: self.emss,
+            startup_timeout_us: cx.cfg.mpa.startup_timeout_us,
+        };
+        let made = match self.role {
+            Role::Initiator => MpaConn::initiator(cfg, micros(now)),
+            Role::Responder => MpaConn::responder(cfg, micros(now)),
+        };
+        match made {
+            Ok(m) => {
+                tracing::debug!(conn = self.id.0, emss = self.emss, role = ?self.role, "TCP established");
+                self.connect_deadline = None;
+                self.mpa = Some(m);
+            }
+            Err(e) => {
+                self.abort_now = true;
+                self.fail(cx, ConnError::Setup(e.to_string()));
+            }
+        }
+    }
+
+    fn drain_mpa(&mut self, cx: &mut Cx) {
+        while let Some(ev) = self.mpa.as_mut().and_then(MpaConn::poll_event) {
+            self.on_mpa_event(cx, ev);
+        }
+    }
+
+    fn on_mpa_event(&mut self, cx: &mut Cx, ev: MpaEvent) {
+        *cx.progress = true;
+        match ev {
+            MpaEvent::ConnectRequest { request } => {
+                self.visible = true;
+                let listener = self.listener.unwrap_or(ListenerId(0));
+                tracing::debug!(conn = self.id.0, remote = %self.remote, "MPA Request received");
+                cx.events
+                    .push_back(StackEvent::ConnectRequest(ConnectRequestInfo {
+                        listener,
+                        conn: self.id,
+                        local: self.local,
+                        remote: self.remote,
+                        request,
+                    }));
+            }
+            MpaEvent::Established { agreed } => {
+                let Some(mpa) = self.mpa.as_ref() else { return };
+                let info = Established {
+                    role: self.role,
+                    mulpdu: mpa.mulpdu().unwrap_or(0),
+                    emss: self.emss,
+                    initial_msn: mpa.initial_msn().unwrap_or(InitialMsn {
+                        send_tx: 1,
+                        send_rx: 1,
+                        read_tx: 1,
+                        read_rx: 1,
+                    }),
+                    agreed,
+                    local: self.local,
+                    remote: self.remote,
+                };
+                cx.stats.mpa_established += 1;
+                tracing::debug!(conn = self.id.0, mulpdu = info.mulpdu, "MPA established");
+                if let Some(u) = self.upper.as_mut() {
+                    u.on_established(&info);
+                }
+                self.emit(cx, ConnEvent::Established(info));
+            }
+            MpaEvent::Rejected { private_data } => {
+                self.fail(cx, ConnError::Rejected { private_data });
+            }
+            MpaEvent::Ulpdu(ulpdu) => {
+                if self.rx_stopped || self.final_sent {
+                    return;
+                }
+                cx.stats.ulpdus_rx += 1;
+                if let Some(cause) = terminate_cause_of(&ulpdu) {
+                    cx.stats.terminates_received += 1;
+                    tracing::debug!(conn = self.id.0, %cause, "Terminate received");
+                    self.rx_stopped = true;
+                    self.abort_now = true;
+                    self.fail(cx, ConnError::TerminateReceived(cause));
+                } else if let Some(u) = self.upper.as_mut() {
+                    u.on_ulpdu(ulpdu);
+                }
+            }
+            MpaEvent::Error(e) => {
+                tracing::debug!(conn = self.id.0, error = %e, "MPA error");
+                if matches!(e, MpaError::Crc { .. }) {
+                    cx.stats.crc_errors += 1;
+                }
+                self.rx_stopped = true;
+                if let (Some(cause), Some(mpa)) = (e.terminate_cause(), self.mpa.as_mut()) {
+                    if mpa.can_send_terminate() && !self.tcp_dead {
+                        if let Some(t) = terminate_ulpdu(cause) {
+                            if mpa.send_terminate(&[&t]).is_ok() {
+                                self.terminate_queued = true;
+                                cx.stats.terminates_sent += 1;
+                            }
+                        }
+                    }
+                }
+                let error = match e {
+                    MpaError::Timeout { .. } => ConnError::TimedOut(TimeoutPhase::MpaReply),
+                    MpaError::PeerClosedDuringStartup { graceful: false }
+                    | MpaError::ConnectionLost {
+                        graceful: false, ..
+                    } => ConnError::Reset,
+                    e => ConnError::Mpa(e),
+                };
+                self.fail(cx, error);
+            }
+            MpaEvent::Closed => {
+                if !self.close_requested && !self.final_sent && self.visible {
+                    if let Some(u) = self.upper.as_mut() {
+                        u.on_disconnected();
+                    }
+                    cx.events.push_back(StackEvent::Conn {
+                        conn: self.id,
+                        event: ConnEvent::Disconnected,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The receive path: socket bytes into MPA while the upper has room.
+    fn rx(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
+        loop {
+            if self.rx_stopped || !sock.can_recv() {
+                return;
+            }
+            let room = match self.upper.as_mut() {
+                Some(u) => u.rx_room(),
+                None => usize::MAX,
+            };
+            if room == 0 {
+                return;
+            }
+            let limit = room.min(RX_CHUNK);
+            let Some(mpa) = self.mpa.as_mut() else { return };
+            let offset = self.rx_offset;
+            let hooked_upto = &mut self.hooked_upto;
+            let hook = &mut self.hook;
+            let used = sock.recv(|buf| {
+                let n = buf.len().min(limit);
+                let buf = &mut buf[..n];
+                if let Some(hook) = hook.as_mut() {
+                    let end = offset + n as u64;
+                    if end > *hooked_upto {
+                        let from = (*hooked_upto).max(offset);
+                        hook(from, &mut buf[(from - offset) as usize..]);
+                        *hooked_upto = end;
+                    }
+                }
+                let used = mpa.handle_rx(buf, now_us);
+                (used, used)
+            });
+            match used {
+                Ok(0) | Err(_) => {
+                    self.drain_mpa(cx);
+                    return;
+                }
+                Ok(n) => {
+                    self.rx_offset += n as u64;
+                    cx.stats.stream_rx_bytes += n as u64;
+                    *cx.progress = true;
+                    self.drain_mpa(cx);
+                }
+            }
+        }
+    }
+
+    /// Writes MPA's pending bytes into the socket if they fit whole (or if they could
+    /// never fit). Returns the bytes written.
+    fn write_pending(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx) -> usize {
+        let Some(mpa) = self.mpa.as_mut() else {
+            return 0;
+        };
+        let Some(data) = mpa.poll_transmit() else {
+            return 0;
+        };
+        let free = sock.send_capacity() - sock.send_queue();
+        if data.len() > free && data.len() <= sock.send_capacity() {
+            return 0;
+        }
+        match sock.send_slice(data) {
+            Ok(n) if n > 0 => {
+                // Cannot fail: n <= what poll_transmit offered.
+                let _ = mpa.transmit_done(n);
+                self.written += n as u64;
+                cx.stats.stream_tx_bytes += n as u64;
+                *cx.progress = true;
+                n
+            }
+            _ => 0,
+        }
+    }
+
+    /// The transmit and closing path; returns whether bytes went into the socket.
+    fn tx(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now: Instant) -> bool {
+        if self.aborted {
+            return false;
+        }
+        if self.abort_now {
+            sock.abort();
+            self.aborted = true;
+            *cx.progress = true;
+            return false;
+        }
+        let Some(mpa) = self.mpa.as_ref() else {
+            return false;
+        };
+        let close = if self.ulp_terminated {
+            Some(LlpClose::Abort)
+        } else {
+            mpa.llp_close()
+        };
+        let pending = mpa.transmit_pending();
+        let mpa_state = mpa.state();
+        let mut wrote = false;
+        match close {
+            Some(LlpClose::Abort) => {
+                if !self.terminate_queued {
+                    sock.abort();
+                    self.aborted = true;
+                    *cx.progress = true;
+                    return false;
+                }
+                let deadline = *self.linger_deadline.get_or_insert(
+                    now + smoltcp::time::Duration::from_micros(cx.cfg.terminate_linger_us),
+                );
+                if pending > 0 && self.unsent(cx) == 0 {
+                    wrote = self.write_pending(sock, cx) > 0;
+                }
+                let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
+                if (pending == 0 && sock.send_queue() == 0) || now >= deadline || !sock.may_send() {
+                    sock.abort();
+                    self.aborted = true;
+                    *cx.progress = true;
+                }
+            }
+            Some(LlpClose::Graceful) => {
+                if pending > 0 && self.unsent(cx) == 0 {
+                    wrote = self.write_pending(sock, cx) > 0;
+                }
+                let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
+                if (pending == 0 || !sock.may_send()) && !self.fin_sent {
+                    sock.close();
+                    self.fin_sent = true;
+                    *cx.progress = true;
+                }
+            }
+            None => {
+                if pending > 0 {
+                    if self.unsent(cx) == 0 {
+                        wrote = self.write_pending(sock, cx) > 0;
+                    }
+                    return wrote;
+                }
+                if mpa_state != State::FullOperation || self.final_sent {
+                    // Nothing can be sent in this state: a pending close goes ahead.
+                    self.finish_close(cx);
+                    return false;
+                }
+                if self.unsent(cx) != 0 {
+                    return false;
+                }
+                let free = sock.send_capacity() - sock.send_queue();
+                match self.pull_from_upper(sock, cx, free) {
+                    Pulled::Sent(w) => wrote = w,
+                    Pulled::Empty => self.finish_close(cx),
+                    Pulled::NoRoom => {}
+                }
+            }
+        }
+        wrote
+    }
+
+    /// A graceful close waits for the upper's queue to drain; then MPA closes.
+    fn finish_close(&mut self, cx: &mut Cx) {
+        if std::mem::take(&mut self.close_pending) {
+            if let Some(m) = self.mpa.as_mut() {
+                // Err only in Closed/Failed, where the close is under way anyway.
+                let _ = m.close();
+            }
+            *cx.progress = true;
+        }
+    }
+
+    /// Asks the upper for a Terminate or one ULPDU and writes the FPDU.
+    fn pull_from_upper(
+        &mut self,
+        sock: &mut tcp::Socket<'static>,
+        cx: &mut Cx,
+        free: usize,
+    ) -> Pulled {
+        let (Some(mpa), Some(upper)) = (self.mpa.as_mut(), self.upper.as_mut()) else {
+            return Pulled::Empty;
+        };
+        if let Some(t) = upper.poll_terminate() {
+            let cause = terminate_cause_of(&t);
+            match mpa.send_terminate(&[&t]) {
+                Ok(()) => {
+                    cx.stats.terminates_sent += 1;
+                    self.terminate_queued = true;
+                    self.rx_stopped = true;
+                    self.fail(cx, ConnError::TerminateSent(cause));
+                    // The Terminate goes out, then the RST (as after an MPA error).
+                    self.linger_deadline = None;
+                    let wrote = self.write_pending(sock, cx) > 0;
+                    self.ulp_terminated = true;
+                    return Pulled::Sent(wrote);
+                }
+                Err(e) => {
+                    self.abort_now = true;
+                    self.fail(cx, ConnError::Ulp(e));
+                    return Pulled::Sent(false);
+                }
+            }
+        }
+        if free < self.emss.max(1) {
+            return Pulled::NoRoom;
+        }
+        let Some(mulpdu) = mpa.mulpdu() else {
+            return Pulled::Empty;
+        };
+        let mut emit = |parts: &[&[u8]]| mpa.send_ulpdu(parts);
+        match upper.poll_ulpdu(mulpdu, &mut emit) {
+            Ok(true) => {
+                cx.stats.ulpdus_tx += 1;
+                Pulled::Sent(self.write_pending(sock, cx) > 0)
+            }
+            Ok(false) => Pulled::Empty,
+            Err(e) => {
+                self.abort_now = true;
+                self.fail(cx, ConnError::Ulp(e));
+                Pulled::Sent(false)
+            }
+        }
+    }
+}
+
+/// What asking the upper for a ULPDU gave.
+enum Pulled {
+    /// A ULPDU (or Terminate) was framed; whether bytes went into the socket.
+    Sent(bool),
+    /// The upper had nothing to send.
+    Empty,
+    /// The socket had no room for a whole FPDU; the upper was not asked.
+    NoRoom,
+}
+
+impl Conn {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        id: ConnId,
+        handle: SocketHandle,
+        role: Role,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        listener: Option<ListenerId>,
+        settings: LocalSettings,
+        now: Instant,
+    ) -> Conn {
+        Conn {
+            id,
+            handle,
+            role,
+            key: tuple_key(local.port(), *remote.ip(), remote.port()),
+            local,
+            remote,
+            listener,
+            settings,
+            span: tracing::debug_span!("conn", id = id.0, ?role, %remote),
+            connect_started: now,
+            connect_deadline: None,
+            mpa: None,
+            upper: None,
+            emss: 0,
+            life: Life::Active,
+            zombie_since: None,
+            visible: role == Role::Initiator,
+            in_backlog: role == Role::Responder,
+            final_sent: false,
+            close_requested: false,
+            close_pending: false,
+            aborted: false,
+            abort_now: false,
+            peer_fin_seen: false,
+            tcp_closed_reported: false,
+            tcp_dead: false,
+            fin_sent: false,
+            rx_stopped: false,
+            terminate_queued: false,
+            ulp_terminated: false,
+            linger_deadline: None,
+            written: 0,
+            snd_base: None,
+            rx_offset: 0,
+            hooked_upto: 0,
+            hook: None,
+        }
+    }
+
+    /// Whether MPA still takes received bytes.
+    fn mpa_consumes(&self) -> bool {
+        !self.rx_stopped
+            && self.mpa.as_ref().is_some_and(|m| {
+                !matches!(
+                    m.state(),
+                    State::AwaitingDecision | State::Closed | State::Failed
+                )
+            })
+    }
+
+    /// One round of work on this connection; returns whether bytes went into the socket.
+    fn service(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now: Instant) -> bool {
+        use tcp::State as T;
+        if self.life == Life::Zombie {
+            return false;
+        }
+        let span = self.span.clone();
+        let _entered = span.enter();
+        let state = sock.state();
+        if matches!(state, T::CloseWait | T::Closing | T::LastAck | T::TimeWait) {
+            self.peer_fin_seen = true;
+        }
+        if self.mpa.is_none() && self.abort_now && !self.aborted {
+            // Closed by the user (or its listener) before TCP was established.
+            sock.abort();
+            self.aborted = true;
+            *cx.progress = true;
+        }
+        if self.mpa.is_none() && !self.aborted {
+            match state {
+                T::Established | T::CloseWait => {
+                    self.start_mpa(cx, now);
+                    if self.mpa.is_none() {
+                        self.tx(sock, cx, now);
+                        self.life = Life::Zombie;
+                        return false;
+                    }
+                }
+                T::SynSent | T::SynReceived => {
+                    if self.connect_deadline.is_some_and(|d| now >= d) {
+                        sock.abort();
+                        self.aborted = true;
+                        self.fail(cx, ConnError::TimedOut(TimeoutPhase::TcpConnect));
+                        self.life = Life::Zombie;
+                    }
+                    return false;
+                }
+                _ => {
+                    // Closed before MPA started: refused, timed out, or closed by the user.
+                    if self.close_requested {
+                        self.emit(cx, ConnEvent::Closed);
+                    } else if self.role == Role::Initiator {
+                        let waited = micros(now).saturating_sub(micros(self.connect_started));
+                        let tcp_timeout = cx.cfg.tcp.timeout.map_or(u64::MAX, |t| {
+                            u64::try_from(t.as_micros()).unwrap_or(u64::MAX)
+                        });
+                        let limit = tcp_timeout.min(cx.cfg.connect_timeout_us);
+                        let e = if waited >= limit {
+                            ConnError::TimedOut(TimeoutPhase::TcpConnect)
+                        } else {
+                            ConnError::Refused
+                        };
+                        self.fail(cx, e);
+                    } else {
+                        self.fail(cx, ConnError::Reset);
+                    }
+                    if state != T::Closed {
+                        sock.abort();
+                    }
+                    self.aborted = true;
+                    self.life = Life::Zombie;
+                    return false;
+                }
+            }
+        }
+        if self.mpa.is_none() {
+            // Aborted before MPA started (user close of a pending connect).
+            if !self.final_sent {
+                self.emit(cx, ConnEvent::Closed);
+            }
+            self.life = Life::Zombie;
+            return false;
+        }
+        let now_us = micros(now);
+        if let Some(m) = self.mpa.as_mut() {
+            m.handle_timeout(now_us);
+        }
+        self.drain_mpa(cx);
+        self.rx(sock, cx, now_us);
+        let tcp_gone = matches!(sock.state(), T::Closed | T::TimeWait);
+        if self.peer_fin_seen
+            && !self.tcp_closed_reported
+            && !tcp_gone
+            && (sock.recv_queue() == 0 || !self.mpa_consumes())
+        {
+            self.tcp_closed_reported = true;
+            if let Some(m) = self.mpa.as_mut() {
+                m.handle_tcp_closed(true);
+            }
+            self.drain_mpa(cx);
+        }
+        let wrote = self.tx(sock, cx, now);
+        if matches!(sock.state(), T::Closed | T::TimeWait) {
+            if !self.tcp_closed_reported {
+                self.tcp_closed_reported = true;
+                // No Terminate can go out on a dead connection.
+                self.tcp_dead = true;
+                if !self.aborted {
+                    let graceful = self.peer_fin_seen;
+                    if let Some(m) = self.mpa.as_mut() {
+                        m.handle_tcp_closed(graceful);
+                    }
+                    self.drain_mpa(cx);
+                }
+            }
+            if !self.final_sent {
+                let mpa_closed = self
+                    .mpa
+                    .as_ref()
+                    .is_some_and(|m| m.state() == State::Closed);
+                if self.close_requested || mpa_closed {
+                    self.emit(cx, ConnEvent::Closed);
+                } else {
+                    self.fail(cx, ConnError::Reset);
+                }
+            }
+            self.life = Life::Zombie;
+        }
+        wrote
+    }
+}
+
+/// One listener: a port, its backlog and its pool of listening sockets.
+struct Listener {
+    port: u16,
+    backlog: usize,
+    settings: LocalSettings,
+    armed: Vec<SocketHandle>,
+    /// Connections of this listener not yet decided (see the module docs).
+    pending: usize,
+}
+
+/// The transport core of one device. See the [module docs](self).
+pub struct Stack<L: Link> {
+    dev: TrackedDevice<L>,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    cfg: StackConfig,
+    conns: std::collections::BTreeMap<ConnId, Conn>,
+    listeners: std::collections::BTreeMap<ListenerId, Listener>,
+    events: VecDeque<StackEvent>,
+    stats: StackStats,
+    next_id: u64,
+    next_port: u16,
+    progress: bool,
+    gone: Option<GoneReason>,
+}
+
+impl<L: Link> std::fmt::Debug for Stack<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack")
+            .field("link", &self.dev.inner.link().name())
+            .field("address", &self.cfg.interface.address)
+            .field("connections", &self.conns.len())
+            .field("listeners", &self.listeners.len())
+            .field("gone", &self.gone)
+            .finish()
+    }
+}
+
+impl<L: Link> Stack<L> {
+    // ---- construction and getters ------------------------------------------------
+
+    /// A stack on `link` with `config`, at time `now`.
+    ///
+    /// Errors: [`StackError::Link`] for a bad interface configuration or TCP settings
+    /// ([`build_interface`], [`TcpConfig::validate`]); [`StackError::Settings`] for invalid
+    /// MPA default settings; [`StackError::Config`] if the TCP send buffer cannot hold one
+    /// full-sized FPDU (`tx_buffer` < MSS).
+    pub fn new(link: L, config: StackConfig, now: Instant) -> Result<Self, StackError> {
+        config.tcp.validate()?;
+        config.mpa.settings.validate()?;
+        let mss = mss_for_mtu(link.mtu());
+        if config.tcp.tx_buffer < mss {
+            return Err(StackError::Config(format!(
+                "TCP tx_buffer of {} bytes is smaller than the MSS of {mss} bytes",
+                config.tcp.tx_buffer
+            )));
+        }
+        let mut dev = TrackedDevice {
+            inner: LinkDevice::new(link),
+            tracker: RefCell::new(SegTracker::default()),
+        };
+        let iface = build_interface(&config.interface, &mut dev.inner, now)?;
+        let next_port = EPHEMERAL_FIRST + (config.interface.random_seed % 16384) as u16;
+        tracing::debug!(link = dev.inner.link().name(), address = %config.interface.address,
+            mtu = dev.inner.link().mtu(), "stack up");
+        Ok(Stack {
+            dev,
+            iface,
+            sockets: SocketSet::new(Vec::new()),
+            cfg: config,
+            conns: Default::default(),
+            listeners: Default::default(),
+            events: VecDeque::new(),
+            stats: StackStats::default(),
+            next_id: 1,
+            next_port,
+            progress: false,
+            gone: None,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StackConfig {
+        &self.cfg
+    }
+
+    /// The link.
+    pub fn link(&self) -> &L {
+        self.dev.inner.link()
+    }
+
+    /// The link, mutably (tests: fault settings, captures).
+    pub fn link_mut(&mut self) -> &mut L {
+        self.dev.inner.link_mut()
+    }
+
+    /// Unwraps the link (e.g. to read a capture written to memory). Connections and
+    /// listeners are dropped without sending anything.
+    pub fn into_link(self) -> L {
+        self.dev.inner.into_link()
+    }
+
+    /// The IPv4 address of the interface.
+    pub fn address(&self) -> Ipv4Addr {
+        self.cfg.interface.address
+    }
+
+    /// This side's TCP MSS in bytes: the link MTU less 40 ([`mss_for_mtu`]).
+    pub fn mss(&self) -> usize {
+        mss_for_mtu(self.link().mtu())
+    }
+
+    /// Frame counters of the device.
+    pub fn device_stats(&self) -> DeviceStats {
+        self.dev.inner.stats()
+    }
+
+    /// Counters of the stack.
+    pub fn stats(&self) -> StackStats {
+        self.stats
+    }
+
+    /// Whether the last [`Stack::poll`] did anything (frames moved, bytes moved, events):
+    /// a driver that sees `false` may sleep until the returned deadline.
+    pub fn progressed(&self) -> bool {
+        self.progress
+    }
+
+    /// `Some(reason)` once the link is gone.
+    pub fn gone(&self) -> Option<GoneReason> {
+        self.gone
+    }
+
+    /// Connections in the table (including ones closing in the background).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// The MPA state of a connection (`None`: no such connection, or TCP not established).
+    pub fn mpa_state(&self, conn: ConnId) -> Option<State> {
+        self.conns.get(&conn)?.mpa.as_ref().map(MpaConn::state)
+    }
+
+    /// The TCP state of a connection's socket.
+    pub fn tcp_state(&self, conn: ConnId) -> Option<tcp::State> {
+        let c = self.conns.get(&conn)?;
+        Some(self.sockets.get::<tcp::Socket>(c.handle).state())
+    }
+
+    /// Installs a receive-path test hook on a connection (see [`RxHook`]).
+    ///
+    /// Errors: [`StackError::NoSuchConnection`].
+    pub fn set_rx_hook(&mut self, conn: ConnId, hook: RxHook) -> Result<(), StackError> {
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(StackError::NoSuchConnection(conn))?;
+        c.hook = Some(hook);
+        Ok(())
+    }
+
+    // ---- application calls ------------------------------------------------------
+
+    fn check_gone(&self) -> Result<(), StackError> {
+        match self.gone {
+            Some(r) => Err(StackError::Gone(r)),
+            None => Ok(()),
+        }
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn new_socket(&self) -> Result<tcp::Socket<'static>, StackError> {
+        Ok(self.cfg.tcp.socket()?)
+    }
+
+    /// Listens on `port` with room for `backlog` undecided connections (see the module
+    /// docs on how the backlog is kept), negotiating with `settings` (default: the
+    /// device's [`MpaDefaults::settings`]; `accept` supplies private data, IRD and ORD).
+    ///
+    /// Errors: [`StackError::InvalidPort`], [`StackError::InvalidBacklog`],
+    /// [`StackError::PortInUse`], [`StackError::Settings`], [`StackError::Gone`].
+    pub fn listen(
+        &mut self,
+        port: u16,
+        backlog: usize,
+        settings: Option<LocalSettings>,
+    ) -> Result<ListenerId, StackError> {
+        self.check_gone()?;
+        if port == 0 {
+            return Err(StackError::InvalidPort);
+        }
+        if backlog == 0 || backlog > MAX_BACKLOG {
+            return Err(StackError::InvalidBacklog(backlog));
+        }
+        if self.listeners.values().any(|l| l.port == port) {
+            return Err(StackError::PortInUse(port));
+        }
+        let settings = settings.unwrap_or_else(|| self.cfg.mpa.settings.clone());
+        settings.validate()?;
+        // One socket first, to surface configuration errors before anything changes.
+        let first = self.new_socket()?;
+        let id = ListenerId(self.next_id());
+        let mut l = Listener {
+            port,
+            backlog,
+            settings,
+            armed: Vec::new(),
+            pending: 0,
+        };
+        Self::arm(&mut self.sockets, &mut l, first);
+        self.listeners.insert(id, l);
+        self.dev.tracker.borrow_mut().listen_ports.push(port);
+        self.rearm();
+        tracing::debug!(port, backlog, "listening");
+        Ok(id)
+    }
+
+    fn arm(sockets: &mut SocketSet<'static>, l: &mut Listener, mut s: tcp::Socket<'static>) {
+        // Cannot fail: the socket is new and the port is not 0.
+        if s.listen(l.port).is_ok() {
+            l.armed.push(sockets.add(s));
+        }
+    }
+
+    fn rearm(&mut self) {
+        for l in self.listeners.values_mut() {
+            while l.armed.len() + l.pending < l.backlog {
+                match self.cfg.tcp.socket() {
+                    Ok(s) => Self::arm(&mut self.sockets, l, s),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// Stops listening (iw-cm `destroy_listen`): the listening sockets are closed, and
+    /// connections not yet reported by a [`StackEvent::ConnectRequest`] are aborted.
+    /// Connections already reported stay; they are answered with accept/reject as usual.
+    ///
+    /// Errors: [`StackError::NoSuchListener`].
+    pub fn unlisten(&mut self, id: ListenerId) -> Result<(), StackError> {
+        let l = self
+            .listeners
+            .remove(&id)
+            .ok_or(StackError::NoSuchListener(id))?;
+        for h in l.armed {
+            self.sockets.remove(h);
+        }
+        for c in self.conns.values_mut() {
+            if c.listener == Some(id) {
+                c.in_backlog = false;
+                if !c.visible {
+                    c.abort_now = true;
+                }
+            }
+        }
+        let mut t = self.dev.tracker.borrow_mut();
+        t.listen_ports.retain(|&p| p != l.port);
+        Ok(())
+    }
+
+    fn alloc_port(&mut self) -> Result<u16, StackError> {
+        let used: std::collections::HashSet<u16> = self
+            .conns
+            .values()
+            .map(|c| c.local.port())
+            .chain(self.listeners.values().map(|l| l.port))
+            .collect();
+        for _ in 0..=(u16::MAX - EPHEMERAL_FIRST) {
+            let p = self.next_port;
+            self.next_port = if p == u16::MAX {
+                EPHEMERAL_FIRST
+            } else {
+                p + 1
+            };
+            if !used.contains(&p) {
+                return Ok(p);
+            }
+        }
+        Err(StackError::NoFreePort)
+    }
+
+    /// Starts a connection to `remote` (TCP SYN now, MPA Request once TCP is
+    /// established) with `params`, `upper` taking its ULPDUs. Its events come as
+    /// [`StackEvent::Conn`]: [`ConnEvent::Established`] or a [`ConnEvent::Failed`] with
+    /// [`ConnError::Rejected`], [`ConnError::Refused`], [`ConnError::TimedOut`],
+    /// [`ConnError::Reset`], [`ConnError::Mpa`].
+    ///
+    /// Errors: [`StackError::InvalidPort`], [`StackError::Settings`] (e.g. private data
+    /// over 508 bytes with Rev 2), [`StackError::NoFreePort`],
+    /// [`StackError::Unaddressable`], [`StackError::Gone`].
+    pub fn connect(
+        &mut self,
+        remote: SocketAddrV4,
+        params: MpaParams,
+        upper: Box<dyn Ulp>,
+        now: Instant,
+    ) -> Result<ConnId, StackError> {
+        self.check_gone()?;
+        if remote.port() == 0 {
+            return Err(StackError::InvalidPort);
+        }
+        let mut settings = params
+            .settings
+            .unwrap_or_else(|| self.cfg.mpa.settings.clone());
+        settings.private_data = params.private_data;
+        settings.ird = params.ird;
+        settings.ord = params.ord;
+        settings.validate()?;
+        let port = self.alloc_port()?;
+        let mut s = self.new_socket()?;
+        s.connect(
+            self.iface.context(),
+            (IpAddress::Ipv4(*remote.ip()), remote.port()),
+            port,
+        )
+        .map_err(|_| StackError::Unaddressable(remote))?;
+        let handle = self.sockets.add(s);
+        let id = ConnId(self.next_id());
+        let local = SocketAddrV4::new(self.cfg.interface.address, port);
+        let mut c = Conn::new(
+            id,
+            handle,
+            Role::Initiator,
+            local,
+            remote,
+            None,
+            settings,
+            now,
+        );
+        c.connect_deadline =
+            Some(now + smoltcp::time::Duration::from_micros(self.cfg.connect_timeout_us));
+        c.upper = Some(upper);
+        self.dev
+            .tracker
+            .borrow_mut()
+            .map
+            .insert(c.key, Track::default());
+        self.conns.insert(id, c);
+        tracing::debug!(conn = id.0, %remote, local_port = port, "connecting");
+        Ok(id)
+    }
+
+    fn cx_parts(
+        &mut self,
+    ) -> (
+        &mut std::collections::BTreeMap<ConnId, Conn>,
+        &mut SocketSet<'static>,
+        Cx<'_>,
+    ) {
+        let mtu = self.dev.inner.link().mtu();
+        (
+            &mut self.conns,
+            &mut self.sockets,
+            Cx {
+                events: &mut self.events,
+                tracker: &self.dev.tracker,
+                stats: &mut self.stats,
+                cfg: &self.cfg,
+                progress: &mut self.progress,
+                mtu,
+            },
+        )
+    }
+
+    fn leave_backlog(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if std::mem::take(&mut c.in_backlog) {
+            if let Some(l) = c.listener.and_then(|l| self.listeners.get_mut(&l)) {
+                l.pending = l.pending.saturating_sub(1);
+            }
+        }
+    }
+
+    fn undecided(&mut self, conn: ConnId, call: &'static str) -> Result<&mut Conn, StackError> {
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(StackError::NoSuchConnection(conn))?;
+        let ok = c.visible
+            && !c.final_sent
+            && c.upper.is_none()
+            && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingDecision);
+        if ok {
+            Ok(c)
+        } else {
+            Err(StackError::WrongState {
+                call,
+                why: "the connection is not an undecided connection request",
+            })
+        }
+    }
+
+    /// Accepts a connection reported by [`StackEvent::ConnectRequest`] with
+    /// `private_data` (bytes), `ird` and `ord` (14 bits), `upper` taking its ULPDUs
+    /// (iw-cm `accept`). The MPA Reply is queued; [`ConnEvent::Established`] follows at
+    /// once, or [`ConnEvent::Failed`] with [`ConnError::Mpa`] if the MPA rules refuse the
+    /// IRD/ORD (a reject Reply is sent then, RFC 6581).
+    ///
+    /// Errors (nothing changes): [`StackError::NoSuchConnection`],
+    /// [`StackError::WrongState`] (not an undecided request), [`StackError::Mpa`] (e.g.
+    /// private data too long, IRD over 14 bits).
+    pub fn accept(
+        &mut self,
+        conn: ConnId,
+        private_data: &[u8],
+        ird: u16,
+        ord: u16,
+        upper: Box<dyn Ulp>,
+    ) -> Result<(), StackError> {
+        let c = self.undecided(conn, "accept")?;
+        if let Some(m) = c.mpa.as_mut() {
+            m.accept(private_data, ird, ord)?;
+        }
+        c.upper = Some(upper);
+        self.leave_backlog(conn);
+        let (conns, _, mut cx) = self.cx_parts();
+        if let Some(c) = conns.get_mut(&conn) {
+            c.drain_mpa(&mut cx);
+        }
+        self.rearm();
+        Ok(())
+    }
+
+    /// Rejects a connection reported by [`StackEvent::ConnectRequest`] with a reject
+    /// Reply carrying `private_data` (iw-cm `reject`); the TCP connection is then closed
+    /// gracefully. No further event is reported for it.
+    ///
+    /// Errors (nothing changes): [`StackError::NoSuchConnection`],
+    /// [`StackError::WrongState`], [`StackError::Mpa`] (private data too long).
+    pub fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> Result<(), StackError> {
+        let c = self.undecided(conn, "reject")?;
+        if let Some(m) = c.mpa.as_mut() {
+            m.reject(private_data)?;
+        }
+        c.visible = false;
+        c.final_sent = true;
+        self.leave_backlog(conn);
+        self.rearm();
+        Ok(())
+    }
+
+    /// Closes a connection (iw-cm `disconnect`, or destroying a connecting id).
+    /// Graceful: queued FPDUs go out, then FIN (MPA close, RFC 5044 7.2); before TCP is
+    /// established the SYN is simply abandoned. Abortive: RST now. Either way
+    /// [`ConnEvent::Closed`] is the final event (unless a failure came first). An
+    /// undecided connection request is rejected (graceful) or reset (abortive).
+    ///
+    /// Errors: [`StackError::NoSuchConnection`]; [`StackError::WrongState`] after the
+    /// final event.
+    pub fn close(&mut self, conn: ConnId, mode: CloseMode) -> Result<(), StackError> {
+        let undecided = self.undecided(conn, "close").is_ok();
+        if undecided && mode == CloseMode::Graceful {
+            return self.reject(conn, &[]);
+        }
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(StackError::NoSuchConnection(conn))?;
+        if c.final_sent || c.life == Life::Zombie {
+            return Err(StackError::WrongState {
+                call: "close",
+                why: "the connection already ended",
+            });
+        }
+        c.close_requested = true;
+        match (mode, c.mpa.as_mut()) {
+            (CloseMode::Graceful, Some(m)) => {
+                if m.state() == State::FullOperation && c.upper.is_some() {
+                    // What the upper still has queued goes out first.
+                    c.close_pending = true;
+                } else {
+                    // Err only in Closed/Failed, where the close is under way anyway.
+                    let _ = m.close();
+                }
+            }
+            _ => c.abort_now = true,
+        }
+        self.leave_backlog(conn);
+        Ok(())
+    }
+
+    // ---- the driver's calls -------------------------------------------------------
+
+    /// Does all the work that is due at `now` (see the module docs) and returns the
+    /// next time `poll` must be called even if no frame arrives and no call is made:
+    /// `Some(now)` (or earlier) when it should be called again at once, `None` when
+    /// nothing is timed (idle, or the link is gone).
+    pub fn poll(&mut self, now: Instant) -> Option<Instant> {
+        self.progress = false;
+        while let Some(ev) = self.dev.inner.link_mut().poll_event() {
+            self.progress = true;
+            tracing::debug!(link = self.dev.inner.link().name(), event = ?ev, "link event");
+            self.events.push_back(StackEvent::Link(ev));
+            if let LinkEvent::Gone(reason) = ev {
+                self.fail_all(ConnError::DeviceGone(reason));
+                self.gone = Some(reason);
+            }
+        }
+        if self.gone.is_some() {
+            return None;
+        }
+        let before = self.dev.inner.stats();
+        self.iface.poll(now, &mut self.dev, &mut self.sockets);
+        self.harvest(now);
+        let mut more = false;
+        let mut rounds = 0;
+        loop {
+            let (conns, sockets, mut cx) = self.cx_parts();
+            let mut wrote = false;
+            for c in conns.values_mut() {
+                let sock = sockets.get_mut::<tcp::Socket>(c.handle);
+                wrote |= c.service(sock, &mut cx, now);
+            }
+            if !wrote {
+                break;
+            }
+            self.iface
+                .poll_egress(now, &mut self.dev, &mut self.sockets);
+            rounds += 1;
+            if rounds >= MAX_ROUNDS {
+                more = true;
+                break;
+            }
+        }
+        if rounds > 0 {
+            // Let closes and aborts decided in the last round reach the wire.
+            self.iface
+                .poll_egress(now, &mut self.dev, &mut self.sockets);
+        }
+        self.reap(now);
+        self.rearm();
+        if self.dev.inner.stats() != before {
+            self.progress = true;
+        }
+        if more {
+            return Some(now);
+        }
+        let mut next = self.iface.poll_at(now, &self.sockets);
+        for c in self.conns.values() {
+            let t = [
+                c.mpa
+                    .as_ref()
+                    .and_then(MpaConn::poll_timeout)
+                    .map(from_micros),
+                c.connect_deadline.filter(|_| c.mpa.is_none() && !c.aborted),
+                c.linger_deadline.filter(|_| !c.aborted),
+            ];
+            for t in t.into_iter().flatten() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        // smoltcp asks to be polled "now" while it has a frame to send, which it cannot
+        // while the link is down: wait for the link instead of spinning.
+        if !self.link().state().is_up() {
+            let floor = now + smoltcp::time::Duration::from_millis(10);
+            next = next.map(|n| n.max(floor));
+        }
+        next
+    }
+
+    /// The next event, oldest first.
+    pub fn poll_event(&mut self) -> Option<StackEvent> {
+        self.events.pop_front()
+    }
+
+    /// Fails every connection with `error` (final events reported), drops every socket
+    /// and listener. Used for device removal and shutdown.
+    fn fail_all(&mut self, error: ConnError) {
+        let (conns, _, mut cx) = self.cx_parts();
+        for c in conns.values_mut() {
+            if c.life == Life::Active && !c.final_sent {
+                c.fail(&mut cx, error.clone());
+            }
+        }
+        let handles: Vec<SocketHandle> = self
+            .conns
+            .values()
+            .map(|c| c.handle)
+            .chain(
+                self.listeners
+                    .values()
+                    .flat_map(|l| l.armed.iter().copied()),
+            )
+            .collect();
+        for h in handles {
+            self.sockets.remove(h);
+        }
+        self.conns.clear();
+        self.listeners.clear();
+        let mut t = self.dev.tracker.borrow_mut();
+        t.map.clear();
+        t.listen_ports.clear();
+    }
+
+    /// Shuts the stack down at `now`: every connection is reset (RST sent if the link
+    /// is up) and fails with [`ConnError::DeviceClosed`]; listeners are removed.
+    pub fn shutdown(&mut self, now: Instant) {
+        if self.gone.is_some() {
+            return;
+        }
+        for c in self.conns.values() {
+            self.sockets.get_mut::<tcp::Socket>(c.handle).abort();
+        }
+        for l in self.listeners.values() {
+            for &h in &l.armed {
+                self.sockets.get_mut::<tcp::Socket>(h).abort();
+            }
+        }
+        self.iface.poll(now, &mut self.dev, &mut self.sockets);
+        self.fail_all(ConnError::DeviceClosed);
+    }
+
+    /// Moves listening sockets that became connections into the connection table.
+    fn harvest(&mut self, now: Instant) {
+        let mut born = Vec::new();
+        for (&lid, l) in self.listeners.iter_mut() {
+            let mut i = 0;
+            while i < l.armed.len() {
+                let h = l.armed[i];
+                let s = self.sockets.get_mut::<tcp::Socket>(h);
+                match s.state() {
+                    tcp::State::Listen | tcp::State::SynReceived => i += 1,
+                    tcp::State::Closed => {
+                        l.armed.swap_remove(i);
+                        self.sockets.remove(h);
+                    }
+                    _ => {
+                        l.armed.swap_remove(i);
+                        match (s.local_endpoint(), s.remote_endpoint()) {
+                            (Some(local), Some(remote)) => {
+                                l.pending += 1;
+                                born.push((lid, h, v4(local), v4(remote), l.settings.clone()));
+                            }
+                            _ => {
+                                s.abort();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (lid, h, local, remote, settings) in born {
+            let id = ConnId(self.next_id());
+            tracing::debug!(conn = id.0, %remote, "TCP connection accepted");
+            self.conns.insert(
+                id,
+                Conn::new(
+                    id,
+                    h,
+                    Role::Responder,
+                    local,
+                    remote,
+                    Some(lid),
+                    settings,
+                    now,
+                ),
+            );
+        }
+    }
+
+    /// Removes finished connections whose sockets are done, and stale tracker entries.
+    /// A closed socket whose RST cannot be sent (no ARP answer, link down) is dropped
+    /// after [`ZOMBIE_LINGER_MS`].
+    fn reap(&mut self, now: Instant) {
+        let Stack {
+            conns,
+            sockets,
+            listeners,
+            dev,
+            ..
+        } = self;
+        let mut tracker = dev.tracker.borrow_mut();
+        conns.retain(|_, c| {
+            if c.life != Life::Zombie {
+                return true;
+            }
+            if std::mem::take(&mut c.in_backlog) {
+                if let Some(l) = c.listener.and_then(|l| listeners.get_mut(&l)) {
+                    l.pending = l.pending.saturating_sub(1);
+                }
+            }
+            let since = *c.zombie_since.get_or_insert(now);
+            let s = sockets.get::<tcp::Socket>(c.handle);
+            let stuck = now >= since + smoltcp::time::Duration::from_millis(ZOMBIE_LINGER_MS);
+            if s.state() == tcp::State::Closed && (s.remote_endpoint().is_none() || stuck) {
+                sockets.remove(c.handle);
+                tracker.map.remove(&c.key);
+                false
+            } else {
+                true
+            }
+        });
+        // Entries of SYNs that never became connections (refused, reset in SYN-RECEIVED).
+        if tracker.map.len() > 2 * conns.len() + 64 {
+            let mut keep: std::collections::HashSet<u64> = conns.values().map(|c| c.key).collect();
+            for l in listeners.values() {
+                for &h in &l.armed {
+                    let s = sockets.get::<tcp::Socket>(h);
+                    if let (Some(a), Some(b)) = (s.local_endpoint(), s.remote_endpoint()) {
+                        let (a, b) = (v4(a), v4(b));
+                        keep.insert(tuple_key(a.port(), *b.ip(), b.port()));
+                    }
+                }
+            }
+            tracker.map.retain(|k, _| keep.contains(k));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ddp_rdmap::terminate::{DdpUntaggedCode, LlpCode};
+    use smoltcp::wire::{Ipv4Packet, TcpPacket};
+
+    /// An Ethernet/IPv4/TCP frame from 10.0.0.1:`sport` to 10.0.0.2:`dport` with
+    /// correct checksums, an MSS option when `mss` is given, and `payload`.
+    fn frame(
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        flags: u8,
+        mss: Option<u16>,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let opts = if mss.is_some() { 4 } else { 0 };
+        let tcp_len = 20 + opts + payload.len();
+        let mut f = vec![0u8; 14 + 20 + tcp_len];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        {
+            let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
+            ip.set_version(4);
+            ip.set_header_len(20);
+            ip.set_total_len((20 + tcp_len) as u16);
+            ip.set_hop_limit(64);
+            ip.set_next_header(smoltcp::wire::IpProtocol::Tcp);
+            ip.set_src_addr(Ipv4Addr::new(10, 0, 0, 1));
+            ip.set_dst_addr(Ipv4Addr::new(10, 0, 0, 2));
+            ip.fill_checksum();
+        }
+        let t = &mut f[34..];
+        t[0..2].copy_from_slice(&sport.to_be_bytes());
+        t[2..4].copy_from_slice(&dport.to_be_bytes());
+        t[4..8].copy_from_slice(&seq.to_be_bytes());
+        t[12] = (((20 + opts) / 4) as u8) << 4;
+        t[13] = flags;
+        if let Some(m) = mss {
+            t[20..24].copy_from_slice(&[2, 4, (m >> 8) as u8, m as u8]);
+        }
+        t[20 + opts..].copy_from_slice(payload);
+        let mut tcp = TcpPacket::new_unchecked(&mut f[34..]);
+        tcp.fill_checksum(
+            &IpAddress::Ipv4(Ipv4Addr::new(10, 0, 0, 1)),
+            &IpAddress::Ipv4(Ipv4Addr::new(10, 0, 0, 2)),
+        );
+        f
+    }
+
+    #[test]
+    fn segments_are_parsed_and_checked() {
+        let syn = frame(5000, 80, 100, TCP_SYN, Some(1460), &[]);
+        let s = parse_seg(&syn, true).unwrap();
+        assert!(s.syn && !s.ack);
+        assert_eq!(
+            (s.src_port, s.dst_port, s.seq, s.seg_len, s.mss),
+            (5000, 80, 100, 1, Some(1460))
+        );
+        let data = frame(5000, 80, 101, TCP_ACK | TCP_FIN, None, &[7; 100]);
+        let s = parse_seg(&data, true).unwrap();
+        assert_eq!((s.seg_len, s.mss, s.ack), (101, None, true));
+        let mut bad = data.clone();
+        bad[60] ^= 1;
+        assert!(parse_seg(&bad, true).is_none(), "TCP checksum");
+        assert!(parse_seg(&bad, false).is_some());
+        let mut arp = data.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert!(parse_seg(&arp, false).is_none());
+        for cut in [0, 13, 20, 40, 53] {
+            assert!(parse_seg(&syn[..cut], false).is_none(), "{cut}");
+        }
+    }
+
+    #[test]
+    fn tracker_keeps_the_highest_sequence_sent_and_the_peer_mss() {
+        let mut t = SegTracker::default();
+        let key = tuple_key(5000, Ipv4Addr::new(10, 0, 0, 2), 80);
+        // Data of an unknown connection is ignored; a SYN registers it.
+        t.on_tx(&frame(5000, 80, 10, TCP_ACK, None, &[0; 5]));
+        assert!(t.map.is_empty());
+        t.on_tx(&frame(5000, 80, 100, TCP_SYN, Some(1460), &[]));
+        assert_eq!(t.get(key).snd_max, Some(101));
+        t.on_tx(&frame(5000, 80, 101, TCP_ACK, None, &[0; 1000]));
+        assert_eq!(t.get(key).snd_max, Some(1101));
+        // A retransmission does not move it back.
+        t.on_tx(&frame(5000, 80, 101, TCP_ACK, None, &[0; 500]));
+        assert_eq!(t.get(key).snd_max, Some(1101));
+        // Wrapping sequence numbers.
+        t.on_tx(&frame(5000, 80, u32::MAX - 10, TCP_SYN, None, &[]));
+        t.on_tx(&frame(5000, 80, u32::MAX - 9, TCP_ACK, None, &[0; 20]));
+        assert_eq!(t.get(key).snd_max, Some(10));
+        // The peer's SYN-ACK (it comes from 10.0.0.2:80 in a real exchange; here the
+        // frame builder's addresses are fixed, so look at the mirrored key).
+        let mirrored = tuple_key(80, Ipv4Addr::new(10, 0, 0, 1), 5000);
+        t.on_rx(&frame(5000, 80, 7, TCP_SYN | TCP_ACK, Some(536), &[]));
+        assert_eq!(t.get(mirrored).remote_mss, None, "unknown connection");
+        t.listen_ports.push(80);
+        t.on_rx(&frame(5000, 80, 7, TCP_SYN, None, &[]));
+        assert_eq!(t.get(mirrored).remote_mss, Some(536), "default MSS");
+        t.on_rx(&frame(5000, 80, 7, TCP_SYN, Some(9000), &[]));
+        assert_eq!(t.get(mirrored).remote_mss, Some(9000));
+    }
+
+    #[test]
+    fn terminates_are_built_and_recognised() {
+        for cause in [
+            ErrorCause::Llp(LlpCode::CrcError),
+            ErrorCause::Llp(LlpCode::InvalidRequestReply),
+            ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidQn),
+        ] {
+            let t = terminate_ulpdu(cause).unwrap();
+            // Untagged header on QN 2, MSN 1, MO 0; then the Terminate control word.
+            assert_eq!(&t[..2], &[0x41, 0x47]);
+            assert_eq!(&t[6..18], &[0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
+            assert_eq!(terminate_cause_of(&t), Some(cause));
+        }
+        assert_eq!(terminate_cause_of(&[0x41, 0x47, 0, 0]), None);
+        assert_eq!(terminate_cause_of(b""), None);
+        let send = [
+            0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 9,
+        ];
+        assert_eq!(terminate_cause_of(&send), None);
+    }
+}
