@@ -9,11 +9,68 @@
 //! segments advance the TO, untagged ones the MO; only the last has L set. A
 //! zero-length message is exactly one segment with L set (e.g. the zero-length
 //! Write RTR of MPA peer-to-peer mode).
+//!
+//! MULPDU is at most [`MAX_MULPDU`] (65535 bytes: MPA's ULPDU_Length field is
+//! 16 bits, RFC 5044 §4.1). The single-segment messages (Read Request,
+//! Terminate, Immediate Data, Atomic Request / Response) are a fixed RDMAP
+//! header and nothing else, so their length must be one of
+//! [`allowed_lengths`].
 
 use crate::ddp::{self, BufferModel};
-use crate::rdmap::Opcode;
+use crate::rdmap::{
+    Opcode, ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, IMMEDIATE_DATA_LEN, READ_REQUEST_LEN,
+};
+use crate::terminate::{
+    CONTROL_LEN, MAX_LEN as TERMINATE_MAX_LEN, RDMA_HEADER_LEN, SEGMENT_LENGTH_LEN,
+};
 use crate::ulpdu::Header;
 use core::fmt;
+
+/// Largest MULPDU in bytes: 65535, the largest MPA ULPDU_Length (a 16-bit
+/// field, RFC 5044 §4.1). [`Message::segments`] rejects a larger one.
+pub const MAX_MULPDU: usize = u16::MAX as usize;
+
+/// Message lengths (bytes after the DDP header) of a Terminate (RFC 5040 §4.8):
+/// the 4-byte Terminate Control word; with D, the 2-byte DDP Segment Length
+/// and the 14-byte tagged or 18-byte untagged terminated DDP header; with R,
+/// the 28-byte terminated RDMA header. So 4, 20, 24, 32, 48 or 52.
+const TERMINATE_LENGTHS: [u32; 6] = [
+    CONTROL_LEN as u32,
+    (CONTROL_LEN + SEGMENT_LENGTH_LEN + ddp::TAGGED_HEADER_LEN) as u32,
+    (CONTROL_LEN + SEGMENT_LENGTH_LEN + ddp::UNTAGGED_HEADER_LEN) as u32,
+    (CONTROL_LEN + RDMA_HEADER_LEN) as u32,
+    (CONTROL_LEN + SEGMENT_LENGTH_LEN + ddp::TAGGED_HEADER_LEN + RDMA_HEADER_LEN) as u32,
+    TERMINATE_MAX_LEN as u32,
+];
+const READ_REQUEST_LENGTHS: [u32; 1] = [READ_REQUEST_LEN as u32];
+const IMMEDIATE_DATA_LENGTHS: [u32; 1] = [IMMEDIATE_DATA_LEN as u32];
+const ATOMIC_REQUEST_LENGTHS: [u32; 1] = [ATOMIC_REQUEST_LEN as u32];
+const ATOMIC_RESPONSE_LENGTHS: [u32; 1] = [ATOMIC_RESPONSE_LEN as u32];
+
+/// The message lengths in bytes ([`Message::len`], everything after the DDP
+/// header) that a single-segment opcode allows, its body being a fixed RDMAP
+/// header; `None` for the opcodes that carry a payload of any length.
+///
+/// * Read Request: 28 (RFC 5040 §4.4).
+/// * Terminate: 4, 20, 24, 32, 48 or 52 (RFC 5040 §4.8; at most
+///   4 + 2 + 18 + 28 = 52).
+/// * Immediate Data, with or without SE: 8 (RFC 7306 §6).
+/// * Atomic Request: 52; Atomic Response: 12 (RFC 7306 §5).
+pub const fn allowed_lengths(opcode: Opcode) -> Option<&'static [u32]> {
+    match opcode {
+        Opcode::ReadRequest => Some(&READ_REQUEST_LENGTHS),
+        Opcode::Terminate => Some(&TERMINATE_LENGTHS),
+        Opcode::ImmediateData | Opcode::ImmediateDataSE => Some(&IMMEDIATE_DATA_LENGTHS),
+        Opcode::AtomicRequest => Some(&ATOMIC_REQUEST_LENGTHS),
+        Opcode::AtomicResponse => Some(&ATOMIC_RESPONSE_LENGTHS),
+        Opcode::Write
+        | Opcode::ReadResponse
+        | Opcode::Send
+        | Opcode::SendInvalidate
+        | Opcode::SendSE
+        | Opcode::SendSEInvalidate => None,
+    }
+}
 
 /// Where the message goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,7 +98,10 @@ pub enum Target {
 pub struct Message {
     /// The opcode; decides the buffer model and queue.
     pub opcode: Opcode,
-    /// Message length in bytes after the DDP header.
+    /// Message length in bytes after the DDP header: the payload of a Write,
+    /// Read Response or Send; for the single-segment opcodes the RDMAP header
+    /// that is their whole body, whose length must be one of
+    /// [`allowed_lengths`] (Read Request 28, Terminate 4 to 52, ...).
     pub len: u32,
     /// Tagged or untagged placement.
     pub target: Target,
@@ -50,6 +110,27 @@ pub struct Message {
 /// Why a message cannot be segmented as asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SegmentError {
+    /// MULPDU over [`MAX_MULPDU`] (65535 bytes): no FPDU can carry such a
+    /// ULPDU, MPA's ULPDU_Length being 16 bits (RFC 5044 §4.1).
+    #[error("MULPDU {mulpdu} over {max}, the largest MPA ULPDU_Length")]
+    MulpduTooLarge {
+        /// MULPDU given, bytes.
+        mulpdu: usize,
+        /// [`MAX_MULPDU`], bytes.
+        max: usize,
+    },
+    /// A single-segment message whose length is not one its opcode allows
+    /// (see [`allowed_lengths`]): e.g. a Read Request that is not 28 bytes
+    /// (RFC 5040 §4.4) or a Terminate over 52 (RFC 5040 §4.8).
+    #[error("{opcode} of {len} bytes: its RDMAP header must be {allowed:?} bytes")]
+    WrongLength {
+        /// The opcode.
+        opcode: Opcode,
+        /// Message length given, bytes.
+        len: u32,
+        /// The lengths the opcode allows, bytes.
+        allowed: &'static [u32],
+    },
     /// MULPDU leaves no room for a payload byte after the `header_len`-byte header.
     #[error("MULPDU {mulpdu} leaves no payload room after a {header_len}-byte header")]
     MulpduTooSmall {
@@ -124,12 +205,21 @@ impl Message {
     }
 
     /// The segments of this message for MULPDU `mulpdu` (bytes: the largest ULPDU
-    /// the LLP carries in one FPDU).
+    /// the LLP carries in one FPDU, at most [`MAX_MULPDU`]).
     ///
     /// # Errors
+    /// Checked in this order: [`SegmentError::MulpduTooLarge`] (over 65535),
     /// [`SegmentError::MulpduTooSmall`], [`SegmentError::TargetMismatch`],
-    /// [`SegmentError::TooLongForOneSegment`], [`SegmentError::ToWrap`].
+    /// [`SegmentError::ToWrap`] (tagged opcodes),
+    /// [`SegmentError::WrongLength`] (a single-segment opcode with a length
+    /// outside [`allowed_lengths`]), [`SegmentError::TooLongForOneSegment`].
     pub fn segments(&self, mulpdu: usize) -> Result<Segments, SegmentError> {
+        if mulpdu > MAX_MULPDU {
+            return Err(SegmentError::MulpduTooLarge {
+                mulpdu,
+                max: MAX_MULPDU,
+            });
+        }
         let header_len = self.header_len();
         let room = self.payload_per_segment(mulpdu);
         if room == 0 {
@@ -148,7 +238,16 @@ impl Message {
                 })
             }
         }
-        // Payload room cannot usefully exceed u32 (MO is 32 bits).
+        if let Some(allowed) = allowed_lengths(self.opcode) {
+            if !allowed.contains(&self.len) {
+                return Err(SegmentError::WrongLength {
+                    opcode: self.opcode,
+                    len: self.len,
+                    allowed,
+                });
+            }
+        }
+        // Bounded by MAX_MULPDU above.
         let per_segment = u32::try_from(room).unwrap_or(u32::MAX);
         let count = segment_count(self.len, per_segment);
         if self.opcode.is_single_segment() && count > 1 {

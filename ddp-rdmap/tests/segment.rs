@@ -1,7 +1,9 @@
 //! TX segmentation (RFC 5041 §5): lengths around the segment size, the 64 KiB
 //! messages of `shared/pcaps/ib_write_bw.pcap` and `ib_send_bw.pcap`, and errors.
 
-use ddp_rdmap::segment::{segment_count, Message, Segment, SegmentError, Target};
+use ddp_rdmap::segment::{
+    allowed_lengths, segment_count, Message, Segment, SegmentError, Target, MAX_MULPDU,
+};
 use ddp_rdmap::{Header, Opcode};
 
 /// MULPDU for a 1460-byte MSS (1448 with TCP timestamps): 1448 - 2 - 4 = 1442.
@@ -308,4 +310,112 @@ fn count_helper_and_exact_size() {
     let mut it = m.segments(19).unwrap();
     assert_eq!(it.len(), u32::MAX as usize);
     assert_eq!(it.next().unwrap().len, 1);
+}
+
+/// MPA's ULPDU_Length is 16 bits (RFC 5044 §4.1): a MULPDU over 65535 is
+/// refused with a typed error naming it, not used to build ULPDUs no FPDU
+/// can carry.
+#[test]
+fn mulpdu_over_65535_is_rejected() {
+    assert_eq!(MAX_MULPDU, 65535);
+    assert_eq!(
+        write(100_000).segments(65536).unwrap_err(),
+        SegmentError::MulpduTooLarge {
+            mulpdu: 65536,
+            max: 65535
+        }
+    );
+    assert_eq!(
+        send(u32::MAX).segments(usize::MAX).unwrap_err(),
+        SegmentError::MulpduTooLarge {
+            mulpdu: usize::MAX,
+            max: 65535
+        }
+    );
+    assert_eq!(
+        SegmentError::MulpduTooLarge {
+            mulpdu: 65536,
+            max: 65535
+        }
+        .to_string(),
+        "MULPDU 65536 over 65535, the largest MPA ULPDU_Length"
+    );
+    // 65535 itself is fine: full segments of exactly 65535 bytes of ULPDU.
+    let s: Vec<_> = write(100_000).segments(65535).unwrap().collect();
+    assert_eq!(s.len(), 2);
+    assert_eq!((s[0].len, s[0].ulpdu_len()), (65521, 65535));
+    assert_eq!((s[1].offset, s[1].len), (65521, 100_000 - 65521));
+    assert!(s.iter().all(|g| g.ulpdu_len() <= 65535));
+}
+
+/// The single-segment messages are one fixed RDMAP header: a Read Request is
+/// 28 bytes (RFC 5040 §4.4), a Terminate 4, 20, 24, 32, 48 or 52 (RFC 5040
+/// §4.8: control word, then DDP Segment Length and a 14- or 18-byte DDP header
+/// with D, then a 28-byte RDMA header with R), Immediate Data 8, Atomic
+/// Request 52 and Atomic Response 12 (RFC 7306). Other lengths are refused.
+#[test]
+fn single_segment_messages_have_fixed_lengths() {
+    let untagged = Target::Untagged {
+        msn: 1,
+        inv_stag: 0,
+    };
+    let msg = |opcode, len| Message {
+        opcode,
+        len,
+        target: untagged,
+    };
+    assert_eq!(allowed_lengths(Opcode::ReadRequest), Some(&[28u32][..]));
+    assert_eq!(
+        allowed_lengths(Opcode::Terminate),
+        Some(&[4u32, 20, 24, 32, 48, 52][..])
+    );
+    assert_eq!(allowed_lengths(Opcode::ImmediateData), Some(&[8u32][..]));
+    assert_eq!(allowed_lengths(Opcode::ImmediateDataSE), Some(&[8u32][..]));
+    assert_eq!(allowed_lengths(Opcode::AtomicRequest), Some(&[52u32][..]));
+    assert_eq!(allowed_lengths(Opcode::AtomicResponse), Some(&[12u32][..]));
+    for op in [
+        Opcode::Write,
+        Opcode::ReadResponse,
+        Opcode::Send,
+        Opcode::SendInvalidate,
+        Opcode::SendSE,
+        Opcode::SendSEInvalidate,
+    ] {
+        assert_eq!(allowed_lengths(op), None, "{op}");
+    }
+    for (op, bad) in [
+        (Opcode::ReadRequest, &[0u32, 1, 27, 29, 46, 1000][..]),
+        (Opcode::Terminate, &[0, 3, 5, 19, 28, 53, 100, 1442][..]),
+        (Opcode::ImmediateData, &[0, 7, 9][..]),
+        (Opcode::ImmediateDataSE, &[4, 16][..]),
+        (Opcode::AtomicRequest, &[0, 51, 53][..]),
+        (Opcode::AtomicResponse, &[0, 11, 13][..]),
+    ] {
+        let allowed = allowed_lengths(op).unwrap();
+        for &len in bad {
+            assert_eq!(
+                msg(op, len).segments(MULPDU).unwrap_err(),
+                SegmentError::WrongLength {
+                    opcode: op,
+                    len,
+                    allowed
+                },
+                "{op} len {len}"
+            );
+        }
+        for &len in allowed {
+            let s = segs(msg(op, len));
+            assert_eq!((s.len(), s[0].len, s[0].header.last), (1, len, true));
+        }
+    }
+    assert_eq!(
+        msg(Opcode::ReadRequest, 0)
+            .segments(MULPDU)
+            .unwrap_err()
+            .to_string(),
+        format!(
+            "{} of 0 bytes: its RDMAP header must be [28] bytes",
+            Opcode::ReadRequest
+        )
+    );
 }

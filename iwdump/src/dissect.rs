@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use crate::capture::{Capture, CaptureError};
-use crate::packet::{decode_tcp, PacketError};
-use crate::reassembly::{Chunk, ConnTable, Connection, Direction};
+use crate::capture::{Capture, CaptureError, Frame};
+use crate::packet::{decode, decode_tcp, PacketError, TcpSegment};
+use crate::reassembly::{BeyondFin, Chunk, ConnTable, Connection, Direction, Handled};
 use crate::report::{
     ErrorKind, ErrorRecord, FpduInfo, MpaConnectionInfo, MpaFrameInfo, PduKind, PduRecord, Report,
     SkippedConnection, WarningRecord,
@@ -52,17 +52,42 @@ pub fn dissect(bytes: &[u8]) -> Result<Report, DissectError> {
         match frame {
             Ok(frame) => {
                 d.report.frames += 1;
-                match decode_tcp(&frame) {
-                    Ok(Some(seg)) => {
-                        let handled = d.table.handle(frame.number, &seg);
-                        if handled.new_connection {
-                            d.states.push(ConnState::default());
+                match decode(&frame) {
+                    Ok(decoded) => {
+                        for w in &decoded.warnings {
+                            d.warn(Some(frame.number), w.to_string());
                         }
-                        for chunk in handled.chunks {
-                            d.on_chunk(handled.conn, handled.dir, chunk);
+                        if let Some(seg) = decoded.segment {
+                            let mut handled = d.table.handle(frame.number, &seg);
+                            if handled.new_connection {
+                                d.states.push(ConnState::default());
+                            }
+                            if seg.is_truncated() {
+                                d.note_truncated(&frame, &seg, &handled);
+                            }
+                            for b in std::mem::take(&mut handled.beyond_fin) {
+                                d.note_beyond_fin(handled.conn, handled.dir, &b);
+                            }
+                            for chunk in handled.chunks {
+                                d.on_chunk(handled.conn, handled.dir, chunk);
+                            }
                         }
                     }
-                    Ok(None) => {}
+                    Err(e @ PacketError::TcpHeaderCut { .. }) => {
+                        d.report.errors.push(ErrorRecord {
+                            frame: Some(frame.number),
+                            tcp_id: None,
+                            src: None,
+                            dst: None,
+                            offset: None,
+                            kind: ErrorKind::Truncated,
+                            message: format!(
+                                "{e} ({} of {} frame octets captured); its data is missing",
+                                frame.data.len(),
+                                frame.orig_len
+                            ),
+                        });
+                    }
                     Err(e @ PacketError::UnsupportedLinkType(_)) => {
                         // Said once, not per frame.
                         let message = e.to_string();
@@ -167,6 +192,12 @@ struct ConnState {
     /// Negotiated parameters of the Request and Reply, by direction index.
     params: [Option<mpa::wire::Repr>; 2],
     dirs: [DirState; 2],
+    /// TCP-level errors (frames cut by the capture, data past a FIN), held
+    /// until the end: errors for MPA (or undecided) connections, warnings for
+    /// connections found not to be MPA.
+    tcp_errors: Vec<ErrorRecord>,
+    /// The connection was found not to be MPA (other data at its start).
+    not_mpa: bool,
 }
 
 /// Decoding state of one direction.
@@ -222,6 +253,53 @@ impl Dissector {
             offset: Some(offset),
             kind,
             message,
+        });
+    }
+
+    /// A frame whose TCP payload the capture holds only in part (see
+    /// [`TcpSegment::is_truncated`]).
+    fn note_truncated(&mut self, frame: &Frame<'_>, seg: &TcpSegment<'_>, h: &Handled) {
+        let (src, dst) = self.conn(h.conn).endpoints(h.dir);
+        let captured = seg.payload.len();
+        let cause = if (frame.data.len() as u64) < u64::from(frame.orig_len) {
+            format!(
+                "cut by the capture's snapshot length ({} of {} frame octets captured)",
+                frame.data.len(),
+                frame.orig_len
+            )
+        } else {
+            "cut short: the IP length field claims more octets than the frame holds".to_string()
+        };
+        self.states[h.conn].tcp_errors.push(ErrorRecord {
+            frame: Some(frame.number),
+            tcp_id: Some(h.conn),
+            src: Some(src),
+            dst: Some(dst),
+            offset: h.offset.map(|o| o + captured as u64),
+            kind: ErrorKind::Truncated,
+            message: format!(
+                "TCP payload {cause}: {captured} of {} payload octets captured; the rest \
+                 is a hole in the stream, not data",
+                seg.wire_len
+            ),
+        });
+    }
+
+    /// Data of `dir` past its FIN.
+    fn note_beyond_fin(&mut self, id: usize, dir: Direction, b: &BeyondFin) {
+        let (src, dst) = self.conn(id).endpoints(dir);
+        self.states[id].tcp_errors.push(ErrorRecord {
+            frame: Some(b.frame),
+            tcp_id: Some(id),
+            src: Some(src),
+            dst: Some(dst),
+            offset: Some(b.offset),
+            kind: ErrorKind::Tcp,
+            message: format!(
+                "{} octets of TCP data past the FIN at stream offset {} (frame {}); \
+                 not decoded",
+                b.octets, b.fin_offset, b.fin_frame
+            ),
         });
     }
 
@@ -285,6 +363,7 @@ impl Dissector {
                     } else {
                         "server"
                     };
+                    self.states[id].not_mpa = true;
                     self.skip(id, format!("{why}: {who} sent other data first"));
                 } else {
                     let expected = if st.initiator == Some(dir) {
@@ -590,6 +669,22 @@ impl Dissector {
     fn finish(&mut self) {
         self.report.tcp_connections = self.table.connections().len();
         for id in 0..self.states.len() {
+            let tcp_errors = std::mem::take(&mut self.states[id].tcp_errors);
+            let cut = tcp_errors
+                .iter()
+                .filter(|e| e.kind == ErrorKind::Truncated)
+                .count();
+            if self.states[id].not_mpa {
+                let (client, server) = (self.conn(id).client, self.conn(id).server);
+                for e in tcp_errors {
+                    self.warn(
+                        e.frame,
+                        format!("TCP #{id} {client} -> {server} (not MPA): {}", e.message),
+                    );
+                }
+            } else {
+                self.report.errors.extend(tcp_errors);
+            }
             let st = &self.states[id];
             if st.skipped {
                 continue;
@@ -598,12 +693,15 @@ impl Dissector {
                 // Never saw enough octets to decide.
                 let conn = self.conn(id);
                 let any = conn.streams.iter().any(|s| s.delivered() > 0);
-                let reason = if any {
-                    "too little data to recognise MPA"
-                } else {
-                    "no payload"
+                let reason = match (any, cut) {
+                    (true, 0) => "too little data to recognise MPA".to_string(),
+                    (false, 0) => "no payload".to_string(),
+                    (_, n) => format!(
+                        "too little payload captured to recognise MPA ({n} frames cut by \
+                         the capture, reported as errors)"
+                    ),
                 };
-                self.skip(id, reason.to_string());
+                self.skip(id, reason);
                 continue;
             }
             for dir in [Direction::ClientToServer, Direction::ServerToClient] {

@@ -16,8 +16,9 @@ use clap::Parser;
     long_about = "Decodes the iWARP traffic of a pcap or pcapng capture: one line per MPA \
                   Request/Reply and per FPDU, then a summary.\n\nExit status: 0 when every \
                   stream decodes cleanly, 1 when an error was found (bad CRC, bad length, \
-                  unknown opcode, bad marker, malformed MPA frame, missing data), 2 when the \
-                  input is unusable."
+                  unknown opcode, bad marker, malformed MPA frame, missing data, TCP data \
+                  past a FIN, a frame cut by the snapshot length), 2 when the input is \
+                  unusable."
 )]
 struct Args {
     /// Print one JSON object instead of text (with -v: include every PDU).

@@ -11,7 +11,10 @@
 //! (dropped, counted); partial overlaps (the part already delivered or already
 //! buffered is trimmed: first arrival wins); out-of-order segments (buffered until the
 //! gap fills); a frame cut short by the snapshot length (its captured prefix is used,
-//! the rest is a gap); SYN (ISN), FIN (end of data; data past it is ignored) and RST.
+//! the rest is a gap); SYN (ISN), FIN (end of data) and RST. Data past the FIN
+//! (sent later, buffered before the FIN was seen, or even delivered before a FIN
+//! that lies below it) is never delivered after the FIN is known and is reported
+//! as [`BeyondFin`] records, so a dissector can flag it.
 //!
 //! Every delivered octet's frame is remembered as a short list of
 //! `(first stream offset, frame number)` entries, one per segment, so
@@ -102,8 +105,41 @@ pub struct ReassemblyStats {
     pub duplicate_octets: u64,
     /// Segments that arrived ahead of a gap and had to be buffered.
     pub out_of_order_segments: u64,
-    /// Octets ignored because they lay past the FIN.
+    /// Octets (on the wire) lying past the FIN: see [`BeyondFin`].
     pub octets_after_fin: u64,
+}
+
+/// TCP data past the end of a stream that a FIN fixed (RFC 9293: a FIN
+/// ends the sender's data; nothing may follow it in sequence space).
+/// The octets are not delivered (except those already delivered before the
+/// FIN was seen, which are reported as well).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeyondFin {
+    /// The frame that carried the octets.
+    pub frame: u64,
+    /// Stream offset of the first of them (at or past `fin_offset`).
+    pub offset: u64,
+    /// How many octets (on the wire; a snapped frame's uncaptured part counts).
+    pub octets: u64,
+    /// Stream offset of the FIN (the stream's length).
+    pub fin_offset: u64,
+    /// The frame that carried the FIN.
+    pub fin_frame: u64,
+}
+
+/// What one segment did to a [`Reassembler`]: see
+/// [`Reassembler::handle_segment_detailed`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentOutcome {
+    /// Stream offset of the segment's first data octet (the octet after the
+    /// SYN for a SYN); `None` for a RST, or when it lies before offset 0.
+    pub offset: Option<u64>,
+    /// Octets that became deliverable in order, possibly none.
+    pub chunks: Vec<Chunk>,
+    /// Data found past the FIN because of this segment: octets of the segment
+    /// itself past a FIN seen before, or, when the segment carries the FIN,
+    /// octets already buffered or delivered past it.
+    pub beyond_fin: Vec<BeyondFin>,
 }
 
 /// Reassembly of one direction of one TCP connection.
@@ -221,7 +257,9 @@ impl Reassembler {
     /// `seq` is the segment's sequence number, `syn`/`fin`/`rst` its flags,
     /// `payload` the captured payload and `wire_len` the payload's length on the wire
     /// (more than `payload.len()` when the frame was truncated by the snapshot length).
-    /// Returns the octets that became deliverable in order, possibly none.
+    /// Returns the octets that became deliverable in order, possibly none; data
+    /// past the FIN is dropped (see [`Reassembler::handle_segment_detailed`] to
+    /// learn about it).
     #[allow(clippy::too_many_arguments)]
     pub fn handle_segment(
         &mut self,
@@ -233,8 +271,26 @@ impl Reassembler {
         payload: &[u8],
         wire_len: u32,
     ) -> Vec<Chunk> {
+        self.handle_segment_detailed(frame, seq, syn, fin, rst, payload, wire_len)
+            .chunks
+    }
+
+    /// [`Reassembler::handle_segment`], also telling which data lay past the
+    /// FIN ([`SegmentOutcome::beyond_fin`]). The first FIN seen fixes the
+    /// stream's end.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_segment_detailed(
+        &mut self,
+        frame: u64,
+        seq: u32,
+        syn: bool,
+        fin: bool,
+        rst: bool,
+        payload: &[u8],
+        wire_len: u32,
+    ) -> SegmentOutcome {
         self.stats.segments += 1;
-        let mut out = Vec::new();
+        let mut outcome = SegmentOutcome::default();
         let data_seq = if syn {
             if self.base.is_none() {
                 self.isn = Some(seq);
@@ -246,28 +302,47 @@ impl Reassembler {
         };
         if rst {
             self.rst.get_or_insert(frame);
-            return out;
+            return outcome;
         }
         let base = *self.base.get_or_insert(data_seq);
         let start = self.offset_of(base, data_seq);
+        outcome.offset = u64::try_from(start).ok();
         let wire_len = i64::from(wire_len.max(u32::try_from(payload.len()).unwrap_or(u32::MAX)));
         if fin && self.fin.is_none() {
             if let Ok(end) = u64::try_from(start + wire_len) {
                 self.fin = Some((end, frame));
+                self.cut_at_fin(end, frame, &mut outcome.beyond_fin);
+            }
+        }
+        // This segment's octets past the FIN (on the wire).
+        if let Some((end, fin_frame)) = self.fin {
+            let end_i = i64::try_from(end).unwrap_or(i64::MAX);
+            let first = start.max(end_i);
+            if let (Ok(offset), Ok(octets)) = (
+                u64::try_from(first),
+                u64::try_from(start + wire_len - first),
+            ) {
+                if octets > 0 {
+                    self.stats.octets_after_fin += octets;
+                    outcome.beyond_fin.push(BeyondFin {
+                        frame,
+                        offset,
+                        octets,
+                        fin_offset: end,
+                        fin_frame,
+                    });
+                }
             }
         }
         if payload.is_empty() {
-            return out;
+            return outcome;
         }
+        let out = &mut outcome.chunks;
         // Clip to [0, FIN).
         let mut lo = start;
         let mut hi = start + i64::try_from(payload.len()).unwrap_or(i64::MAX);
         if let Some((end, _)) = self.fin {
-            let end = i64::try_from(end).unwrap_or(i64::MAX);
-            if hi > end {
-                self.stats.octets_after_fin += u64::try_from(hi - end.max(lo)).unwrap_or(0);
-                hi = hi.min(end);
-            }
+            hi = hi.min(i64::try_from(end).unwrap_or(i64::MAX));
         }
         let delivered = i64::try_from(self.delivered).unwrap_or(i64::MAX);
         if lo < delivered {
@@ -275,7 +350,7 @@ impl Reassembler {
             lo = delivered;
         }
         if lo >= hi {
-            return out;
+            return outcome;
         }
         // Both non-negative from here on.
         let skip = usize::try_from(lo - start).unwrap_or(0);
@@ -292,22 +367,65 @@ impl Reassembler {
             };
             let (now, later) = data.split_at(usize::try_from(cut - lo).unwrap_or(0));
             if !now.is_empty() {
-                self.deliver(&mut out, lo, frame, now.to_vec());
+                self.deliver(out, lo, frame, now.to_vec());
             }
             if !later.is_empty() {
                 self.buffer(cut, frame, later);
             }
-            self.drain(&mut out);
+            self.drain(out);
         } else {
             self.stats.out_of_order_segments += 1;
             self.buffer(lo, frame, data);
         }
-        out
+        outcome
+    }
+
+    /// A FIN at stream offset `end` (in frame `fin_frame`) was just seen: drop
+    /// buffered data past it and report that and any data already delivered
+    /// past it.
+    fn cut_at_fin(&mut self, end: u64, fin_frame: u64, beyond: &mut Vec<BeyondFin>) {
+        let mut note = |frame: u64, offset: u64, octets: u64, stats: &mut ReassemblyStats| {
+            stats.octets_after_fin += octets;
+            beyond.push(BeyondFin {
+                frame,
+                offset,
+                octets,
+                fin_offset: end,
+                fin_frame,
+            });
+        };
+        if self.delivered > end {
+            let frame = self.map.frame_at(end).unwrap_or(fin_frame);
+            note(frame, end, self.delivered - end, &mut self.stats);
+        }
+        let past: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(&s, (_, d))| s + d.len() as u64 > end)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in past {
+            let Some((frame, mut data)) = self.pending.remove(&s) else {
+                continue;
+            };
+            let first = s.max(end);
+            note(frame, first, s + data.len() as u64 - first, &mut self.stats);
+            if s < end {
+                data.truncate(usize::try_from(end - s).unwrap_or(0));
+                self.pending.insert(s, (frame, data));
+            }
+        }
     }
 
     /// Convenience wrapper: [`Reassembler::handle_segment`] for a decoded segment.
     pub fn handle(&mut self, frame: u64, seg: &TcpSegment<'_>) -> Vec<Chunk> {
-        self.handle_segment(
+        self.handle_detailed(frame, seg).chunks
+    }
+
+    /// Convenience wrapper: [`Reassembler::handle_segment_detailed`] for a
+    /// decoded segment.
+    pub fn handle_detailed(&mut self, frame: u64, seg: &TcpSegment<'_>) -> SegmentOutcome {
+        self.handle_segment_detailed(
             frame,
             seg.seq,
             seg.flags.syn,
@@ -462,8 +580,14 @@ pub struct Handled {
     pub dir: Direction,
     /// Whether this segment opened a new connection entry.
     pub new_connection: bool,
+    /// Stream offset of the segment's first data octet in `dir` (see
+    /// [`SegmentOutcome::offset`]).
+    pub offset: Option<u64>,
     /// Octets that became deliverable in order in `dir`.
     pub chunks: Vec<Chunk>,
+    /// Data of `dir` found past its FIN because of this segment (see
+    /// [`SegmentOutcome::beyond_fin`]).
+    pub beyond_fin: Vec<BeyondFin>,
 }
 
 /// All TCP connections of a capture, keyed by their address/port 4-tuple.
@@ -539,12 +663,14 @@ impl ConnTable {
         } else {
             Direction::ServerToClient
         };
-        let chunks = conn.streams[dir.index()].handle(frame, seg);
+        let outcome = conn.streams[dir.index()].handle_detailed(frame, seg);
         Handled {
             conn: id,
             dir,
             new_connection,
-            chunks,
+            offset: outcome.offset,
+            chunks: outcome.chunks,
+            beyond_fin: outcome.beyond_fin,
         }
     }
 }
@@ -729,6 +855,76 @@ mod tests {
         r.handle_segment(2, ISN + 4, false, true, false, &[], 0);
         assert_eq!(r.gap(), Some((0, 3)));
         assert!(!r.is_complete());
+    }
+
+    /// Data past the FIN is reported with the frame that carried it, whether
+    /// it comes after the FIN, was buffered before it, straddles it or was
+    /// even delivered before a FIN that lies below it; a pure ACK after the
+    /// FIN (sequence number FIN + 1, no data) is not data past the FIN.
+    #[test]
+    fn data_beyond_fin_is_reported() {
+        let beyond = |frame, offset, octets, fin_offset, fin_frame| BeyondFin {
+            frame,
+            offset,
+            octets,
+            fin_offset,
+            fin_frame,
+        };
+        // Sent after the FIN.
+        let mut r = Reassembler::new();
+        r.handle_segment(1, ISN, true, false, false, &[], 0);
+        let o = r.handle_segment_detailed(2, ISN + 1, false, true, false, b"abc", 3);
+        assert_eq!((o.chunks.len(), o.beyond_fin.len()), (1, 0));
+        let o = r.handle_segment_detailed(3, ISN + 4, false, false, false, b"xy", 2);
+        assert!(o.chunks.is_empty());
+        assert_eq!(o.beyond_fin, vec![beyond(3, 3, 2, 3, 2)]);
+        // Straddling it: only the part past the FIN.
+        let o = r.handle_segment_detailed(4, ISN + 2, false, false, false, b"bcde", 4);
+        assert_eq!(o.beyond_fin, vec![beyond(4, 3, 2, 3, 2)]);
+        // A pure ACK after the FIN, and a retransmitted FIN.
+        let o = r.handle_segment_detailed(5, ISN + 5, false, false, false, &[], 0);
+        assert_eq!(
+            (o.offset, o.chunks, o.beyond_fin),
+            (Some(4), vec![], vec![])
+        );
+        let o = r.handle_segment_detailed(6, ISN + 4, false, true, false, &[], 0);
+        assert_eq!(
+            (o.offset, o.chunks, o.beyond_fin),
+            (Some(3), vec![], vec![])
+        );
+        assert_eq!(r.stats().octets_after_fin, 4);
+
+        // Buffered ahead of a gap before the FIN was seen: not delivered.
+        let mut r = Reassembler::new();
+        r.handle_segment(1, ISN, true, false, false, &[], 0);
+        assert!(r
+            .handle_segment(2, ISN + 4, false, false, false, b"x", 1)
+            .is_empty());
+        let o = r.handle_segment_detailed(3, ISN + 1, false, true, false, b"abc", 3);
+        assert_eq!(o.chunks.len(), 1);
+        assert_eq!(o.chunks[0].data, b"abc");
+        assert_eq!(o.beyond_fin, vec![beyond(2, 3, 1, 3, 3)]);
+        assert_eq!((r.delivered(), r.buffered(), r.gap()), (3, 0, None));
+        assert!(r.is_complete());
+
+        // A buffered piece straddling a FIN that comes alone: trimmed.
+        let mut r = Reassembler::new();
+        r.handle_segment(1, ISN, true, false, false, &[], 0);
+        r.handle_segment(2, ISN + 3, false, false, false, b"cdef", 4);
+        let o = r.handle_segment_detailed(3, ISN + 5, false, true, false, &[], 0);
+        assert_eq!(o.beyond_fin, vec![beyond(2, 4, 2, 4, 3)]);
+        let c = r.handle_segment(4, ISN + 1, false, false, false, b"ab", 2);
+        let got: Vec<u8> = c.iter().flat_map(|c| c.data.clone()).collect();
+        assert_eq!(got, b"abcd");
+        assert!(r.is_complete());
+
+        // Delivered before a FIN that lies below it.
+        let mut r = Reassembler::new();
+        r.handle_segment(1, ISN, true, false, false, &[], 0);
+        r.handle_segment(2, ISN + 1, false, false, false, b"abcdef", 6);
+        let o = r.handle_segment_detailed(3, ISN + 4, false, true, false, &[], 0);
+        assert_eq!(o.beyond_fin, vec![beyond(2, 3, 3, 3, 3)]);
+        assert_eq!(r.stats().octets_after_fin, 3);
     }
 
     #[test]

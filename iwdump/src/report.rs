@@ -31,10 +31,14 @@ pub struct Report {
     /// Last flag set.
     pub messages: BTreeMap<String, u64>,
     /// Protocol errors: bad CRC, bad length, unknown opcode, bad marker, malformed
-    /// MPA frame, missing TCP data, truncated capture. Empty for a clean capture.
+    /// MPA frame, missing TCP data, data past a FIN, a stream or frame cut short,
+    /// truncated capture. Empty for a clean capture.
     pub errors: Vec<ErrorRecord>,
     /// Oddities that are not protocol errors (undecodable non-iWARP frames, a
-    /// capture ending inside an FPDU without a FIN, ...).
+    /// capture ending inside an FPDU without a FIN, a record whose captured
+    /// length exceeds its original length, an IPv4 total length smaller than
+    /// its header, truncated frames or data past a FIN of a connection that is
+    /// not MPA, ...).
     pub warnings: Vec<WarningRecord>,
     /// Every MPA frame and FPDU, in the order they were decoded (frame order).
     /// Left out of the JSON output unless asked for (see [`Report::to_json`]).
@@ -135,7 +139,13 @@ pub enum ErrorKind {
     Ddp,
     /// TCP data missing from the capture (a gap that never filled).
     MissingData,
-    /// A stream ended (FIN or RST) inside an FPDU.
+    /// TCP misuse: data past the FIN of its direction (RFC 9293: a FIN ends
+    /// the sender's data). The data is not decoded.
+    Tcp,
+    /// A stream ended (FIN or RST) inside an FPDU, or a frame's TCP payload
+    /// (or header) was cut short in the capture: by the snapshot length
+    /// (incl_len < orig_len) or by an IP length beyond the captured octets.
+    /// The missing octets are a hole in the stream, not data.
     Truncated,
     /// The capture file itself is truncated or malformed after some frames.
     Capture,

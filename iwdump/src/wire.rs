@@ -36,14 +36,13 @@ pub fn key_match(buf: &[u8]) -> KeyMatch {
     }
 }
 
-/// Limits for parsing captured frames: the RFC's 512-octet private data bound, and
-/// lenient about reserved flag bits (Linux siw may use 0x08 for its GSO extension;
-/// they are shown in [`MpaFrameInfo::reserved_flags`]).
+/// Limits for parsing captured frames: `mpa`'s defaults, i.e. the RFC's 512-octet
+/// private data bound, and lenient about reserved flag bits (RFC 5044 7.1.1: not
+/// checked on receipt; Linux siw may use 0x08 for its GSO extension; they are shown
+/// in [`MpaFrameInfo::reserved_flags`] and kept in the parsed `Repr`, so it
+/// re-emits the captured octets).
 fn limits() -> Limits {
-    Limits {
-        allow_reserved_bits: true,
-        ..Limits::default()
-    }
+    Limits::default()
 }
 
 /// Total length of the MPA frame at the front of `buf`: `Ok(None)` while its

@@ -137,3 +137,37 @@ fn reassembled_streams_are_complete() {
         }
     }
 }
+
+/// Linux siw sets the reserved flag bit 0x08 for its GSO extension: with it in
+/// both the Request and the Reply of rping.pcap the capture still decodes
+/// cleanly (RFC 5044 7.1.1: reserved bits are not checked on receipt), the
+/// bit is shown, and the parsed frames (default `Limits`) re-emit octet for
+/// octet, the bit included.
+#[test]
+fn reserved_gso_bit_is_accepted_and_reemitted() {
+    let mut bytes = std::fs::read(common::pcap("rping.pcap")).unwrap();
+    let mut patched = 0;
+    for key in [b"MPA ID Req Frame", b"MPA ID Rep Frame"] {
+        let at = bytes.windows(16).position(|w| w == key).unwrap();
+        assert_eq!(bytes[at + 16], 0x10, "enhanced bit only");
+        bytes[at + 16] = 0x18;
+        patched += 1;
+    }
+    assert_eq!(patched, 2);
+    let report = iwdump::dissect(&bytes).unwrap();
+    assert!(report.is_clean(), "{:?}", report.errors);
+    assert_eq!(report.fpdus, 70);
+    let c = &report.connections[0];
+    assert_eq!(c.request.as_ref().unwrap().reserved_flags, 0x08);
+    assert_eq!(c.reply.as_ref().unwrap().reserved_flags, 0x08);
+    assert!(report
+        .to_text(true)
+        .contains("flags [enhanced] reserved 0x08"));
+    let streams = iwdump::reassemble(&bytes).unwrap();
+    for s in &streams {
+        let (repr, len) = Repr::parse_bytes(&s.data, &Limits::default()).unwrap();
+        assert_eq!(len, 24);
+        assert_eq!(repr.reserved, 0x08);
+        assert_eq!(repr.to_bytes().unwrap(), &s.data[..24]);
+    }
+}

@@ -37,11 +37,13 @@ pub struct DeframerConfig {
     /// sets its MULPDU-based receive limit here.
     pub max_ulpdu_len: u16,
     /// Stream position of the first octet fed, in octets of sequence space
-    /// since `SeqStart` (default 0: feeding starts at the first FPDU).
+    /// since `SeqStart` (default 0: feeding starts at the first FPDU). Any
+    /// value works: positions wrap modulo 2^64, which moves no Marker (2^64 is
+    /// a multiple of 512).
     pub stream_pos: u64,
-    /// Added to every reported offset (default 0). With `base` = the TCP
-    /// sequence number of `SeqStart`, `(offset as u32)` is the sequence number
-    /// of an FPDU's first octet.
+    /// Added (modulo 2^64) to every reported offset (default 0). With `base` =
+    /// the TCP sequence number of `SeqStart`, `(offset as u32)` is the
+    /// sequence number of an FPDU's first octet.
     pub offset_base: u64,
     /// Yield FPDUs with a bad CRC as `Ok` with [`CrcStatus::Bad`] instead of
     /// as [`DeframeError::BadCrc`] (default `false`; a dissector wants `true`).
@@ -81,7 +83,7 @@ pub enum CrcStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fpdu<'a> {
     /// Stream offset of the FPDU's first octet (its leading Marker, if any):
-    /// `offset_base` + octets since `SeqStart`.
+    /// `offset_base` + octets since `SeqStart`, modulo 2^64.
     pub offset: u64,
     /// The ULPDU (DDP segment), without Markers and PAD.
     pub ulpdu: &'a [u8],
@@ -92,7 +94,7 @@ pub struct Fpdu<'a> {
 }
 
 /// What is wrong in the FPDU stream. Every variant carries the stream offset
-/// (`offset_base` + octets since `SeqStart`) where it was found.
+/// (`offset_base` + octets since `SeqStart`, modulo 2^64) where it was found.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DeframeError {
     /// The CRC field does not match the FPDU (not fatal).
@@ -229,9 +231,14 @@ impl Deframer {
     }
 
     /// Stream offset of the next octet to be fed (`offset_base` + octets
-    /// since `SeqStart`).
+    /// since `SeqStart`, modulo 2^64).
     pub fn stream_offset(&self) -> u64 {
-        self.cfg.offset_base + self.pos
+        self.offset(self.pos)
+    }
+
+    /// The reported offset of stream position `pos`.
+    fn offset(&self, pos: u64) -> u64 {
+        self.cfg.offset_base.wrapping_add(pos)
     }
 
     /// Whether a fatal error poisoned the deframer.
@@ -324,11 +331,11 @@ impl Deframer {
 
     /// A whole FPDU without Markers, in `fpdu`.
     fn fast_path<'a>(&mut self, fpdu: &'a [u8]) -> Result<Fpdu<'a>, DeframeError> {
-        let offset = self.cfg.offset_base + self.pos;
+        let offset = self.offset(self.pos);
         let len = usize::from(u16::from_be_bytes([fpdu[0], fpdu[1]]));
         let body = fpdu.len() - CRC_LEN;
         let field: [u8; CRC_LEN] = [fpdu[body], fpdu[body + 1], fpdu[body + 2], fpdu[body + 3]];
-        self.pos += fpdu.len() as u64;
+        self.pos = self.pos.wrapping_add(fpdu.len() as u64);
         let crc = self.crc_status(|| crc32c_append(0, &fpdu[..body]), field);
         self.item(offset, &fpdu[2..2 + len], crc, fpdu.len())
     }
@@ -375,8 +382,8 @@ impl Deframer {
     /// Builds the item of the FPDU just completed by [`Deframer::step`] and
     /// resets for the next one.
     fn finish(&mut self) -> Result<Fpdu<'_>, DeframeError> {
-        let offset = self.cfg.offset_base + self.fpdu_start;
-        let wire_len = (self.pos - self.fpdu_start) as usize;
+        let offset = self.offset(self.fpdu_start);
+        let wire_len = self.pos.wrapping_sub(self.fpdu_start) as usize;
         let crc = self.crc;
         let status = self.crc_status(|| crc, self.crc_field);
         self.started = false;
@@ -419,7 +426,7 @@ impl Deframer {
                 self.crc = crc32c_append(self.crc, &input[..n]);
             }
             self.marker_got += n;
-            self.pos += n as u64;
+            self.pos = self.pos.wrapping_add(n as u64);
             if self.marker_got < MARKER_LEN {
                 return (n, None);
             }
@@ -448,7 +455,7 @@ impl Deframer {
                     let len = u16::from_be_bytes(self.header);
                     if !self.len_ok(len) {
                         let e = DeframeError::BadUlpduLength {
-                            offset: self.cfg.offset_base + self.fpdu_start,
+                            offset: self.offset(self.fpdu_start),
                             len,
                             max: self.cfg.max_ulpdu_len,
                         };
@@ -466,7 +473,7 @@ impl Deframer {
                 self.buf.extend_from_slice(&input[..n]);
                 let start = self.buf.len() - n;
                 self.crc = crc32c_append(self.crc, &self.buf[start..]);
-                self.pos += n as u64;
+                self.pos = self.pos.wrapping_add(n as u64);
                 if self.buf.len() == self.ulpdu_len {
                     self.pad_left = pad_len(self.ulpdu_len);
                     self.phase = if self.pad_left == 0 {
@@ -490,7 +497,7 @@ impl Deframer {
                 let n = (CRC_LEN - self.crc_got).min(avail);
                 self.crc_field[self.crc_got..self.crc_got + n].copy_from_slice(&input[..n]);
                 self.crc_got += n;
-                self.pos += n as u64;
+                self.pos = self.pos.wrapping_add(n as u64);
                 if self.crc_got == CRC_LEN {
                     (n, Some(Ok(())))
                 } else {
@@ -502,21 +509,21 @@ impl Deframer {
 
     fn consume_into_crc(&mut self, data: &[u8]) {
         self.crc = crc32c_append(self.crc, data);
-        self.pos += data.len() as u64;
+        self.pos = self.pos.wrapping_add(data.len() as u64);
     }
 
     fn check_marker(&self) -> Result<(), DeframeError> {
         let found = Marker::from_bytes(self.marker).fpduptr;
         let expected = match (self.marker_leading, self.header_pos) {
             (true, _) | (false, None) => 0,
-            (false, Some(header)) => self.marker_pos - header,
+            (false, Some(header)) => self.marker_pos.wrapping_sub(header),
         };
         // Receivers treat the two low bits of FPDUPTR as zero (section 4.2).
         if u64::from(found & !3) == expected & !3 {
             Ok(())
         } else {
             Err(DeframeError::BadMarker {
-                offset: self.cfg.offset_base + self.marker_pos,
+                offset: self.offset(self.marker_pos),
                 found,
                 expected,
             })
@@ -806,6 +813,92 @@ mod tests {
                 expected: 0
             })]
         );
+    }
+
+    /// Positions near `u64::MAX` wrap instead of overflowing: the FPDUs the
+    /// framer builds from `u64::MAX - 3` (a Marker at 2^64 = 0, four octets
+    /// into the first FPDU) come back, in one chunk and octet by octet, and
+    /// offsets wrap with `offset_base` = `u64::MAX` too.
+    #[test]
+    fn stream_position_wraps_near_u64_max() {
+        let start = u64::MAX - 3;
+        for framing in [MARKED, CRC] {
+            let mut framer = Framer::with_stream_pos(framing, start);
+            let mut stream = Vec::new();
+            framer.append(b"abcdef", &mut stream).unwrap();
+            let second = stream.len() as u64;
+            framer.append(&[9u8; 700], &mut stream).unwrap();
+            for chunks in [vec![&stream[..]], bytewise(&stream)] {
+                let mut cfg = DeframerConfig::new(framing);
+                cfg.stream_pos = start;
+                let mut deframer = Deframer::new(cfg);
+                let items = collect(&mut deframer, &chunks);
+                assert_eq!(items.len(), 2, "{framing:?}");
+                let (off, ulpdu, crc, wire_len) = items[0].clone().unwrap();
+                assert_eq!((off, &ulpdu[..]), (start, &b"abcdef"[..]));
+                assert!(matches!(crc, CrcStatus::Good(_)));
+                assert_eq!(wire_len as u64, second);
+                let (off, ulpdu, _, _) = items[1].clone().unwrap();
+                assert_eq!(off, start.wrapping_add(second));
+                assert_eq!(ulpdu, vec![9u8; 700]);
+                assert!(deframer.is_idle());
+                assert_eq!(
+                    deframer.stream_offset(),
+                    start.wrapping_add(stream.len() as u64)
+                );
+            }
+            // offset_base near the top: offsets wrap as well.
+            let mut cfg = DeframerConfig::new(framing);
+            cfg.stream_pos = start;
+            cfg.offset_base = u64::MAX;
+            let mut deframer = Deframer::new(cfg);
+            let items = collect(&mut deframer, &[&stream]);
+            assert_eq!(items[0].as_ref().unwrap().0, u64::MAX - 4);
+            assert_eq!(
+                items[1].as_ref().unwrap().0,
+                (u64::MAX - 4).wrapping_add(second)
+            );
+        }
+        // A bad Marker right at the wrap is reported at its (wrapped) offset.
+        let mut framer = Framer::with_stream_pos(MARKED, start);
+        let mut stream = Vec::new();
+        framer.append(b"abcdef", &mut stream).unwrap();
+        assert_eq!(&stream[4..8], &[0, 0, 0, 4]);
+        stream[7] = 8;
+        let mut cfg = DeframerConfig::new(MARKED);
+        cfg.stream_pos = start;
+        let mut deframer = Deframer::new(cfg);
+        assert_eq!(
+            collect(&mut deframer, &[&stream]),
+            vec![Err(DeframeError::BadMarker {
+                offset: 0,
+                found: 8,
+                expected: 4
+            })]
+        );
+    }
+
+    /// The longest marked FPDUs the framer builds (over 65536 octets, every
+    /// FPDUPTR within 16 bits) deframe with every Marker checked.
+    #[test]
+    fn long_marked_fpdu_round_trip() {
+        let ulpdu: Vec<u8> = (0..65526u32).map(|i| (i % 251) as u8).collect();
+        let mut framer = Framer::with_stream_pos(MARKED, 4);
+        let mut stream = Vec::new();
+        assert_eq!(framer.append(&ulpdu, &mut stream), Ok(66044));
+        framer.append(b"next", &mut stream).unwrap();
+        let mut cfg = DeframerConfig::new(MARKED);
+        cfg.stream_pos = 4;
+        for chunks in [vec![&stream[..]], stream.chunks(1000).collect()] {
+            let mut deframer = Deframer::new(cfg);
+            let items = collect(&mut deframer, &chunks);
+            assert_eq!(items.len(), 2);
+            let (off, got, crc, wire_len) = items[0].clone().unwrap();
+            assert_eq!((off, wire_len), (4, 66044));
+            assert_eq!(got, ulpdu);
+            assert!(matches!(crc, CrcStatus::Good(_)));
+            assert_eq!(items[1].as_ref().unwrap().1, b"next".to_vec());
+        }
     }
 
     /// Reported offsets start at the configured stream position plus base.

@@ -30,7 +30,10 @@
 //! the MPA Request or Reply of that direction). So the first Marker
 //! immediately precedes the first FPDU, and Markers are part of TCP sequence
 //! space. This crate counts *stream positions* in octets since `SeqStart`;
-//! Markers therefore sit at positions `0, 512, 1024, ...`.
+//! Markers therefore sit at positions `0, 512, 1024, ...`. Positions are `u64`
+//! and wrap modulo 2^64 (a [`Framer`] or
+//! [`crate::deframer::Deframer`] resumed near `u64::MAX` keeps going); since
+//! 2^64 is a multiple of 512, wrapping does not move a Marker.
 //!
 //! Which FPDU a Marker belongs to, and what its FPDUPTR holds:
 //! * a Marker at the position where an FPDU begins is that FPDU's first four
@@ -162,6 +165,25 @@ pub fn mulpdu(emss: usize, markers: bool) -> usize {
     emss.saturating_sub(overhead)
 }
 
+/// The largest FPDUPTR (octets from the ULPDU_Length field to the Marker) of
+/// the Markers inside an FPDU of `fpdu_len` octets (Markers included, see
+/// [`fpdu_len`]) that starts at `stream_pos` (octets since `SeqStart`), when
+/// Markers are on; `None` when the FPDU holds no Marker besides a leading
+/// one (whose FPDUPTR is 0). RFC 5044, section 4.2: FPDUPTR is a 16-bit field,
+/// so an FPDU can be sent with Markers only if this is at most 65535.
+pub fn max_fpduptr(fpdu_len: usize, stream_pos: u64) -> Option<u64> {
+    if fpdu_len == 0 {
+        return None;
+    }
+    // Positions relative to the 512-octet interval the FPDU starts in: 2^64 is
+    // a multiple of 512, so this is right for every `stream_pos`.
+    let start = stream_pos % MARKER_INTERVAL;
+    let header = if start == 0 { MARKER_LEN as u64 } else { start };
+    let end = start + fpdu_len as u64;
+    let last_marker = (end - 1) / MARKER_INTERVAL * MARKER_INTERVAL;
+    (last_marker >= header).then(|| last_marker - header)
+}
+
 /// Why an FPDU could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum FrameError {
@@ -179,8 +201,12 @@ pub enum FrameError {
         /// Buffer length, in octets.
         available: usize,
     },
-    /// With Markers, the FPDU would be longer than 65536 octets, so a
-    /// Marker's FPDUPTR would not fit in 16 bits.
+    /// With Markers, a Marker inside the FPDU would lie more than 65535
+    /// octets past the FPDU's ULPDU_Length field, so its FPDUPTR would not fit
+    /// in 16 bits (RFC 5044, section 4.2). Which ULPDUs this hits depends on
+    /// where the FPDU starts: e.g. at stream position 4 a ULPDU of 65526
+    /// octets (FPDU of 66044 octets, last FPDUPTR 65532) is framed and one of
+    /// 65527 octets (last FPDUPTR 66044) is refused; see [`max_fpduptr`].
     #[error("FPDU of {len} octets is too long for 16-bit FPDUPTR values")]
     TooLongForMarkers {
         /// FPDU length, in octets.
@@ -210,6 +236,7 @@ impl Framer {
 
     /// A framer at `stream_pos` octets of sequence space since `SeqStart`
     /// (for resuming; FPDUs keep positions 4-aligned, so this should be too).
+    /// Any value works, `u64::MAX - 3` included: positions wrap modulo 2^64.
     pub fn with_stream_pos(framing: Framing, stream_pos: u64) -> Framer {
         Framer {
             framing,
@@ -222,7 +249,7 @@ impl Framer {
         self.framing
     }
 
-    /// Stream position of the next FPDU, in octets since `SeqStart`.
+    /// Stream position of the next FPDU, in octets since `SeqStart` (modulo 2^64).
     pub fn stream_pos(&self) -> u64 {
         self.stream_pos
     }
@@ -280,7 +307,9 @@ impl Framer {
     pub fn write_parts(&mut self, parts: &[&[u8]], buf: &mut [u8]) -> Result<usize, FrameError> {
         let ulpdu_len = check_ulpdu_len(parts)?;
         let len = self.next_fpdu_len(ulpdu_len);
-        if self.framing.markers && len > usize::from(u16::MAX) + 1 {
+        if self.framing.markers
+            && max_fpduptr(len, self.stream_pos).is_some_and(|p| p > u64::from(u16::MAX))
+        {
             return Err(FrameError::TooLongForMarkers { len });
         }
         if buf.len() < len {
@@ -309,7 +338,7 @@ impl Framer {
         let crc = if self.framing.crc { w.crc } else { 0 };
         w.put(&crc_to_wire(crc), false);
         debug_assert_eq!(w.at, len);
-        self.stream_pos += len as u64;
+        self.stream_pos = self.stream_pos.wrapping_add(len as u64);
         Ok(len)
     }
 }
@@ -339,8 +368,8 @@ impl Writer<'_> {
             return;
         }
         let fpduptr = match self.header_pos {
-            // The caller bounds the FPDU length so the distance fits.
-            Some(header) => (self.pos - header) as u16,
+            // The caller checks `max_fpduptr`, so the distance fits.
+            Some(header) => self.pos.wrapping_sub(header) as u16,
             None => {
                 debug_assert_eq!(self.pos, self.fpdu_start);
                 0
@@ -378,7 +407,7 @@ impl Writer<'_> {
             self.crc = crc32c_append(self.crc, dst);
         }
         self.at += data.len();
-        self.pos += data.len() as u64;
+        self.pos = self.pos.wrapping_add(data.len() as u64);
     }
 }
 
@@ -600,6 +629,72 @@ mod tests {
         assert_eq!(framer.stream_pos(), 0);
         // The largest ULPDU without Markers.
         assert_eq!(framer.append(&big[..65535], &mut out), Ok(65544));
+    }
+
+    /// Stream positions wrap modulo 2^64 (no overflow panic): at
+    /// `u64::MAX - 3` (= 508 mod 512) the Marker due at 2^64 (= 0) lands four
+    /// octets into the FPDU, with FPDUPTR 4.
+    #[test]
+    fn stream_position_wraps_near_u64_max() {
+        let start = u64::MAX - 3;
+        let mut framer = Framer::with_stream_pos(MARKED, start);
+        assert_eq!(framer.next_fpdu_len(6), 16);
+        let mut out = Vec::new();
+        assert_eq!(framer.append(b"abcdef", &mut out), Ok(16));
+        assert_eq!(
+            &out[..12],
+            &[0, 6, b'a', b'b', 0, 0, 0, 4, b'c', b'd', b'e', b'f']
+        );
+        assert_eq!(&out[12..], &crc32c(&out[..12]).to_le_bytes());
+        assert_eq!(framer.stream_pos(), 12);
+        // The next FPDU is an ordinary one at position 12.
+        assert_eq!(framer.append(b"g", &mut out), Ok(8));
+        assert_eq!(framer.stream_pos(), 20);
+
+        let mut framer = Framer::with_stream_pos(CRC, start);
+        let mut out = Vec::new();
+        assert_eq!(framer.append(b"abcdef", &mut out), Ok(12));
+        assert_eq!(&out[..8], &[0, 6, b'a', b'b', b'c', b'd', b'e', b'f']);
+        assert_eq!(framer.stream_pos(), 8);
+        let mut framer = Framer::with_stream_pos(MARKED, u64::MAX);
+        assert_eq!(framer.append(b"x", &mut out), Ok(12));
+        assert_eq!(framer.stream_pos(), 11);
+    }
+
+    /// RFC 5044 4.2 only needs every FPDUPTR to fit in 16 bits: an FPDU longer
+    /// than 65536 octets is fine when its last Marker is close enough to its
+    /// header. From stream position 4 (header at 4, Markers at 512..=65536),
+    /// a ULPDU of 65526 octets makes an FPDU of 66044 octets whose last
+    /// FPDUPTR is 65536 - 4 = 65532; one more octet of ULPDU adds a Marker
+    /// at 66048 (FPDUPTR 66044), which does not fit.
+    #[test]
+    fn long_marked_fpdu_with_representable_fpduptr() {
+        assert_eq!(max_fpduptr(66044, 4), Some(65532));
+        assert_eq!(max_fpduptr(66052, 4), Some(66044));
+        assert_eq!(max_fpduptr(20, 0), None, "leading Marker only");
+        assert_eq!(max_fpduptr(520, 0), Some(508));
+        assert_eq!(max_fpduptr(508, 4), None, "ends right at 512");
+        assert_eq!(max_fpduptr(512, 4), Some(508));
+        assert_eq!(max_fpduptr(16, u64::MAX - 3), Some(4));
+        assert_eq!(max_fpduptr(0, 7), None);
+
+        let ulpdu: Vec<u8> = (0..65526u32).map(|i| (i % 253) as u8).collect();
+        let mut framer = Framer::with_stream_pos(MARKED, 4);
+        let mut out = Vec::new();
+        assert_eq!(framer.append(&ulpdu, &mut out), Ok(66044));
+        assert_eq!(framer.stream_pos(), 4 + 66044);
+        // The Marker at 65536 is at out[65532..] and points back 65532 octets.
+        assert_eq!(&out[65532..65536], &[0, 0, 0xff, 0xfc]);
+        assert_eq!(&out[66040..], &crc32c(&out[..66040]).to_le_bytes());
+
+        let mut framer = Framer::with_stream_pos(MARKED, 4);
+        let mut out = Vec::new();
+        assert_eq!(
+            framer.append(&[0u8; 65527], &mut out),
+            Err(FrameError::TooLongForMarkers { len: 66052 })
+        );
+        assert!(out.is_empty());
+        assert_eq!(framer.stream_pos(), 4);
     }
 
     #[test]

@@ -20,13 +20,21 @@
 //!   receives; each direction is decided separately. A side that cannot send
 //!   Markers ([`LocalSettings::markers_tx_ok`] = false, like Linux siw)
 //!   refuses a peer's `M`.
-//! * IRD/ORD (RFC 6581): the responder's ORD never exceeds the initiator's
-//!   IRD, and the responder replies with its own IRD. If the initiator's ORD
-//!   exceeds the responder's IRD, the initiator lowers its ORD to it (relaxed,
-//!   the default, as Linux siw) or, with
-//!   [`LocalSettings::relaxed_ird_ord`] off, the connection fails with
-//!   "Insufficient IRD resources" (0x06). A Reply whose ORD exceeds the
-//!   initiator's IRD always fails with 0x06.
+//! * IRD/ORD (RFC 6581): neither side's ORD may exceed the other's IRD. Each
+//!   side's [`LocalSettings::relaxed_ird_ord`] decides what it does when its
+//!   own IRD or ORD does not fit the peer's, the same way for both roles:
+//!   * relaxed (the default, as Linux siw): it lowers its own ORD to the
+//!     peer's IRD, and leaves a peer ORD over its own IRD to the peer to
+//!     lower. The responder replies with its own IRD and its lowered ORD; the
+//!     initiator lowers its ORD to the Reply's IRD.
+//!   * strict: the connection fails with "Insufficient IRD resources"
+//!     (0x06, [`NegotiationError::InsufficientIrd`]) when this side's ORD
+//!     exceeds the peer's IRD, or the peer's ORD exceeds this side's IRD.
+//!     The responder rejects with a reject Reply; the initiator fails on
+//!     the Reply.
+//!
+//!   A Reply whose ORD exceeds the initiator's IRD always fails with 0x06
+//!   (the responder had to lower it).
 //! * Peer-to-peer (RFC 6581): the initiator sets `A` and offers the RTR kinds
 //!   it can send; the responder picks one it can accept (Write, then Read,
 //!   then Send; an offer of none is taken as Write, as Linux siw does) and
@@ -89,7 +97,10 @@ pub struct LocalSettings {
     pub ird: u16,
     /// Outbound RDMA Read queue depth this side wants (14 bits). Default 1.
     pub ord: u16,
-    /// Lower ORD to the peer's IRD instead of failing (default `true`, as Linux siw).
+    /// Lower this side's ORD to the peer's IRD (and leave a peer ORD over
+    /// this side's IRD to the peer to lower) instead of failing with
+    /// [`NegotiationError::InsufficientIrd`] (default `true`, as Linux siw).
+    /// Applies to both roles: see the module documentation.
     pub relaxed_ird_ord: bool,
     /// ULP private data for the Request / Reply, in octets (with Rev 2 at
     /// most 508, the IRD/ORD word taking 4 of the 512).
@@ -208,12 +219,23 @@ pub enum NegotiationError {
     /// This side requires CRC and the Reply does not set `C`.
     #[error("CRC required but the MPA Reply does not set C")]
     CrcNotConfirmed,
-    /// RFC 6581: the IRD of one side is too small for the other's ORD.
-    #[error("insufficient IRD: peer ORD {ord} over IRD {ird}")]
+    /// RFC 6581: the IRD of one side is too small for the other side's ORD.
+    ///
+    /// The two values always belong to different sides: `ird` is one side's
+    /// IRD, `ord` the *other* side's ORD. Which side is which depends on the
+    /// check that failed (the role is known to the caller, who called
+    /// [`respond`] or [`complete`]):
+    /// * the peer's ORD exceeds this side's IRD: `ird` is this side's,
+    ///   `ord` the peer's (a strict responder, or an initiator whose Reply
+    ///   carries an ORD over its IRD);
+    /// * this side's ORD exceeds the peer's IRD: `ird` is the peer's, `ord`
+    ///   this side's (a strict initiator or a strict responder, see
+    ///   [`LocalSettings::relaxed_ird_ord`]).
+    #[error("insufficient IRD resources: an ORD of {ord} exceeds the other side's IRD of {ird}")]
     InsufficientIrd {
-        /// The IRD that is too small.
+        /// The IRD, of one side, that is too small.
         ird: u16,
-        /// The ORD that exceeds it.
+        /// The ORD, of the other side, that exceeds it.
         ord: u16,
     },
     /// RFC 6581: peer-to-peer mode without an RTR kind both sides support.
@@ -351,6 +373,7 @@ pub fn request(local: &LocalSettings) -> Result<Repr, SettingsError> {
         crc: local.crc.sets_c(),
         reject: false,
         enhanced,
+        reserved: 0,
         rev: local.rev,
         rev2,
         private_data: local.private_data.clone(),
@@ -398,11 +421,22 @@ fn decide(local: &LocalSettings, req: &Repr) -> Result<(Agreed, Repr), Negotiati
     let crc = req.crc || local.crc.sets_c();
     let (ird, ord, rtr, reply_word) = match peer {
         Some(p) => {
-            if p.ord > local.ird && !local.relaxed_ird_ord {
-                return Err(NegotiationError::InsufficientIrd {
-                    ird: local.ird,
-                    ord: p.ord,
-                });
+            if !local.relaxed_ird_ord {
+                // The initiator's ORD over this side's IRD.
+                if p.ord > local.ird {
+                    return Err(NegotiationError::InsufficientIrd {
+                        ird: local.ird,
+                        ord: p.ord,
+                    });
+                }
+                // This side's ORD over the initiator's IRD: as a strict
+                // initiator does in `complete`, fail instead of lowering it.
+                if local.ord > p.ird {
+                    return Err(NegotiationError::InsufficientIrd {
+                        ird: p.ird,
+                        ord: local.ord,
+                    });
+                }
             }
             let ord = local.ord.min(p.ird);
             let rtr = if p.peer_to_peer {
@@ -436,6 +470,7 @@ fn decide(local: &LocalSettings, req: &Repr) -> Result<(Agreed, Repr), Negotiati
         crc,
         reject: false,
         enhanced,
+        reserved: 0,
         rev,
         rev2: reply_word,
         private_data: local.private_data.clone(),
@@ -482,6 +517,7 @@ pub fn reject_reply(
         crc: request.crc,
         reject: true,
         enhanced,
+        reserved: 0,
         rev,
         rev2,
         private_data: private_data.to_vec(),
@@ -987,6 +1023,60 @@ mod tests {
                 ),
             ),
             (
+                // RFC 6581 and `relaxed_ird_ord` off: the responder does not
+                // silently lower its ORD 1 to the initiator's IRD 0; it
+                // rejects, mirroring the strict initiator.
+                "responder ORD over initiator IRD, strict responder",
+                s(|x| x.ird = 0),
+                s(|x| {
+                    x.ird = 1;
+                    x.ord = 1;
+                    x.relaxed_ird_ord = false
+                }),
+                Expect::Reject(
+                    N::InsufficientIrd { ird: 0, ord: 1 },
+                    LlpErrorCode::InsufficientIrd,
+                ),
+            ),
+            (
+                "responder ORD over initiator IRD, strict responder, both over",
+                s(|x| {
+                    x.ird = 2;
+                    x.ord = 8
+                }),
+                s(|x| {
+                    x.ird = 4;
+                    x.ord = 16;
+                    x.relaxed_ird_ord = false
+                }),
+                Expect::Reject(
+                    N::InsufficientIrd { ird: 4, ord: 8 },
+                    LlpErrorCode::InsufficientIrd,
+                ),
+            ),
+            (
+                "strict responder, everything fits",
+                s(|x| {
+                    x.ird = 4;
+                    x.ord = 2
+                }),
+                s(|x| {
+                    x.ird = 2;
+                    x.ord = 4;
+                    x.relaxed_ird_ord = false
+                }),
+                ird_ord((4, 2), (2, 4)),
+            ),
+            (
+                "responder ORD over initiator IRD, relaxed responder: lowered",
+                s(|x| x.ird = 0),
+                s(|x| {
+                    x.ird = 1;
+                    x.ord = 1
+                }),
+                ird_ord((0, 1), (1, 0)),
+            ),
+            (
                 "no limit on both sides",
                 s(|x| {
                     x.ird = IRD_ORD_NO_LIMIT;
@@ -1195,6 +1285,26 @@ mod tests {
                 ..reply.clone()
             }),
             InitiatorError::Protocol(NegotiationError::InsufficientIrd { ird: 1, ord: 5 })
+        );
+        // The message does not call a value the peer's when it is this side's:
+        // `ird` and `ord` belong to different sides, whichever check failed.
+        let strict = s(|x| {
+            x.ord = 8;
+            x.relaxed_ird_ord = false
+        });
+        let reply4 = Repr {
+            rev2: Some(Rev2Params { ird: 4, ..word }),
+            ..reply.clone()
+        };
+        let e = complete(&strict, &reply4).unwrap_err();
+        assert_eq!(
+            e,
+            InitiatorError::Protocol(NegotiationError::InsufficientIrd { ird: 4, ord: 8 })
+        );
+        assert_eq!(
+            e.to_string(),
+            "MPA negotiation failed: insufficient IRD resources: an ORD of 8 exceeds \
+             the other side's IRD of 4"
         );
         let required = s(|x| x.crc = CrcPolicy::Required);
         assert_eq!(

@@ -24,7 +24,11 @@
 //! * `E` (0x10): the RFC 6581 "enhanced RDMA connection establishment" bit
 //!   (Linux: `MPA_RR_FLAG_ENHANCED`, `MPA_ENHANCED_RDMA_CONN`): with Rev 2 the
 //!   private data starts with the 4-octet IRD/ORD word ([`Rev2Params`]).
-//! * `Res` (0x0F): reserved, zero on transmit.
+//! * `Res` (0x0F; in Rev 1 also 0x10): reserved, zero on transmit and not
+//!   checked on receipt (RFC 5044, section 7.1.1). Linux siw uses 0x08 for
+//!   its private "GSO" extension when `try_gso` is on. The default [`Limits`]
+//!   accept them; [`Repr::reserved`] keeps them so a parsed frame re-emits
+//!   octet for octet; frames built by this crate set them to zero.
 //! * `Rev`: 1 (RFC 5044) or 2 (RFC 6581).
 //!
 //! The wire types follow the smoltcp pattern: [`Packet`] is a zero-copy view
@@ -77,8 +81,21 @@ pub mod flags {
     /// Enhanced RDMA connection establishment (RFC 6581): with Rev 2 the
     /// private data starts with the IRD/ORD word.
     pub const ENHANCED: u8 = 0x10;
-    /// Reserved bits, zero on transmit (RFC 5044, section 7.1.1).
+    /// Reserved bits, zero on transmit, not checked on receipt (RFC 5044,
+    /// section 7.1.1). In a Rev 1 frame [`ENHANCED`] is reserved as well (see
+    /// [`super::reserved_mask`]).
     pub const RESERVED: u8 = 0x0F;
+}
+
+/// The bits of the flags octet that are reserved in a frame of revision
+/// `rev`: [`flags::RESERVED`] (0x0F), plus [`flags::ENHANCED`] (0x10) in Rev 1,
+/// where RFC 6581's enhanced bit does not exist (RFC 5044, section 7.1.1).
+pub fn reserved_mask(rev: u8) -> u8 {
+    if rev == 1 {
+        flags::RESERVED | flags::ENHANCED
+    } else {
+        flags::RESERVED
+    }
 }
 
 /// Which of the two startup frames a frame is, told apart by its key.
@@ -305,19 +322,34 @@ pub struct Limits {
     /// Largest accepted PD_Length, in octets (default 512, the RFC 5044
     /// maximum; includes the RFC 6581 IRD/ORD word).
     pub max_private_data_len: usize,
-    /// Accept (and drop) reserved flag bits and the enhanced bit in a Rev 1
-    /// frame instead of failing with [`WireError::ReservedBits`] /
-    /// [`WireError::EnhancedInRev1`] (default `false`). RFC 5044 says reserved
-    /// bits are not checked on receive; Linux siw uses bit 0x08 for its
-    /// private "GSO" extension when `try_gso` is on.
+    /// Accept reserved flag bits, and the enhanced bit in a Rev 1 frame (where
+    /// it is reserved), instead of failing with [`WireError::ReservedBits`] /
+    /// [`WireError::EnhancedInRev1`] (default `true`: RFC 5044, section
+    /// 7.1.1, says reserved bits are not checked on receipt, and Linux siw
+    /// sets 0x08 for its private "GSO" extension when `try_gso` is on). The
+    /// bits are otherwise ignored and kept in [`Repr::reserved`]. `false`
+    /// (see [`Limits::strict`]) is for tests and picky peers.
     pub allow_reserved_bits: bool,
 }
 
 impl Default for Limits {
+    /// PD_Length up to 512 octets, reserved bits accepted.
     fn default() -> Limits {
         Limits {
             max_private_data_len: MAX_PRIVATE_DATA_LEN,
+            allow_reserved_bits: true,
+        }
+    }
+}
+
+impl Limits {
+    /// Like the default, but reserved flag bits (and the enhanced bit in a
+    /// Rev 1 frame) are errors: [`WireError::ReservedBits`],
+    /// [`WireError::EnhancedInRev1`].
+    pub fn strict() -> Limits {
+        Limits {
             allow_reserved_bits: false,
+            ..Limits::default()
         }
     }
 }
@@ -347,13 +379,29 @@ pub enum WireError {
     /// The Rev field is neither 1 nor 2.
     #[error("bad MPA Rev {0}: only 1 and 2 are supported")]
     BadRevision(u8),
-    /// Reserved bits (0x0F) of the flags octet are set.
+    /// Reserved bits (0x0F) of the flags octet are set, when parsing with
+    /// [`Limits::allow_reserved_bits`] off ([`Limits::strict`]).
     #[error("reserved bits set in the MPA flags octet: {0:#04x}")]
     ReservedBits(u8),
+    /// A Repr to emit has [`Repr::reserved`] bits that are not reserved in a
+    /// frame of its Rev (see [`reserved_mask`]): they would overwrite `M`,
+    /// `C`, `R` or the enhanced bit.
+    #[error(
+        "Repr::reserved {value:#04x} has bits outside the reserved bits {mask:#04x} of its Rev"
+    )]
+    NotReserved {
+        /// The `reserved` field.
+        value: u8,
+        /// The reserved bits of the frame's Rev.
+        mask: u8,
+    },
     /// The R (reject) bit is set in a Request.
     #[error("R (reject) bit set in an MPA Request")]
     RejectInRequest,
-    /// The enhanced bit (0x10) is set in a Rev 1 frame, where it is reserved.
+    /// The enhanced bit (0x10) is set in a Rev 1 frame, where it is reserved
+    /// (when parsing with [`Limits::strict`]; or a Repr to emit has `rev` 1
+    /// and `enhanced` set: a Rev 1 frame carries a received 0x10 in
+    /// [`Repr::reserved`] instead).
     #[error("enhanced bit (0x10) set in an MPA Rev 1 frame")]
     EnhancedInRev1,
     /// PD_Length (or the private data of a Repr) is over the limit.
@@ -594,7 +642,9 @@ pub fn needed_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, WireErro
 /// `enhanced` is set and the private data holds the 4-octet IRD/ORD word
 /// (a Rev 2 enhanced frame without it is an error, except in a reject Reply,
 /// where it is tolerated and `rev2` is `None`). `private_data` is the ULP
-/// private data behind the IRD/ORD word.
+/// private data behind the IRD/ORD word. `reserved` holds the reserved flag
+/// bits as received (see [`Limits::allow_reserved_bits`]), so that
+/// [`Repr::emit`] gives back the parsed octets exactly.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Repr {
     /// Request or Reply (the key).
@@ -607,6 +657,11 @@ pub struct Repr {
     pub reject: bool,
     /// The RFC 6581 enhanced bit.
     pub enhanced: bool,
+    /// The reserved bits of the flags octet (within [`reserved_mask`] of
+    /// `rev`: 0x0F, and 0x10 in Rev 1) as received, emitted as they are. Zero
+    /// in every frame this crate builds (RFC 5044, section 7.1.1: zero on
+    /// transmit); a non-zero value is only for re-emitting a received frame.
+    pub reserved: u8,
     /// Rev: 1 or 2.
     pub rev: u8,
     /// The RFC 6581 IRD/ORD word, when present.
@@ -620,7 +675,8 @@ impl Repr {
     ///
     /// Errors (each names the field): [`WireError::Truncated`],
     /// [`WireError::BadKey`], [`WireError::BadRevision`],
-    /// [`WireError::ReservedBits`], [`WireError::EnhancedInRev1`],
+    /// [`WireError::ReservedBits`] and [`WireError::EnhancedInRev1`] (only
+    /// with [`Limits::allow_reserved_bits`] off),
     /// [`WireError::RejectInRequest`], [`WireError::PrivateDataTooLong`]
     /// (PD_Length over `limits.max_private_data_len`),
     /// [`WireError::Rev2ParamsMissing`].
@@ -649,6 +705,7 @@ impl Repr {
             crc: packet.crc(),
             reject,
             enhanced,
+            reserved: packet.flags() & reserved_mask(rev),
             rev,
             rev2,
             private_data: ulp.to_vec(),
@@ -665,9 +722,10 @@ impl Repr {
         Ok((Repr::parse(&packet, limits)?, frame_len))
     }
 
-    /// The flags octet this Repr emits.
+    /// The flags octet this Repr emits: `M`, `C`, `R`, the enhanced bit and
+    /// the [`Repr::reserved`] bits.
     pub fn flags(&self) -> u8 {
-        let mut value = 0;
+        let mut value = self.reserved;
         if self.markers {
             value |= flags::MARKERS;
         }
@@ -697,13 +755,21 @@ impl Repr {
     /// Checks that the Repr can be emitted as a valid frame (what
     /// [`Repr::parse`] with default [`Limits`] would accept back unchanged).
     ///
-    /// Errors: [`WireError::BadRevision`], [`WireError::RejectInRequest`],
-    /// [`WireError::EnhancedInRev1`], [`WireError::PrivateDataTooLong`] (over
-    /// 512 octets), [`WireError::Rev2ParamsMissing`],
-    /// [`WireError::Rev2ParamsUnexpected`], [`WireError::IrdOrdOutOfRange`].
+    /// Errors: [`WireError::BadRevision`], [`WireError::NotReserved`],
+    /// [`WireError::RejectInRequest`], [`WireError::EnhancedInRev1`],
+    /// [`WireError::PrivateDataTooLong`] (over 512 octets),
+    /// [`WireError::Rev2ParamsMissing`], [`WireError::Rev2ParamsUnexpected`],
+    /// [`WireError::IrdOrdOutOfRange`].
     pub fn check(&self) -> Result<(), WireError> {
         if self.rev != 1 && self.rev != 2 {
             return Err(WireError::BadRevision(self.rev));
+        }
+        let mask = reserved_mask(self.rev);
+        if self.reserved & !mask != 0 {
+            return Err(WireError::NotReserved {
+                value: self.reserved,
+                mask,
+            });
         }
         if self.kind == FrameKind::Request && self.reject {
             return Err(WireError::RejectInRequest);
@@ -924,6 +990,7 @@ mod tests {
                 crc: false,
                 reject: false,
                 enhanced: true,
+                reserved: 0,
                 rev: 2,
                 rev2: Some(Rev2Params {
                     peer_to_peer: false,
@@ -944,6 +1011,7 @@ mod tests {
             crc: false,
             reject: false,
             enhanced: true,
+            reserved: 0,
             rev: 2,
             rev2: Some(Rev2Params {
                 peer_to_peer: false,
@@ -1104,6 +1172,7 @@ mod tests {
             crc: true,
             reject: false,
             enhanced: false,
+            reserved: 0,
             rev: 1,
             rev2: None,
             private_data: b"hello".to_vec(),
@@ -1246,12 +1315,14 @@ mod tests {
             Repr::parse_bytes(&with(17, 3), &limits()),
             Err(WireError::BadRevision(3))
         );
+        // Strict limits: reserved bits are errors.
+        let strict = Limits::strict();
         assert_eq!(
-            Repr::parse_bytes(&with(16, 0x11), &limits()),
+            Repr::parse_bytes(&with(16, 0x11), &strict),
             Err(WireError::ReservedBits(0x01))
         );
         assert_eq!(
-            Repr::parse_bytes(&with(16, 0x18), &limits()),
+            Repr::parse_bytes(&with(16, 0x18), &strict),
             Err(WireError::ReservedBits(0x08))
         );
         assert_eq!(
@@ -1260,18 +1331,27 @@ mod tests {
         );
         let rev1 = with(17, 1);
         assert_eq!(
-            Repr::parse_bytes(&rev1, &limits()),
+            Repr::parse_bytes(&rev1, &strict),
             Err(WireError::EnhancedInRev1)
         );
-        // Lenient parsing drops the reserved bits and the Rev 1 enhanced bit.
+        // Lenient parsing ignores the reserved bits and the Rev 1 enhanced bit
+        // (apart from keeping them in `reserved`).
         let lenient = Limits {
             allow_reserved_bits: true,
             ..Limits::default()
         };
         let (repr, _) = Repr::parse_bytes(&with(16, 0x18), &lenient).unwrap();
-        assert_eq!(repr, Repr::parse_bytes(&good, &limits()).unwrap().0);
+        assert_eq!(repr.reserved, 0x08);
+        assert_eq!(
+            Repr {
+                reserved: 0,
+                ..repr
+            },
+            Repr::parse_bytes(&good, &limits()).unwrap().0
+        );
         let (repr, _) = Repr::parse_bytes(&rev1, &lenient).unwrap();
         assert!(!repr.enhanced && repr.rev2.is_none());
+        assert_eq!(repr.reserved, 0x10);
         assert_eq!(repr.private_data, vec![0, 1, 0, 1]);
         // Emit-side checks.
         let base = Repr::parse_bytes(&good, &limits()).unwrap().0;
@@ -1314,6 +1394,97 @@ mod tests {
             }
             .to_bytes(),
             Err(WireError::Rev2ParamsMissing { len: 0 })
+        );
+    }
+
+    /// RFC 5044 7.1.1: Res bits are not checked on reception. The default
+    /// limits accept them (Linux siw's 0x08 "GSO" bit included), the parsed
+    /// Repr keeps them, and emitting it gives back the received octets; the
+    /// strict limits still reject them.
+    #[test]
+    fn reserved_bits_accepted_by_default_and_re_emitted() {
+        assert_eq!(
+            Limits::default(),
+            Limits {
+                max_private_data_len: 512,
+                allow_reserved_bits: true,
+            }
+        );
+        assert!(!Limits::strict().allow_reserved_bits);
+        for (hex, flags) in [
+            (RPING_REQUEST, 0x18u8),
+            (RPING_REPLY, 0x1f),
+            (CRC_REPLY, 0x58),
+            (P2P_REQUEST, 0x11),
+        ] {
+            let mut bytes = unhex(hex);
+            bytes[16] = flags;
+            let (repr, len) = Repr::parse_bytes(&bytes, &Limits::default()).unwrap();
+            assert_eq!(len, 24);
+            assert_eq!(repr.reserved, flags & 0x0f, "{hex}");
+            assert!(repr.enhanced);
+            assert_eq!(repr.crc, flags & 0x40 != 0);
+            assert_eq!(repr.flags(), flags);
+            assert_eq!(
+                repr.to_bytes().unwrap(),
+                bytes,
+                "re-emitted octet for octet"
+            );
+            assert_eq!(needed_len(&bytes, &Limits::default()), Ok(Some(24)));
+            let mut reader = StartupReader::new(None, Limits::default());
+            assert!(matches!(
+                reader.push(&bytes),
+                Ok(Startup::Complete { frame, .. }) if frame == repr
+            ));
+            assert_eq!(
+                Repr::parse_bytes(&bytes, &Limits::strict()),
+                Err(WireError::ReservedBits(flags & 0x0f))
+            );
+        }
+        // Rev 1: 0x10 is reserved too.
+        let repr = Repr {
+            kind: FrameKind::Request,
+            markers: false,
+            crc: true,
+            reject: false,
+            enhanced: false,
+            reserved: 0x18,
+            rev: 1,
+            rev2: None,
+            private_data: vec![],
+        };
+        let bytes = repr.to_bytes().unwrap();
+        assert_eq!(bytes[16], 0x58);
+        assert_eq!(
+            Repr::parse_bytes(&bytes, &Limits::default()),
+            Ok((repr.clone(), 20))
+        );
+        // A `reserved` with non-reserved bits cannot be emitted.
+        assert_eq!(
+            Repr {
+                reserved: 0x20,
+                ..repr.clone()
+            }
+            .to_bytes(),
+            Err(WireError::NotReserved {
+                value: 0x20,
+                mask: 0x1f
+            })
+        );
+        let rev2 = Repr::parse_bytes(&unhex(RPING_REQUEST), &Limits::default())
+            .unwrap()
+            .0;
+        assert_eq!(rev2.reserved, 0);
+        assert_eq!(
+            Repr {
+                reserved: 0x10,
+                ..rev2
+            }
+            .check(),
+            Err(WireError::NotReserved {
+                value: 0x10,
+                mask: 0x0f
+            })
         );
     }
 

@@ -5,8 +5,8 @@ use mpa::deframer::{CrcStatus, Deframer, DeframerConfig};
 use mpa::fpdu::{fpdu_len, mulpdu, Framer, Framing, Marker};
 use mpa::negotiate::{self, CrcPolicy, LocalSettings, Response};
 use mpa::wire::{
-    needed_len, FrameKind, Limits, Packet, Repr, Rev2Params, RtrKinds, Startup, StartupReader,
-    IRD_ORD_MASK, MAX_PRIVATE_DATA_LEN, REPLY_KEY, REQUEST_KEY,
+    needed_len, reserved_mask, FrameKind, Limits, Packet, Repr, Rev2Params, RtrKinds, Startup,
+    StartupReader, IRD_ORD_MASK, MAX_PRIVATE_DATA_LEN, REPLY_KEY, REQUEST_KEY,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -42,9 +42,10 @@ fn arb_repr() -> impl Strategy<Value = Repr> {
         1u8..=2,
         arb_rev2(),
         vec(any::<u8>(), 0..=MAX_PRIVATE_DATA_LEN),
+        prop_oneof![Just(0u8), any::<u8>()],
     )
         .prop_map(
-            |(kind, [markers, crc, reject, enhanced, word], rev, params, mut private_data)| {
+            |(kind, [markers, crc, reject, enhanced, word], rev, params, mut private_data, res)| {
                 let reject = reject && kind == FrameKind::Reply;
                 let enhanced = enhanced && rev == 2;
                 // A reject Reply may lack the word if it has under 4 octets of private data.
@@ -61,6 +62,7 @@ fn arb_repr() -> impl Strategy<Value = Repr> {
                     crc,
                     reject,
                     enhanced,
+                    reserved: res & reserved_mask(rev),
                     rev,
                     rev2,
                     private_data,
@@ -179,10 +181,9 @@ proptest! {
         let _ = Rev2Params::parse(&bytes);
         if let Ok((repr, len)) = parsed {
             prop_assert!(len <= bytes.len());
-            if !lenient {
-                // What parses re-emits to the same octets.
-                prop_assert_eq!(&repr.to_bytes().unwrap()[..], &bytes[..len]);
-            }
+            // What parses, strictly or leniently (reserved bits kept in
+            // `Repr::reserved`), re-emits to the same octets.
+            prop_assert_eq!(&repr.to_bytes().unwrap()[..], &bytes[..len]);
             let _ = negotiate::respond(&LocalSettings::default(), &repr);
             let _ = negotiate::complete(&LocalSettings::default(), &repr);
         }
