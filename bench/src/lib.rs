@@ -1,4 +1,99 @@
-//! `iwperf`, the perftest-like throughput and latency tool, its `demo` (the main job),
-//! and criterion micro-benchmarks.
+//! Benchmarks of the soft device's transport.
 //!
-//! Filled in from step 2 (issue #3) on. Nothing here yet: see `docs/ARCHITECTURE.md`.
+//! - [`tcp`]: raw smoltcp TCP bulk transfer over any [`Link`](softiwarp::link::Link), one
+//!   process per side: the baseline every iWARP figure is compared with.
+//! - [`inline`]: the MPA FPDU stream over softiwarp's sans-IO stack in one thread (no
+//!   engine thread), to split the device's cost into hand-off and MPA path.
+//! - [`runner`]: the transport benchmark: builds the two-namespace TAP topology
+//!   (`netns-tests`), runs the `bench-peer` binary as server in namespace A and client in
+//!   namespace B for each variant and MTU, alternating variants run by run (A B A B), and
+//!   reports medians and ratios.
+//! - [`stats`]: medians and the result table.
+//!
+//! Binaries: `bench-peer` (one side of one transfer; prints `READY` when listening and
+//! `RESULT <json>` at the end) and `transport-bench` (the runner; needs root).
+//! `docs/PERFORMANCE.md` has the figures and the command that reproduces them.
+
+use std::time::Duration;
+
+pub mod inline;
+pub mod runner;
+pub mod stats;
+pub mod tcp;
+
+/// Errors of the benchmarks.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The link failed or could not be opened.
+    #[error("link: {0}")]
+    Link(#[from] softiwarp::link::LinkError),
+    /// The link did not come up.
+    #[error("link {name} not up after {waited:?}: {state}")]
+    LinkNotUp {
+        /// Interface name.
+        name: String,
+        /// How long we waited.
+        waited: Duration,
+        /// The state it was in.
+        state: String,
+    },
+    /// The TCP connection failed (reset, timed out, refused, or an API call failed).
+    #[error("TCP: {0}")]
+    Tcp(String),
+    /// The transfer did not finish before the hang guard.
+    #[error("not finished after {0:?}: {1}")]
+    Timeout(Duration, String),
+    /// The received data did not match what was sent.
+    #[error("data mismatch: {0}")]
+    Mismatch(String),
+    /// A setting is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The namespace harness failed (topology or a peer process).
+    #[error(transparent)]
+    Harness(#[from] netns_tests::HarnessError),
+    /// A peer's `RESULT` line was missing or unreadable.
+    #[error("peer {peer}: {message}")]
+    Report {
+        /// The peer's name.
+        peer: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// An OS call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Pins the calling thread (and the threads it starts later) to CPU `cpu`.
+///
+/// Errors: [`BenchError::Io`] if `sched_setaffinity` fails (e.g. no such CPU).
+pub fn pin_to_cpu(cpu: usize) -> Result<(), BenchError> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(|e| BenchError::Io {
+        context: "CPU set",
+        source: e.into(),
+    })?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| BenchError::Io {
+        context: "sched_setaffinity",
+        source: e.into(),
+    })
+}
+
+/// CPU time (user, system) in seconds this process has used so far.
+pub fn cpu_time() -> (f64, f64) {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (secs(u.user_time()), secs(u.system_time()))
+        }
+        Err(_) => (0.0, 0.0),
+    }
+}

@@ -1,0 +1,218 @@
+//! Root-only: two processes, each in its own network namespace with its own TAP (the
+//! namespaces joined by bridges and a veth), talk MPA over the soft iWARP device's public
+//! API and move 1 GiB of ULPDUs, every one checked and all of them covered by a CRC32c
+//! compared at the end; the client captures the first 20 MB of its link, and the capture
+//! decodes with `iwdump` (no errors) and with tshark (MPA Request, Reply, FPDUs, nothing
+//! malformed, no bad CRC). A second test aborts a transfer midway and checks that the
+//! failure is reported and everything is removed all the same.
+//!
+//! Each test skips (with a message) when not run as root. tshark is required when the
+//! `CI` environment variable is set (`.ci/run` installs it), optional elsewhere.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use netns_tests::capture::tshark_summary;
+use netns_tests::ulpdu::TransferStats;
+use netns_tests::{
+    leftover_namespaces, wait_all, FailureKind, HarnessError, PeerOutput, Side, Topology,
+};
+
+const PEER: &str = env!("CARGO_BIN_EXE_iwarp-peer");
+
+fn skip_unless_root(test: &str) -> bool {
+    if softiwarp::netns::is_root() {
+        return false;
+    }
+    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
+    true
+}
+
+fn result(out: &PeerOutput) -> TransferStats {
+    let line = out
+        .lines_with_prefix("RESULT ")
+        .last()
+        .unwrap_or_else(|| panic!("{}: no RESULT line in {:?}", out.name, out.stdout));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", out.name))
+}
+
+fn tshark_installed() -> bool {
+    std::process::Command::new("tshark")
+        .arg("-v")
+        .output()
+        .is_ok()
+}
+
+/// Removes a file when dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Starts the server in A, waits for READY, starts the client in B with `client_args`,
+/// and waits for both.
+fn transfer(
+    topo: &Topology,
+    server_args: &[String],
+    client_args: &[String],
+    timeout: Duration,
+) -> Result<Vec<PeerOutput>, HarnessError> {
+    let (a, b) = (topo.a(), topo.b());
+    let mut server = topo
+        .peer(Side::A, "server", PEER)
+        .arg("server")
+        .args(a.peer_args())
+        .args(["--peer-ip".to_owned(), b.ip.to_string()])
+        .args(server_args.iter().cloned())
+        .spawn()?;
+    server.wait_for_line(|l| l == "READY", Duration::from_secs(20))?;
+    let client = topo
+        .peer(Side::B, "client", PEER)
+        .arg("client")
+        .args(b.peer_args())
+        .args(["--peer-ip".to_owned(), a.ip.to_string()])
+        .args(client_args.iter().cloned())
+        .spawn()?;
+    wait_all(vec![server, client], timeout)
+}
+
+#[test]
+fn one_gib_of_ulpdus_between_two_namespaces_verified_and_captured() {
+    if skip_unless_root("one_gib_of_ulpdus_between_two_namespaces_verified_and_captured") {
+        return;
+    }
+    const BYTES: u64 = 1 << 30;
+    const PCAP_LIMIT: u64 = 20 << 20;
+    // Captures of killed earlier runs; this run's is removed by its guard.
+    netns_tests::capture::remove_stale_files(&std::env::temp_dir(), "iwarp-two-process-");
+    let pcap = TempFile(std::env::temp_dir().join(format!(
+        "iwarp-two-process-{}.pcap",
+        softiwarp::netns::unique_tag()
+    )));
+    let topo = Topology::create(1500).expect("topology");
+    let names = topo.namespaces();
+    let t0 = Instant::now();
+    let outs = transfer(
+        &topo,
+        &[],
+        &[
+            "--bytes".into(),
+            BYTES.to_string(),
+            "--pcap".into(),
+            pcap.0.display().to_string(),
+            "--pcap-limit".into(),
+            PCAP_LIMIT.to_string(),
+        ],
+        Duration::from_secs(180),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let took = t0.elapsed();
+    drop(topo);
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
+
+    let (server, client) = (result(&outs[0]), result(&outs[1]));
+    println!("server: {server:?}\nclient: {client:?}\nwall time {took:?}");
+    assert_eq!(client.bytes, BYTES);
+    assert_eq!(server.bytes, BYTES, "every ULPDU byte arrived");
+    assert_eq!(server.ulpdus, client.ulpdus);
+    assert!(client.crc32c.is_some());
+    assert_eq!(server.crc32c, client.crc32c, "CRC32c over all ULPDU bytes");
+    assert!(server.mpa_crc && client.mpa_crc, "MPA CRC negotiated on");
+    // MTU 1500: EMSS 1460, MULPDU 1460 - 2 (length) - 4 (CRC) = 1454.
+    assert_eq!(client.emss, 1460);
+    assert_eq!(client.mulpdu, 1454);
+    assert_eq!(client.ulpdu_size, 1454);
+    assert_eq!(server.ulpdu_size, 1454);
+    assert_eq!(client.ulpdus, BYTES.div_ceil(1454));
+
+    // The capture: the first PCAP_LIMIT bytes of whole frames.
+    let size = std::fs::metadata(&pcap.0).expect("pcap written").len();
+    assert!(
+        size > PCAP_LIMIT - 2000 && size <= PCAP_LIMIT,
+        "capture of {size} bytes"
+    );
+    check_capture(&pcap.0);
+}
+
+/// iwdump: one MPA connection, thousands of FPDUs (RDMA Writes), no errors. tshark: the
+/// Request, the Reply, FPDUs and DDP/RDMAP decoded, nothing malformed, no bad CRC.
+fn check_capture(path: &Path) {
+    let report = iwdump::dissect_file(path).expect("iwdump reads the capture");
+    assert!(
+        report.errors.is_empty(),
+        "iwdump errors: {:?}",
+        &report.errors[..report.errors.len().min(5)]
+    );
+    assert_eq!(report.connections.len(), 1, "{:?}", report.connections);
+    // 20 MB of 1514-byte frames: about 13,000 FPDUs from the client.
+    assert!(report.fpdus > 10_000, "{} FPDUs", report.fpdus);
+    assert_eq!(
+        report.opcodes.keys().collect::<Vec<_>>(),
+        vec!["Write"],
+        "{:?}",
+        report.opcodes
+    );
+    println!(
+        "iwdump: {} frames, {} FPDUs, {} warnings",
+        report.frames,
+        report.fpdus,
+        report.warnings.len()
+    );
+    if !tshark_installed() {
+        assert!(std::env::var_os("CI").is_none(), "tshark missing in CI");
+        eprintln!("tshark not installed: skipping the Wireshark check");
+        return;
+    }
+    let t = tshark_summary(path).expect("tshark");
+    println!("tshark: {t:?}");
+    assert_eq!(t.mpa_requests, 1, "{t:?}");
+    assert_eq!(t.mpa_replies, 1, "{t:?}");
+    assert!(t.fpdu_frames > 10_000, "{t:?}");
+    assert!(t.ddp_frames > 10_000, "{t:?}");
+    assert_eq!(t.malformed, 0, "{t:?}");
+    assert_eq!(t.bad_crc_frames, 0, "{t:?}");
+    assert_eq!(t.expert_errors, 0, "{t:?}");
+}
+
+#[test]
+fn an_aborted_transfer_fails_loudly_and_leaves_nothing_behind() {
+    if skip_unless_root("an_aborted_transfer_fails_loudly_and_leaves_nothing_behind") {
+        return;
+    }
+    let topo = Topology::create(1500).expect("topology");
+    let names = topo.namespaces();
+    let err = transfer(
+        &topo,
+        &[],
+        &[
+            "--bytes".into(),
+            (64u64 << 20).to_string(),
+            "--abort-after".into(),
+            (4u64 << 20).to_string(),
+        ],
+        Duration::from_secs(60),
+    )
+    .unwrap_err();
+    drop(topo);
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
+    let f = match err {
+        HarnessError::Peer(f) => f,
+        other => panic!("expected a peer failure, got {other}"),
+    };
+    println!("{f}");
+    assert_eq!(f.kind, FailureKind::Exited);
+    // Whichever side exits first is reported; both must have failed, for the right reason.
+    let all = format!("{}\n{}\n{:?}", f.stderr, f.stdout, f.others);
+    assert!(all.contains("aborted on request after"), "{all}");
+    assert!(all.contains("Reset") || all.contains("reset"), "{all}");
+    assert!(
+        f.others
+            .iter()
+            .all(|o| !o.contains("exited with exit status: 0")),
+        "both sides fail: {:?}",
+        f.others
+    );
+}
