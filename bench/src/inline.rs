@@ -125,6 +125,11 @@ impl Ulp for BenchUlp {
         self.receive(&ulpdu);
     }
 
+    fn on_ulpdu_in_place(&mut self, ulpdu: &[u8]) -> bool {
+        self.receive(ulpdu);
+        true
+    }
+
     fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError> {
         if !self.sender {
             return Ok(false);

@@ -1,5 +1,8 @@
 //! The soft iWARP device as applications (and, next, the iw-cm provider) see it: open a
-//! device on a link, listen, connect, accept or reject, move ULPDUs, close.
+//! device on a link, listen, connect, accept or reject, move ULPDUs, close; and make
+//! verbs objects ([`Device::alloc_pd`], [`Device::create_cq`], [`Device::create_qp`],
+//! see [`crate::verbs_api`]) and bind QPs to connections ([`Device::connect_qp`],
+//! [`ConnectRequest::accept_qp`], giving a [`QpConnection`]).
 //!
 //! [`Device::open`] starts the device's engine thread ([`crate::engine`]), which opens the
 //! link (entering a network namespace first if asked) and runs the [`Stack`]. Every call
@@ -13,8 +16,9 @@
 //! |---|---|
 //! | `create_listen(port, backlog)` | [`Device::listen`] |
 //! | `destroy_listen` | dropping the [`Listener`] / [`Listener::close`] |
-//! | `connect(addr, private data, ird, ord)` | [`Device::connect`] |
-//! | `accept(private data, ird, ord)` | [`ConnectRequest::accept`] |
+//! | `connect(addr, private data, ird, ord)` | [`Device::connect`]; with the QP: [`Device::connect_qp`] |
+//! | `accept(private data, ird, ord)` | [`ConnectRequest::accept`]; with the QP: [`ConnectRequest::accept_qp`] |
+//! | QP ref/deref (the CM holds the QP while connected) | the engine holds the QP's protocol state; [`Qp::destroy`] is safe at any time |
 //! | `reject(private data)` | [`ConnectRequest::reject`] |
 //! | `disconnect(abrupt?)` | [`Connection::close`] with [`CloseMode`] |
 //! | `CONNECT_REQUEST` | [`Listener::next_request`] |
@@ -25,6 +29,15 @@
 //!
 //! Events are enqueued per connection in order, never called up: the provider's event
 //! worker drains them.
+//!
+//! # QPs on connections
+//!
+//! A QP bound by [`Device::connect_qp`] / [`ConnectRequest::accept_qp`] is the
+//! connection's upper layer ([`crate::qp_ulp`]): it moves to RTS with the negotiated
+//! ORD/IRD when MPA reaches full operation, runs its RDMAP traffic on the connection,
+//! sends its Terminates on it, and goes to Error (flushing every WR) when the
+//! connection fails or closes, or the device goes away. The connection's events still
+//! come through the [`QpConnection`]. See `lib.rs` for a complete example.
 //!
 //! # Example (memory link, no privileges)
 //!
@@ -63,10 +76,13 @@ use mpa::negotiate::{Agreed, LocalSettings};
 use mpa::wire::Repr;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use verbs::{AsyncEvent, VerbsError};
+
 use crate::engine::{
     Command, DeviceEnd, DeviceEvent, Engine, EngineConfig, EventQueue, PendingRequest, Shared,
 };
 use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
+use crate::mr::MrTable;
 use crate::phy::{InterfaceConfig, TcpConfig};
 use crate::stack::{
     CloseMode, ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId,
@@ -74,6 +90,7 @@ use crate::stack::{
     DEFAULT_TERMINATE_LINGER_US,
 };
 use crate::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
+use crate::verbs_api::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
 
 /// How long a call waits for the engine's answer before giving up with
 /// [`DeviceError::NoAnswer`]: 10 s (the engine answers in microseconds; this only guards
@@ -224,6 +241,10 @@ pub enum DeviceError {
     /// The engine did not answer within [`COMMAND_TIMEOUT`].
     #[error("no answer from the engine")]
     NoAnswer,
+    /// A verbs object was refused (e.g. a QP not in Reset or Init, already bound to
+    /// a connection, or of another device).
+    #[error("verbs: {0}")]
+    Verbs(#[from] VerbsError),
 }
 
 /// Errors of [`Connection::wait_established`].
@@ -254,15 +275,128 @@ pub enum ListenError {
     Gone(GoneReason),
 }
 
-/// What connections and listeners hold of their device.
+/// What connections, listeners and verbs objects hold of their device.
 #[derive(Debug)]
-struct Handle {
+pub(crate) struct Handle {
     cmds: Sender<Command>,
     waker: Waker,
     shared: Arc<Shared>,
+    /// The device's STag table (PDs and MRs).
+    pub(crate) mrs: Arc<MrTable>,
+    next_qpn: std::sync::atomic::AtomicU32,
+    next_cq: std::sync::atomic::AtomicU32,
 }
 
 impl Handle {
+    /// `Err(DeviceGone)` once the device is gone or shut down.
+    pub(crate) fn alive(&self) -> Result<(), VerbsError> {
+        match self.shared.ended() {
+            Some(_) => Err(VerbsError::DeviceGone),
+            None => Ok(()),
+        }
+    }
+
+    /// Holds the device's gate open (for reading): while the guard lives, WRs queued on
+    /// a QP are certain to be taken by the engine. `Err(DeviceGone)` once the engine
+    /// took its last command.
+    pub(crate) fn gate(&self) -> Result<std::sync::RwLockReadGuard<'_, bool>, VerbsError> {
+        let gate = self
+            .shared
+            .gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *gate {
+            return Err(VerbsError::DeviceGone);
+        }
+        Ok(gate)
+    }
+
+    /// Enqueues QP work for the engine, without waking it. Refused with
+    /// [`VerbsError::DeviceGone`] once the engine took its last command; otherwise
+    /// the engine is certain to run it (see `Shared::gate`).
+    pub(crate) fn enqueue(&self, cmd: Command) -> Result<(), VerbsError> {
+        let _gate = self.gate()?;
+        self.cmds.send(cmd).map_err(|_| VerbsError::DeviceGone)
+    }
+
+    /// Rings QP `qpn`'s doorbell: the engine takes its newly posted WRs.
+    pub(crate) fn ring(&self, qpn: u32) {
+        self.shared
+            .doorbell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(qpn);
+        self.waker.wake();
+    }
+
+    /// Wakes the engine thread.
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// Enqueues a command with a reply channel and waits for the answer (verbs
+    /// calls): `DeviceGone` if the engine ended, an `ETIMEDOUT` [`VerbsError::Os`] if
+    /// it did not answer within [`COMMAND_TIMEOUT`].
+    pub(crate) fn call_verbs<T>(
+        &self,
+        call: &'static str,
+        make: impl FnOnce(Sender<Result<T, VerbsError>>) -> Command,
+    ) -> Result<T, VerbsError> {
+        let (tx, rx) = mpsc::channel();
+        self.enqueue(make(tx))?;
+        self.wake();
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
+                call,
+                errno: libc::ETIMEDOUT,
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(VerbsError::DeviceGone),
+        }
+    }
+
+    /// The next QP number (never 0; wraps after 2^32 - 1).
+    pub(crate) fn next_qpn(&self) -> u32 {
+        loop {
+            let n = self
+                .next_qpn
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n != 0 {
+                return n;
+            }
+        }
+    }
+
+    /// The next CQ handle.
+    pub(crate) fn next_cq(&self) -> u32 {
+        self.next_cq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The device's verbs asynchronous event queue.
+    pub(crate) fn async_events(&self) -> Arc<EventQueue<AsyncEvent>> {
+        Arc::clone(&self.shared.async_events)
+    }
+
+    /// The engine's "poll again" flag.
+    pub(crate) fn kick(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.shared.kick)
+    }
+
+    /// Sends a command whose reply is a [`DeviceError`] result and waits for it.
+    fn call_dev<T>(
+        &self,
+        make: impl FnOnce(Sender<Result<T, DeviceError>>) -> Command,
+    ) -> Result<T, DeviceError> {
+        let (tx, rx): (_, Receiver<Result<T, DeviceError>>) = mpsc::channel();
+        self.post(make(tx))?;
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
+        }
+    }
+
     fn ended_error(&self) -> DeviceError {
         match self.shared.ended() {
             Some(DeviceEnd::Gone(r)) => DeviceError::Gone(r),
@@ -416,6 +550,9 @@ impl Device {
                 cmds: cmd_tx,
                 waker: Waker::eventfd(wake),
                 shared,
+                mrs: Arc::new(MrTable::new()),
+                next_qpn: std::sync::atomic::AtomicU32::new(1),
+                next_cq: std::sync::atomic::AtomicU32::new(1),
             }),
             thread: Some(thread),
             name,
@@ -519,9 +656,98 @@ impl Device {
     }
 
     /// Shuts the device down: every connection is reset and fails with
-    /// [`ConnError::DeviceClosed`], listeners end, the engine thread exits (the pcap file,
-    /// if any, is flushed). Same as dropping the device.
+    /// [`ConnError::DeviceClosed`], listeners end, every QP goes to Error (its WRs
+    /// flushed), the engine thread exits (the pcap file, if any, is flushed). Same as
+    /// dropping the device. Verbs objects outlive it: CQs can still be polled, MRs
+    /// read and written, QPs queried and destroyed; other calls fail with
+    /// [`VerbsError::DeviceGone`].
     pub fn close(self) {}
+
+    // ---- verbs ------------------------------------------------------------------
+
+    /// The device's limits (`ibv_query_device(3)`).
+    pub fn query_device(&self) -> DeviceAttr {
+        DeviceAttr::SOFT
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd(3)`).
+    ///
+    /// Errors: [`VerbsError::DeviceGone`] once the device ended;
+    /// [`VerbsError::OutOfResources`] when PD handles are exhausted.
+    pub fn alloc_pd(&self) -> Result<Pd, VerbsError> {
+        self.handle.alive()?;
+        let id = self.handle.mrs.alloc_pd()?;
+        Ok(Pd::new(PdInner::new(id, Arc::clone(&self.handle))))
+    }
+
+    /// Creates a completion queue holding up to `capacity` completions
+    /// (`ibv_create_cq(3)` `cqe`).
+    ///
+    /// Errors: [`VerbsError::InvalidArgument`] `"cqe"` for 0 or above
+    /// [`crate::cq::MAX_CQE`]; [`VerbsError::DeviceGone`].
+    pub fn create_cq(&self, capacity: usize) -> Result<Cq, VerbsError> {
+        self.handle.alive()?;
+        let cq = crate::cq::Cq::new(self.handle.next_cq(), capacity)?;
+        Ok(Cq::new(CqInner::new(cq, Arc::clone(&self.handle))))
+    }
+
+    /// Creates an RC queue pair in Reset in `pd`, completing on `attr.send_cq` and
+    /// `attr.recv_cq` (`ibv_create_qp(3)`). Bind it to a connection with
+    /// [`Device::connect_qp`] or [`ConnectRequest::accept_qp`] (which move it through
+    /// Init, RTR and RTS), or drive its states with [`Qp::modify_qp`].
+    ///
+    /// Errors: [`VerbsError::InvalidArgument`] naming a `cap` field out of
+    /// [`DeviceAttr`]'s range (`max_send_wr` must be at least 1);
+    /// [`VerbsError::InvalidHandle`] (PD deallocated, CQ destroyed);
+    /// [`VerbsError::NotPermitted`] (PD or CQ of another device);
+    /// [`VerbsError::DeviceGone`].
+    pub fn create_qp(&self, pd: &Pd, attr: QpInitAttr<'_>) -> Result<Qp, VerbsError> {
+        Qp::create(&self.handle, pd, attr)
+    }
+
+    /// The next verbs asynchronous event of the device (`ibv_get_async_event(3)`):
+    /// QP errors ([`AsyncEvent::QpFatal`], [`AsyncEvent::QpAccessErr`],
+    /// [`AsyncEvent::QpReqErr`]), [`AsyncEvent::SqDrained`], CQ overruns
+    /// ([`AsyncEvent::CqErr`]), and [`AsyncEvent::DeviceFatal`] when the link is
+    /// gone. Waits up to `timeout`; `None` on timeout or once the device ended and
+    /// every event was taken.
+    pub fn next_async_event(&self, timeout: Duration) -> Option<AsyncEvent> {
+        self.handle.shared.async_events.pop(timeout).ok()
+    }
+
+    /// Connects to `address:port` with `params` (private data, IRD/ORD, optional MPA
+    /// settings) and binds `qp` to the connection (iWARP hands the QP to the CM at
+    /// connect time; `rdma_connect(3)`). The QP must be in Reset or Init and not
+    /// bound; it moves to Init now (post receives before or after), and to RTR and RTS
+    /// when MPA negotiation succeeds, with ORD and IRD as negotiated (RFC 6581 §3). It
+    /// moves to Error, flushing every WR, when the connection fails or closes.
+    ///
+    /// Errors: as [`Device::connect`]; [`DeviceError::Verbs`] with
+    /// [`VerbsError::InvalidQpState`], [`VerbsError::InUse`] (already bound),
+    /// [`VerbsError::NotPermitted`] (a QP of another device).
+    pub fn connect_qp(
+        &self,
+        address: Ipv4Addr,
+        port: u16,
+        params: MpaParams,
+        qp: &Qp,
+    ) -> Result<QpConnection, DeviceError> {
+        qp.check_device(&self.handle)?;
+        let (_, end) = stream::pair(self.stream, self.handle.waker.clone());
+        let e = end.clone();
+        let qpn = qp.qp_num();
+        let id = self.handle.call_dev(|reply| Command::ConnectQp {
+            remote: SocketAddrV4::new(address, port),
+            params,
+            end: e,
+            qpn,
+            reply,
+        })?;
+        Ok(QpConnection {
+            conn: Connection::new(id, end, self.handle.clone()),
+            qp_num: qpn,
+        })
+    }
 }
 
 impl Drop for Device {
@@ -645,6 +871,43 @@ impl ConnectRequest {
         })?;
         self.decided = true;
         Ok(Connection::new(conn, self.end.clone(), self.handle.clone()))
+    }
+
+    /// Accepts with `private_data` (bytes), `ird` and `ord` (14 bits) and binds `qp`
+    /// to the connection (`rdma_accept(3)`; iWARP hands the QP to the CM at accept):
+    /// the MPA Reply is sent, and the QP moves to RTS at once with the negotiated ORD
+    /// and IRD (its first FPDU still waits for the initiator's, RFC 5044 7.1.2). The
+    /// QP must be in Reset or Init and not bound; it moves to Error, flushing every
+    /// WR, when the connection fails or closes.
+    ///
+    /// Errors: as [`ConnectRequest::accept`]; [`DeviceError::Verbs`] with
+    /// [`VerbsError::InvalidQpState`], [`VerbsError::InUse`],
+    /// [`VerbsError::NotPermitted`] (a QP of another device). On error the request
+    /// stays undecided and is rejected when dropped.
+    pub fn accept_qp(
+        mut self,
+        qp: &Qp,
+        private_data: &[u8],
+        ird: u16,
+        ord: u16,
+    ) -> Result<QpConnection, DeviceError> {
+        qp.check_device(&self.handle)?;
+        let conn = self.info.conn;
+        let pd = private_data.to_vec();
+        let qpn = qp.qp_num();
+        self.handle.call_dev(|reply| Command::AcceptQp {
+            conn,
+            private_data: pd,
+            ird,
+            ord,
+            qpn,
+            reply,
+        })?;
+        self.decided = true;
+        Ok(QpConnection {
+            conn: Connection::new(conn, self.end.clone(), self.handle.clone()),
+            qp_num: qpn,
+        })
     }
 
     /// Rejects with `private_data` (bytes): a reject Reply (R set, RFC 5044 7.1.1) is
@@ -817,5 +1080,76 @@ impl Drop for Connection {
                 reply: None,
             });
         }
+    }
+}
+
+/// A connection bound to a QP ([`Device::connect_qp`], [`ConnectRequest::accept_qp`]):
+/// the QP's RDMAP traffic runs on it, so unlike [`Connection`] it moves no ULPDUs of
+/// its own; it carries the connection's events ([`ConnEvent::Established`],
+/// [`ConnEvent::Disconnected`], [`ConnEvent::Closed`], [`ConnEvent::Failed`]) and closes
+/// it. Dropping it closes the connection gracefully if it is still open (the QP then
+/// goes to Error).
+#[derive(Debug)]
+pub struct QpConnection {
+    conn: Connection,
+    qp_num: u32,
+}
+
+impl QpConnection {
+    /// The connection's id on its device.
+    pub fn id(&self) -> ConnId {
+        self.conn.id()
+    }
+
+    /// The number of the QP bound to it.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Waits up to `timeout` until the connection is established (the QP is then in
+    /// RTS) and returns its parameters. Events are not consumed.
+    ///
+    /// Errors: as [`Connection::wait_established`].
+    pub fn wait_established(&self, timeout: Duration) -> Result<Established, ConnectError> {
+        self.conn.wait_established(timeout)
+    }
+
+    /// The next event, waiting up to `timeout`; `None` if none came.
+    pub fn next_event(&self, timeout: Duration) -> Option<ConnEvent> {
+        self.conn.next_event(timeout)
+    }
+
+    /// The parameters, once established.
+    pub fn established(&self) -> Option<Established> {
+        self.conn.established()
+    }
+
+    /// The agreed MPA settings (with the negotiated IRD and ORD), once established.
+    pub fn agreed(&self) -> Option<Agreed> {
+        self.conn.agreed()
+    }
+
+    /// MULPDU in bytes, once established.
+    pub fn mulpdu(&self) -> Option<usize> {
+        self.conn.mulpdu()
+    }
+
+    /// The outcome once ended: `Some(None)` closed, `Some(Some(e))` failed.
+    pub fn ended(&self) -> Option<Option<ConnError>> {
+        self.conn.ended()
+    }
+
+    /// Waits up to `timeout` for the connection to end.
+    pub fn wait_ended(&self, timeout: Duration) -> Option<Option<ConnError>> {
+        self.conn.wait_ended(timeout)
+    }
+
+    /// Closes the connection (`rdma_disconnect(3)`). Graceful: what the QP is
+    /// sending goes out, then FIN; abortive: RST now. Either way the QP goes to Error
+    /// and its outstanding WRs are flushed once the connection has ended.
+    ///
+    /// Errors: as [`Connection::close`].
+    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
+        self.conn.close(mode)
     }
 }

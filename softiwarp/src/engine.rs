@@ -5,12 +5,16 @@
 //!
 //! - a **command queue** (`std::sync::mpsc`, unbounded, so a sender never blocks) for
 //!   listen, connect, accept, reject, close and shutdown, each with a one-shot reply
-//!   channel where a result is expected;
+//!   channel where a result is expected, and for the verbs work of the QPs: create,
+//!   modify, destroy, bind to a connection;
+//! - each QP's **work queues** (posted WRs, already validated on the caller's thread)
+//!   and the device's **doorbell** list of QPs with new WRs: the engine takes a QP's
+//!   WRs at every doorbell pass and before every ULPDU it receives for the QP;
 //! - the **stream queues** of each connection ([`crate::stream`]), shared under a mutex,
 //!   for ULPDUs in both directions;
 //! - one **wake-up eventfd** (`eventfd(2)` through nix, non-blocking): anyone who queues a
-//!   command, queues a ULPDU into an empty send queue, or frees receive room the engine
-//!   waits for writes 1 to it.
+//!   command, rings a doorbell, queues a ULPDU into an empty send queue, or frees receive
+//!   room the engine waits for writes 1 to it.
 //!
 //! The loop: reset the eventfd (before looking at any queue, so a later wake-up is never
 //! lost), run every queued command, [`Stack::poll`] with the time since the device
@@ -31,6 +35,15 @@
 //! and the engine never waits for a user: every lock it takes is held only by short
 //! critical sections that never block.
 //!
+//! QPs: the engine keeps every QP's protocol state (`qp_ulp::QpCore`) in its
+//! table; a QP bound to a connection is also that connection's upper layer inside the
+//! stack, so the stack's poll drives its transmit and receive paths. Verbs asynchronous
+//! events go to the device's queue. When the engine stops (shutdown or link gone) every
+//! QP goes to Error (its WRs flushed): first a gate closes so that no further QP work
+//! is accepted (posters hold it while they queue), then every QP's work queues are
+//! taken one last time (those WRs complete flushed), so no WR a post call accepted is
+//! lost; modify calls still queued are answered `DeviceGone`.
+//!
 //! Link failure: `LinkEvent::Down` / `Up` become [`DeviceEvent::LinkDown`] /
 //! [`DeviceEvent::LinkUp`] (connections stay; TCP retransmits and its user timeout
 //! decides). `LinkEvent::Gone` fails every connection with
@@ -42,8 +55,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant as StdInstant};
 
 use mpa::negotiate::LocalSettings;
@@ -51,7 +65,11 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
 use smoltcp::time::Instant;
 
+use verbs::{check_transition, AsyncEvent, ObjectKind, QpAttr, QpState, VerbsError};
+
+use crate::device::DeviceError;
 use crate::link::{DownReason, GoneReason, Link, LinkEvent};
+use crate::qp_ulp::{self, CoreRef, QpUlp};
 use crate::stack::{
     CloseMode, ConnEvent, ConnId, ConnectRequestInfo, ListenerId, MpaParams, Stack, StackError,
     StackEvent,
@@ -204,6 +222,35 @@ pub(crate) enum Command {
         reply: Option<Sender<Result<(), StackError>>>,
     },
     Shutdown,
+    /// A new QP (in Reset) joins the engine's table.
+    CreateQp {
+        core: CoreRef,
+    },
+    ModifyQp {
+        qpn: u32,
+        attr: QpAttr,
+        reply: Sender<Result<(), VerbsError>>,
+    },
+    /// To Error (flush), close the connection, leave the table.
+    DestroyQp {
+        qpn: u32,
+        reply: Option<Sender<()>>,
+    },
+    ConnectQp {
+        remote: SocketAddrV4,
+        params: MpaParams,
+        end: StreamEnd,
+        qpn: u32,
+        reply: Sender<Result<ConnId, DeviceError>>,
+    },
+    AcceptQp {
+        conn: ConnId,
+        private_data: Vec<u8>,
+        ird: u16,
+        ord: u16,
+        qpn: u32,
+        reply: Sender<Result<(), DeviceError>>,
+    },
 }
 
 /// What the engine shares with the device handle.
@@ -211,6 +258,15 @@ pub(crate) enum Command {
 pub(crate) struct Shared {
     pub(crate) events: EventQueue<DeviceEvent>,
     pub(crate) ended: Mutex<Option<DeviceEnd>>,
+    /// Verbs asynchronous events (`ibv_get_async_event(3)`).
+    pub(crate) async_events: Arc<EventQueue<AsyncEvent>>,
+    /// True once the engine took its last command: QP work is refused from then on
+    /// (posters hold it for reading while they enqueue, so nothing enqueued is lost).
+    pub(crate) gate: RwLock<bool>,
+    /// A QP asks the engine to poll the stack again at once.
+    pub(crate) kick: Arc<AtomicBool>,
+    /// QPs with newly posted WRs (rung by the post calls).
+    pub(crate) doorbell: Mutex<Vec<u32>>,
 }
 
 impl Shared {
@@ -218,6 +274,10 @@ impl Shared {
         Shared {
             events: EventQueue::new(),
             ended: Mutex::new(None),
+            async_events: Arc::new(EventQueue::new()),
+            gate: RwLock::new(false),
+            kick: Arc::new(AtomicBool::new(false)),
+            doorbell: Mutex::new(Vec::new()),
         }
     }
 
@@ -246,6 +306,8 @@ pub(crate) struct Engine<L: Link> {
     pub(crate) name: String,
     conns: HashMap<ConnId, StreamEnd>,
     listeners: HashMap<ListenerId, Arc<EventQueue<PendingRequest>>>,
+    /// Every QP of the device, by QP number.
+    qps: HashMap<u32, CoreRef>,
 }
 
 /// Microseconds since `start`, as a smoltcp instant.
@@ -273,6 +335,7 @@ impl<L: Link> Engine<L> {
             name,
             conns: HashMap::new(),
             listeners: HashMap::new(),
+            qps: HashMap::new(),
         }
     }
 
@@ -304,9 +367,11 @@ impl<L: Link> Engine<L> {
                     Err(TryRecvError::Empty) => break,
                 }
             }
+            active |= self.doorbells();
             let now = elapsed(self.start);
             let deadline = self.stack.poll(now);
             active |= self.stack.progressed();
+            active |= self.shared.kick.swap(false, Ordering::AcqRel);
             self.route();
             if let Some(reason) = self.stack.gone() {
                 self.gone(reason);
@@ -422,6 +487,278 @@ impl<L: Link> Engine<L> {
                 }
             }
             Command::Shutdown => {}
+            Command::CreateQp { core } => {
+                let qpn = qp_ulp::lock(&core).qp.qp_num();
+                self.qps.insert(qpn, core);
+            }
+            Command::ModifyQp { qpn, attr, reply } => {
+                let _ = reply.send(self.modify_qp(qpn, &attr));
+            }
+            Command::DestroyQp { qpn, reply } => {
+                self.destroy_qp(qpn);
+                if let Some(reply) = reply {
+                    let _ = reply.send(());
+                }
+            }
+            Command::ConnectQp {
+                remote,
+                params,
+                end,
+                qpn,
+                reply,
+            } => {
+                let _ = reply.send(self.connect_qp(remote, params, end, qpn, now));
+            }
+            Command::AcceptQp {
+                conn,
+                private_data,
+                ird,
+                ord,
+                qpn,
+                reply,
+            } => {
+                let _ = reply.send(self.accept_qp(conn, &private_data, ird, ord, qpn));
+            }
+        }
+    }
+
+    // ---- QP work ----------------------------------------------------------------
+
+    /// Takes the WRs posted on the QPs whose doorbell rang.
+    fn doorbells(&mut self) -> bool {
+        let rung = std::mem::take(
+            &mut *self
+                .shared
+                .doorbell
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for qpn in &rung {
+            if let Some(core) = self.qps.get(qpn) {
+                let mut c = qp_ulp::lock(core);
+                c.take_posted();
+                c.after();
+            }
+        }
+        !rung.is_empty()
+    }
+
+    /// `ibv_modify_qp(3)`: every check first, then the changes (access, ORD/IRD,
+    /// state). Entering Error or Reset while connected closes the connection
+    /// (abortive: the QP has nothing more to say on it).
+    fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), VerbsError> {
+        let core = self
+            .qps
+            .get(&qpn)
+            .cloned()
+            .ok_or(VerbsError::InvalidHandle {
+                object: ObjectKind::Qp,
+                handle: qpn,
+            })?;
+        let close = {
+            let mut c = qp_ulp::lock(&core);
+            let span = c.span.clone();
+            let _e = span.enter();
+            // WRs posted before this call are the QP's before it changes.
+            c.take_posted_now();
+            let state = c.qp.state();
+            if attr.cur_qp_state.is_some_and(|cur| cur != state) {
+                return Err(VerbsError::InvalidArgument {
+                    what: "cur_qp_state",
+                });
+            }
+            if attr.cap.is_some() {
+                return Err(VerbsError::Unsupported {
+                    what: "resizing a QP",
+                });
+            }
+            if let Some(to) = attr.qp_state {
+                check_transition(state, to)?;
+            }
+            let ord_ird = attr.max_rd_atomic.is_some() || attr.max_dest_rd_atomic.is_some();
+            if ord_ird && !matches!(state, QpState::Reset | QpState::Init) {
+                return Err(VerbsError::InvalidQpState {
+                    op: "modify_qp (ORD/IRD)",
+                    state,
+                });
+            }
+            if let Some(access) = attr.qp_access_flags {
+                c.qp.set_access(access);
+            }
+            if ord_ird {
+                let init = *c.qp.init();
+                let ord = attr.max_rd_atomic.map_or(init.ord, u32::from);
+                let ird = attr.max_dest_rd_atomic.map_or(init.ird, u32::from);
+                c.qp.set_ord_ird(ord, ird)?;
+            }
+            if let Some(to) = attr.qp_state {
+                c.qp.modify_state(to)?;
+                tracing::debug!(from = %state, %to, "modify_qp");
+            }
+            let close = if matches!(c.qp.state(), QpState::Error | QpState::Reset) {
+                c.unbind()
+            } else {
+                None
+            };
+            c.after();
+            close
+        };
+        if let Some(conn) = close {
+            let _ = self.stack.close(conn, CloseMode::Abortive);
+        }
+        Ok(())
+    }
+
+    fn destroy_qp(&mut self, qpn: u32) {
+        let Some(core) = self.qps.remove(&qpn) else {
+            return;
+        };
+        let close = {
+            let mut c = qp_ulp::lock(&core);
+            let span = c.span.clone();
+            let _e = span.enter();
+            tracing::debug!("destroy_qp");
+            c.take_posted_now();
+            c.enter_error();
+            let close = c.unbind();
+            c.after();
+            close
+        };
+        if let Some(conn) = close {
+            let _ = self.stack.close(conn, CloseMode::Abortive);
+        }
+    }
+
+    /// Checks that QP `qpn` may be bound to a new connection (in Reset or Init, not
+    /// bound), moves it to Init and returns it with the new binding's generation.
+    fn bindable(&mut self, qpn: u32) -> Result<(CoreRef, u64), DeviceError> {
+        let core =
+            self.qps
+                .get(&qpn)
+                .cloned()
+                .ok_or(DeviceError::Verbs(VerbsError::InvalidHandle {
+                    object: ObjectKind::Qp,
+                    handle: qpn,
+                }))?;
+        let generation = {
+            let mut c = qp_ulp::lock(&core);
+            c.take_posted_now();
+            if c.conn.is_some() {
+                return Err(DeviceError::Verbs(VerbsError::InUse {
+                    object: ObjectKind::Qp,
+                }));
+            }
+            match c.qp.state() {
+                QpState::Reset => c.qp.modify_state(QpState::Init)?,
+                QpState::Init => {}
+                state => {
+                    return Err(DeviceError::Verbs(VerbsError::InvalidQpState {
+                        op: "connect/accept",
+                        state,
+                    }))
+                }
+            }
+            c.generation += 1;
+            c.after();
+            c.generation
+        };
+        Ok((core, generation))
+    }
+
+    fn connect_qp(
+        &mut self,
+        remote: SocketAddrV4,
+        params: MpaParams,
+        end: StreamEnd,
+        qpn: u32,
+        now: Instant,
+    ) -> Result<ConnId, DeviceError> {
+        let (core, generation) = self.bindable(qpn)?;
+        let ulp = QpUlp::new(Arc::clone(&core), generation);
+        let id = self.stack.connect(remote, params, Box::new(ulp), now)?;
+        {
+            let mut c = qp_ulp::lock(&core);
+            c.conn = Some(id);
+            c.after();
+        }
+        self.conns.insert(id, end);
+        Ok(id)
+    }
+
+    fn accept_qp(
+        &mut self,
+        conn: ConnId,
+        private_data: &[u8],
+        ird: u16,
+        ord: u16,
+        qpn: u32,
+    ) -> Result<(), DeviceError> {
+        if !self.conns.contains_key(&conn) {
+            return Err(StackError::NoSuchConnection(conn).into());
+        }
+        let (core, generation) = self.bindable(qpn)?;
+        // Bound before the accept: the stack reports Established (or a failure)
+        // from inside it.
+        qp_ulp::lock(&core).conn = Some(conn);
+        let ulp = QpUlp::new(Arc::clone(&core), generation);
+        match self
+            .stack
+            .accept(conn, private_data, ird, ord, Box::new(ulp))
+        {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let mut c = qp_ulp::lock(&core);
+                if c.generation == generation {
+                    c.unbind();
+                    c.after();
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The engine stops: every QP goes to Error (flushing), then the gate closes and
+    /// the commands still queued are run (posts complete flushed; modify calls fail
+    /// with `DeviceGone`), so no WR accepted by a post call is lost.
+    fn end_qps(&mut self) {
+        // Close the gate first: after it no WR can be posted, so taking the queues
+        // once more gets every WR a post call accepted.
+        *self
+            .shared
+            .gate
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = true;
+        for core in self.qps.values() {
+            let mut c = qp_ulp::lock(core);
+            c.unbind();
+            c.take_posted_now();
+            c.enter_error();
+            c.after();
+        }
+        while let Ok(cmd) = self.cmds.try_recv() {
+            match cmd {
+                Command::CreateQp { core } => {
+                    let qpn = {
+                        let mut c = qp_ulp::lock(&core);
+                        c.take_posted_now();
+                        c.enter_error();
+                        c.after();
+                        c.qp.qp_num()
+                    };
+                    self.qps.insert(qpn, core);
+                }
+                Command::ModifyQp { reply, .. } => {
+                    let _ = reply.send(Err(VerbsError::DeviceGone));
+                }
+                Command::DestroyQp { qpn, reply } => {
+                    self.qps.remove(&qpn);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(());
+                    }
+                }
+                // Every other reply channel is dropped: the caller sees the end.
+                _ => {}
+            }
         }
     }
 
@@ -459,13 +796,16 @@ impl<L: Link> Engine<L> {
 
     fn end_everything(&mut self, end: DeviceEnd) {
         self.shared.set_ended(end);
+        self.end_qps();
         for (_, q) in self.listeners.drain() {
             q.end(end);
         }
         self.conns.clear();
         if let DeviceEnd::Gone(reason) = end {
+            self.shared.async_events.push(AsyncEvent::DeviceFatal);
             self.shared.events.push(DeviceEvent::DeviceGone(reason));
         }
+        self.shared.async_events.end(end);
         self.shared.events.end(end);
     }
 

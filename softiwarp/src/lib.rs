@@ -1,21 +1,74 @@
 //! The soft iWARP device: PD/MR/CQ/QP objects, the STag table, the per-QP protocol
 //! engine, the smoltcp transport over a TAP or in-memory link, and the engine thread.
 //!
-//! What is here so far (step 2): the link layer and the transport with its engine thread.
+//! Applications use the verbs objects of [`verbs_api`] (re-exported here: [`Pd`],
+//! [`Mr`], [`Cq`], [`Qp`]) made from a [`device::Device`], and bind a QP to an iWARP
+//! connection with [`device::Device::connect_qp`] or
+//! [`device::ConnectRequest::accept_qp`]:
+//!
+//! ```
+//! use std::net::Ipv4Addr;
+//! use std::time::Duration;
+//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::link::{MemoryConfig, MemoryLink};
+//! use softiwarp::stack::MpaParams;
+//! use softiwarp::QpInitAttr;
+//! use verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendWr, WcStatus};
+//!
+//! let (l1, l2) = MemoryLink::pair(MemoryConfig::default())?;
+//! let server = Device::open(DeviceConfig::new("srv", LinkConfig::memory(l2), Ipv4Addr::new(10, 8, 0, 2), 24))?;
+//! let client = Device::open(DeviceConfig::new("cli", LinkConfig::memory(l1), Ipv4Addr::new(10, 8, 0, 1), 24))?;
+//! let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+//! // Verbs objects on each device.
+//! let (spd, scq) = (server.alloc_pd()?, server.create_cq(16)?);
+//! let sqp = server.create_qp(&spd, QpInitAttr { send_cq: &scq, recv_cq: &scq, cap, sq_sig_all: false })?;
+//! let (cpd, ccq) = (client.alloc_pd()?, client.create_cq(16)?);
+//! let cqp = client.create_qp(&cpd, QpInitAttr { send_cq: &ccq, recv_cq: &ccq, cap, sq_sig_all: false })?;
+//! // The server exposes a buffer; the client writes into it with RDMA.
+//! let target = spd.reg_mr(4096, 0x10000, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let source = cpd.reg_mr(4096, 0x20000, AccessFlags::LOCAL_WRITE)?;
+//! source.write(0, b"hello, iWARP")?;
+//! // Connect: the QPs are handed to the connection and reach RTS when MPA is done.
+//! let listener = server.listen(4791, 4)?;
+//! let conn = client.connect_qp(Ipv4Addr::new(10, 8, 0, 2), 4791, MpaParams::default(), &cqp)?;
+//! let served = listener.next_request(Duration::from_secs(5))?.accept_qp(&sqp, b"", 1, 1)?;
+//! conn.wait_established(Duration::from_secs(5))?;
+//! cqp.post_send(SendWr::rdma_write(1, vec![source.sge(0, 12)], target.iova(), target.rkey())
+//!     .with_flags(SendFlags::SIGNALED))?;
+//! let wc = ccq.poll_wait(1, Duration::from_secs(5))?[0];
+//! assert_eq!(wc.status, WcStatus::Success);
+//! // A Send behind the Write tells the server the data is there (RDMAP ordering).
+//! sqp.post_recv(RecvWr::new(7, vec![]))?;
+//! cqp.post_send(SendWr::send(2, vec![]))?;
+//! assert_eq!(scq.poll_wait(1, Duration::from_secs(5))?[0].wr_id, 7);
+//! let mut got = [0u8; 12];
+//! target.read(0, &mut got)?;
+//! assert_eq!(&got, b"hello, iWARP");
+//! # drop(served);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The modules, bottom up:
 //!
 //! - [`link`]: whole Ethernet frames over a TAP ([`link::TapLink`]) or an in-process pair
 //!   ([`link::MemoryLink`]), with stackable middlewares ([`link::Pcap`],
 //!   [`link::Faults`]) and link failure as events ([`link::LinkEvent`]).
 //! - [`phy`]: the smoltcp `Device` over any link, the `Interface` and TCP socket builders.
 //! - [`netns`]: network namespaces and the two-TAP topology for root-only tests.
+//! - [`mpa_conn`]: the sans-IO MPA endpoint of one connection (RFC 5044, RFC 6581).
 //! - [`stack`]: the sans-IO transport core (smoltcp interface, TCP sockets, an
 //!   [`mpa_conn::MpaConn`] and an upper layer per connection, listeners with a backlog).
 //! - [`stream`]: the stream upper (bounded ULPDU queues between a connection and its user).
-//! - [`engine`]: the engine thread that owns a device's stack and link.
-//! - [`device`]: the public device API (open, listen, connect, accept/reject, ULPDUs, close).
+//! - [`mr`], [`cq`], [`qp`]: the STag table and MRs, completion queues, and the sans-IO
+//!   per-QP RDMAP/DDP engine.
+//! - [`qp_ulp`]: the QP engine as a connection's upper layer (placement in place from
+//!   the TCP receive buffer, header + MR slice framed with the CRC in one pass).
+//! - [`engine`]: the engine thread that owns a device's stack, link and QPs.
+//! - [`device`]: the public device API (open, listen, connect, accept/reject, ULPDUs, close;
+//!   binding QPs to connections).
+//! - [`verbs_api`]: the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]).
 //!
-//! The per-QP engine plugs into [`stack`] as a [`stack::Ulp`] next; see
-//! `docs/ARCHITECTURE.md`.
+//! See `docs/ARCHITECTURE.md` for the threads and the rules of design.md §5.
 
 /// The smoltcp version this crate is built with (its `phy`, `iface` and `socket` types
 /// appear in [`phy`]'s API).
@@ -30,5 +83,9 @@ pub mod mr;
 pub mod netns;
 pub mod phy;
 pub mod qp;
+pub mod qp_ulp;
 pub mod stack;
 pub mod stream;
+pub mod verbs_api;
+
+pub use verbs_api::{Cq, DeviceAttr, Mr, Pd, Qp, QpAttributes, QpInitAttr};

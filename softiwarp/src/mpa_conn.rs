@@ -469,29 +469,59 @@ pub enum ConfigError {
     Wire(WireError),
 }
 
+/// The receiver of [`MpaConn::handle_rx_in_place`]: offered each ULPDU in place,
+/// returns whether it consumed it.
+pub type InPlace<'a> = dyn FnMut(&[u8]) -> bool + 'a;
+
 /// Octets waiting to be written into the TCP send buffer, in order.
 #[derive(Debug, Default)]
 struct TxQueue {
+    /// Bytes `head..end` are pending; `end..` is spare room kept initialised, so
+    /// framing into it needs no zero-fill.
     buf: Vec<u8>,
     head: usize,
+    end: usize,
 }
 
 impl TxQueue {
     fn pending(&self) -> &[u8] {
-        self.buf.get(self.head..).unwrap_or(&[])
+        self.buf.get(self.head..self.end).unwrap_or(&[])
     }
 
     fn len(&self) -> usize {
-        self.buf.len() - self.head
+        self.end - self.head
+    }
+
+    /// Appends `bytes` (MPA frames).
+    fn extend(&mut self, bytes: &[u8]) {
+        self.buf.truncate(self.end);
+        self.buf.extend_from_slice(bytes);
+        self.end = self.buf.len();
+    }
+
+    /// Frames one FPDU at the end of the queue, straight into the buffer.
+    fn frame(&mut self, framer: &mut Framer, parts: &[&[u8]]) -> Result<usize, FrameError> {
+        let ulpdu_len: usize = parts.iter().map(|p| p.len()).sum();
+        let need = self.end + framer.next_fpdu_len(ulpdu_len);
+        if self.buf.len() < need {
+            // Zero-filled once; later FPDUs reuse the room.
+            self.buf
+                .resize(need.max(self.buf.len() * 2).max(64 * 1024), 0);
+        }
+        let room = self.buf.get_mut(self.end..).unwrap_or(&mut []);
+        let n = framer.write_parts(parts, room)?;
+        self.end += n;
+        Ok(n)
     }
 
     fn consume(&mut self, n: usize) {
         self.head += n;
-        if self.head >= self.buf.len() {
-            self.buf.clear();
+        if self.head >= self.end {
             self.head = 0;
-        } else if self.head >= 64 * 1024 && self.head * 2 >= self.buf.len() {
-            self.buf.drain(..self.head);
+            self.end = 0;
+        } else if self.head >= 64 * 1024 && self.head * 2 >= self.end {
+            self.buf.copy_within(self.head..self.end, 0);
+            self.end -= self.head;
             self.head = 0;
         }
     }
@@ -541,7 +571,7 @@ impl MpaConn {
         let request = negotiate::request(&cfg.settings).map_err(ConfigError::Settings)?;
         let bytes = request.to_bytes().map_err(ConfigError::Wire)?;
         let mut conn = MpaConn::new(Role::Initiator, cfg, now);
-        conn.tx.buf = bytes;
+        conn.tx.extend(&bytes);
         tracing::debug!(role = ?conn.role, "MPA Request queued");
         Ok(conn)
     }
@@ -694,14 +724,36 @@ impl MpaConn {
     /// In [`State::Closing`] after a reject, octets are taken and dropped.
     /// Results come as events.
     pub fn handle_rx(&mut self, data: &[u8], now: u64) -> usize {
+        self.rx(data, now, None)
+    }
+
+    /// As [`MpaConn::handle_rx`], but a received ULPDU is first offered in place to
+    /// `deliver` (a slice of `data`, or of the deframer's buffer when the FPDU
+    /// spans chunks or carries Markers): no copy, no allocation. `deliver` returns
+    /// true if it consumed the ULPDU; false makes it an [`MpaEvent::Ulpdu`] as
+    /// with `handle_rx`. A ULPDU is offered only when no event is queued ahead of
+    /// it (so the order of events and ULPDUs is kept) and MPA has nothing to do
+    /// with it (not the responder's first FPDU, nor a Read Response while
+    /// [`MpaConn::read_rtr_outstanding`]). Once `deliver` declines one, the
+    /// ULPDUs behind it in the same call become events too.
+    pub fn handle_rx_in_place(
+        &mut self,
+        data: &[u8],
+        now: u64,
+        deliver: &mut InPlace<'_>,
+    ) -> usize {
+        self.rx(data, now, Some(deliver))
+    }
+
+    fn rx(&mut self, data: &[u8], now: u64, deliver: Option<&mut InPlace<'_>>) -> usize {
         self.check_deadline(now);
         match self.state {
             State::AwaitingRequest | State::AwaitingReply => self.rx_startup(data),
             State::AwaitingDecision | State::Closed | State::Failed => 0,
-            State::AwaitingFirstFpdu | State::FullOperation => self.rx_fpdus(data),
+            State::AwaitingFirstFpdu | State::FullOperation => self.rx_fpdus(data, deliver),
             State::Closing => {
                 if self.deframer.is_some() {
-                    self.rx_fpdus(data)
+                    self.rx_fpdus(data, deliver)
                 } else {
                     data.len()
                 }
@@ -774,7 +826,7 @@ impl MpaConn {
         match negotiate::respond(&settings, request).map_err(CallError::Settings)? {
             Response::Accept { agreed, reply } => {
                 let bytes = reply.to_bytes().map_err(CallError::Wire)?;
-                self.tx.buf.extend_from_slice(&bytes);
+                self.tx.extend(&bytes);
                 self.start_full_operation(agreed.clone());
                 self.set_state(State::AwaitingFirstFpdu);
                 self.events.push_back(MpaEvent::Established { agreed });
@@ -782,7 +834,7 @@ impl MpaConn {
             }
             Response::Reject { reason, reply } => {
                 let bytes = reply.to_bytes().map_err(CallError::Wire)?;
-                self.tx.buf.extend_from_slice(&bytes);
+                self.tx.extend(&bytes);
                 self.fail_with(MpaError::Negotiation(reason), LlpClose::Graceful);
                 Ok(())
             }
@@ -805,7 +857,7 @@ impl MpaConn {
         let reply = negotiate::reject_reply(&self.cfg.settings, request, private_data)
             .map_err(CallError::Settings)?;
         let bytes = reply.to_bytes().map_err(CallError::Wire)?;
-        self.tx.buf.extend_from_slice(&bytes);
+        self.tx.extend(&bytes);
         self.llp_close = Some(LlpClose::Graceful);
         self.set_state(State::Closing);
         Ok(())
@@ -1001,7 +1053,7 @@ impl MpaConn {
             // Unreachable: callers check that the framing is known.
             return Err(FrameError::UlpduLength { len: 0 });
         };
-        let len = framer.append_parts(parts, &mut self.tx.buf)?;
+        let len = self.tx.frame(framer, parts)?;
         tracing::trace!(role = ?self.role, fpdu_len = len, "FPDU queued");
         Ok(())
     }
@@ -1027,7 +1079,7 @@ impl MpaConn {
                     Role::Initiator => {
                         self.on_reply(frame);
                         match self.state {
-                            State::FullOperation => used + self.rx_fpdus(rest),
+                            State::FullOperation => used + self.rx_fpdus(rest, None),
                             State::Closing => data.len(),
                             _ => used,
                         }
@@ -1054,7 +1106,7 @@ impl MpaConn {
                 // The reject Reply must reach the initiator: FIN, not RST.
                 let close = match reply.to_bytes() {
                     Ok(bytes) => {
-                        self.tx.buf.extend_from_slice(&bytes);
+                        self.tx.extend(&bytes);
                         LlpClose::Graceful
                     }
                     Err(_) => LlpClose::Abort,
@@ -1108,9 +1160,16 @@ impl MpaConn {
     }
 
     /// Full operation: deframes FPDUs until the data ends or an error.
-    fn rx_fpdus(&mut self, data: &[u8]) -> usize {
+    fn rx_fpdus(&mut self, data: &[u8], mut deliver: Option<&mut InPlace<'_>>) -> usize {
         let mut off = 0;
         while off < data.len() {
+            // In place only when nothing is queued ahead and on_ulpdu would just
+            // queue the ULPDU (see handle_rx_in_place).
+            let in_place = deliver.is_some()
+                && self.events.is_empty()
+                && !self.read_rtr_outstanding
+                && (self.role == Role::Initiator || self.first_fpdu_seen)
+                && matches!(self.state, State::FullOperation | State::Closing);
             let Some(deframer) = self.deframer.as_mut() else {
                 break;
             };
@@ -1124,6 +1183,14 @@ impl MpaConn {
                         wire_len = fpdu.wire_len,
                         "FPDU received"
                     );
+                    if in_place {
+                        if let Some(d) = deliver.as_mut() {
+                            if d(fpdu.ulpdu) {
+                                continue;
+                            }
+                        }
+                        deliver = None;
+                    }
                     Ok(fpdu.ulpdu.to_vec())
                 }
                 Some(Err(e)) => Err(e),

@@ -13,8 +13,8 @@
 //!
 //! Each connection is a TCP socket, an [`MpaConn`] (created once TCP is established,
 //! with the EMSS of that TCP connection) and an upper layer implementing [`Ulp`]: the
-//! consumer of received ULPDUs and the supplier of ULPDUs to send. The stream upper of
-//! [`crate::stream`] is the one used so far; the per-QP RDMAP engine plugs in here next.
+//! consumer of received ULPDUs and the supplier of ULPDUs to send: the stream upper of
+//! [`crate::stream`], or a QP's RDMAP engine ([`crate::qp_ulp`]).
 //!
 //! [`Stack::poll`] does, in order:
 //!
@@ -92,10 +92,18 @@
 //!
 //! Transmit: the upper hands the ULPDU parts (a header and a payload slice) to
 //! [`MpaConn::send_ulpdu`], which frames them with the CRC computed in the same pass (the
-//! one copy out of user memory); the framed FPDU is then copied into smoltcp's send buffer.
-//! Receive: the deframer copies each ULPDU out of smoltcp's receive buffer, CRC checked in
-//! the same pass. Framing straight into smoltcp's ring would save the second transmit copy;
-//! `MpaConn` does not offer that yet.
+//! one copy out of user memory) into its transmit queue (spare room kept initialised: no
+//! zero-fill per FPDU); the framed FPDU is then copied into smoltcp's send buffer.
+//! Framing straight into smoltcp's ring would save that second transmit copy; smoltcp's
+//! `send` closure hands out the ring's free space in up to two pieces, which the framer
+//! cannot write across yet.
+//!
+//! Receive: the deframer checks each FPDU's CRC where it lies in smoltcp's receive buffer
+//! (an FPDU split across the ring's wrap, or carrying Markers, is gathered into the
+//! deframer's buffer first) and the ULPDU is offered *in place* to
+//! [`Ulp::on_ulpdu_in_place`]: a QP places the payload straight into the MR (the one
+//! copy), with no allocation. Uppers that decline (the stream upper) get a copy as
+//! [`Ulp::on_ulpdu`].
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -131,6 +139,10 @@ pub const MAX_ROUNDS: usize = 256;
 /// Largest listen backlog, in connections (Linux caps `listen(2)` at `somaxconn`, 4096
 /// by default; each armed socket here reserves its buffers' address space).
 pub const MAX_BACKLOG: usize = 1024;
+
+/// ULPDUs a responder takes from its upper before the initiator's first FPDU arrived
+/// (MPA holds them, copied, until then; RFC 5044 7.1.2): 64.
+pub const MAX_HELD_ULPDUS: usize = 64;
 
 /// Bytes of the TCP receive stream handed to [`MpaConn::handle_rx`] at once: 64 KiB.
 /// Between chunks the stack delivers the ULPDUs and asks the upper for room again.
@@ -469,6 +481,24 @@ pub trait Ulp: Send {
     /// One received ULPDU (one DDP segment: no MPA length, pad, markers or CRC), CRC
     /// already checked.
     fn on_ulpdu(&mut self, ulpdu: Vec<u8>);
+
+    /// Zero-copy receive: a received ULPDU offered in place, in the TCP receive
+    /// buffer (or the MPA deframer's buffer when the FPDU arrived in pieces), CRC
+    /// already checked, whenever nothing is queued ahead of it. Return true if it was
+    /// consumed; false hands it over as [`Ulp::on_ulpdu`] instead (a copy). The
+    /// peer's Terminate is never offered here (see [`Ulp::on_terminate`]). Default:
+    /// false.
+    fn on_ulpdu_in_place(&mut self, ulpdu: &[u8]) -> bool {
+        let _ = ulpdu;
+        false
+    }
+
+    /// The peer's Terminate ULPDU (RFC 5040 5.3), shown before the connection fails
+    /// with [`ConnError::TerminateReceived`] (no further ULPDU follows). Default:
+    /// nothing.
+    fn on_terminate(&mut self, ulpdu: &[u8]) {
+        let _ = ulpdu;
+    }
 
     /// Called when the connection can take one more ULPDU: full operation, everything
     /// written before went out, and the socket has room for a whole FPDU. Call `emit` at
@@ -852,10 +882,15 @@ fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The cheap test of [`terminate_cause_of`]: untagged (T = 0) with DV = 01, RV = 01
+/// and opcode 7.
+fn might_be_terminate(ulpdu: &[u8]) -> bool {
+    ulpdu.len() >= 2 && ulpdu[0] & 0x83 == 0x01 && ulpdu[1] & 0xcf == 0x47
+}
+
 /// The cause of a Terminate message, if `ulpdu` is one (RDMAP opcode 7 on QN 2).
 fn terminate_cause_of(ulpdu: &[u8]) -> Option<ErrorCause> {
-    // Cheap test first: untagged (T = 0) with DV = 01, RV = 01 and opcode 7.
-    if ulpdu.len() < 2 || ulpdu[0] & 0x83 != 0x01 || ulpdu[1] & 0xcf != 0x47 {
+    if !might_be_terminate(ulpdu) {
         return None;
     }
     match Ulpdu::parse(ulpdu).ok()?.body {
@@ -1005,6 +1040,9 @@ impl Conn {
                     tracing::debug!(conn = self.id.0, %cause, "Terminate received");
                     self.rx_stopped = true;
                     self.abort_now = true;
+                    if let Some(u) = self.upper.as_mut() {
+                        u.on_terminate(&ulpdu);
+                    }
                     self.fail(cx, ConnError::TerminateReceived(cause));
                 } else if let Some(u) = self.upper.as_mut() {
                     u.on_ulpdu(ulpdu);
@@ -1068,6 +1106,14 @@ impl Conn {
             let offset = self.rx_offset;
             let hooked_upto = &mut self.hooked_upto;
             let hook = &mut self.hook;
+            // ULPDUs go to the upper in place while the connection is live; a
+            // Terminate takes the event path (the connection ends there).
+            let upper = if self.final_sent {
+                None
+            } else {
+                self.upper.as_mut()
+            };
+            let stats = &mut *cx.stats;
             let used = sock.recv(|buf| {
                 let n = buf.len().min(limit);
                 let buf = &mut buf[..n];
@@ -1079,7 +1125,16 @@ impl Conn {
                         *hooked_upto = end;
                     }
                 }
-                let used = mpa.handle_rx(buf, now_us);
+                let used = match upper {
+                    Some(u) => mpa.handle_rx_in_place(buf, now_us, &mut |ulpdu: &[u8]| {
+                        if might_be_terminate(ulpdu) || !u.on_ulpdu_in_place(ulpdu) {
+                            return false;
+                        }
+                        stats.ulpdus_rx += 1;
+                        true
+                    }),
+                    None => mpa.handle_rx(buf, now_us),
+                };
                 (used, used)
             });
             match used {
@@ -1184,7 +1239,16 @@ impl Conn {
                     }
                     return wrote;
                 }
-                if mpa_state != State::FullOperation || self.final_sent {
+                // A responder waiting for the initiator's first FPDU may still take
+                // a few ULPDUs from the upper: MPA holds them (RFC 5044 7.1.2) and the
+                // upper's local work (a QP's Fast Register, Local Invalidate) goes on.
+                let hold = mpa_state == State::AwaitingFirstFpdu
+                    && !self.close_pending
+                    && self
+                        .mpa
+                        .as_ref()
+                        .is_some_and(|m| m.held_ulpdus() < MAX_HELD_ULPDUS);
+                if (mpa_state != State::FullOperation && !hold) || self.final_sent {
                     // Nothing can be sent in this state: a pending close goes ahead.
                     self.finish_close(cx);
                     return false;

@@ -10,7 +10,11 @@
 //! asynchronous events come out of [`Qp::poll_event`].
 //!
 //! Method groups: getters; `handle_*` (input); application mutators (`post_*`,
-//! `modify_state`, `set_ord_ird`); `poll_*` (output).
+//! `modify_state`, `set_ord_ird`, `set_access`, `set_initial_msn`); `poll_*` (output;
+//! `take_terminate` for drivers that send the Terminate on a path of their own).
+//! [`WqCounters`] let a verbs layer on another thread see how many WRs left each queue
+//! (counted before their completions are pushed), and [`validate_send_wr`] are the
+//! post-time checks that need no engine state.
 //!
 //! # Example
 //!
@@ -133,6 +137,7 @@ mod rx;
 mod tx;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ddp_rdmap::reassembly::UntaggedQueue;
@@ -159,6 +164,83 @@ pub const MAX_ORD_IRD: u32 = 0x3fff;
 /// Size of one Read Request buffer on QN 1 (the RDMA Read Request header, RFC 5040
 /// §4.4), bytes. The IRD is the number of these buffers posted.
 const READ_REQUEST_BUFFER: u32 = 28;
+
+/// Largest first MSN [`Qp::set_initial_msn`] accepts (an RTR takes MSN 1, so 2 is the
+/// most a peer needs; a little room is left).
+pub const MAX_INITIAL_MSN: u32 = 16;
+
+/// Running counts of the WRs that left each work queue, shared with application
+/// threads (`Arc`): a WR is counted *before* its completion (if any) is pushed to the
+/// CQ, so a thread that has seen a completion also sees its WR's slot free. Posted
+/// minus retired is the queue occupancy a verbs layer checks `max_send_wr` /
+/// `max_recv_wr` against without asking the engine.
+#[derive(Debug, Default)]
+pub struct WqCounters {
+    sq_retired: AtomicU64,
+    rq_retired: AtomicU64,
+}
+
+impl WqCounters {
+    /// Send WRs that left the SQ so far (completed, flushed, or retired unsignaled;
+    /// including WRs flushed at post time in Error).
+    pub fn sq_retired(&self) -> u64 {
+        self.sq_retired.load(Ordering::Acquire)
+    }
+
+    /// Receive WRs that left the RQ so far (completed or flushed).
+    pub fn rq_retired(&self) -> u64 {
+        self.rq_retired.load(Ordering::Acquire)
+    }
+
+    /// Counts `n` send WRs as retired (a driver completing a WR the engine refused).
+    pub fn retire_sq(&self, n: u64) {
+        self.sq_retired.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Counts `n` receive WRs as retired.
+    pub fn retire_rq(&self, n: u64) {
+        self.rq_retired.fetch_add(n, Ordering::AcqRel);
+    }
+}
+
+/// The checks [`Qp::post_send`] makes that depend only on the WR, the QP's
+/// capabilities and its ORD (none on the QP's state or queues), so a verbs layer can
+/// run them on the caller's thread. Returns the payload length in bytes.
+///
+/// # Errors
+///
+/// As [`Qp::post_send`]: those of [`SendWr::validate`], [`VerbsError::Unsupported`]
+/// (atomics; RDMA Read with ORD 0), [`VerbsError::MessageTooLong`],
+/// [`VerbsError::InvalidArgument`] `"remote_addr"`.
+pub fn validate_send_wr(cap: &QpCap, ord: u32, wr: &SendWr) -> Result<u32, VerbsError> {
+    wr.validate(cap)?;
+    if wr.op.is_atomic() {
+        return Err(VerbsError::Unsupported { what: "atomics" });
+    }
+    let len = u32::try_from(wr.payload.len()).map_err(|_| VerbsError::MessageTooLong {
+        len: wr.payload.len(),
+        max: u64::from(u32::MAX),
+    })?;
+    let remote_addr = match wr.op {
+        SendOp::RdmaWrite { remote_addr, .. }
+        | SendOp::RdmaWriteWithImm { remote_addr, .. }
+        | SendOp::RdmaRead { remote_addr, .. } => Some(remote_addr),
+        _ => None,
+    };
+    if let Some(addr) = remote_addr {
+        if len > 0 && addr.checked_add(u64::from(len) - 1).is_none() {
+            return Err(VerbsError::InvalidArgument {
+                what: "remote_addr",
+            });
+        }
+    }
+    if matches!(wr.op, SendOp::RdmaRead { .. }) && ord == 0 {
+        return Err(VerbsError::Unsupported {
+            what: "RDMA Read with ORD 0",
+        });
+    }
+    Ok(len)
+}
 
 /// What a QP is created with (`struct ibv_qp_init_attr` plus the iWARP IRD/ORD and
 /// the QP's access flags, `ibv_qp_attr.qp_access_flags`).
@@ -405,6 +487,7 @@ pub struct Qp {
     comm_est: bool,
     sqd_notified: bool,
     events: VecDeque<QpEvent>,
+    counters: Arc<WqCounters>,
 }
 
 impl Qp {
@@ -464,6 +547,7 @@ impl Qp {
             comm_est: false,
             sqd_notified: false,
             events: VecDeque::new(),
+            counters: Arc::new(WqCounters::default()),
         };
         qp.reset_protocol();
         Ok(qp)
@@ -511,6 +595,18 @@ impl Qp {
     /// any) was transmitted.
     pub fn is_terminated(&self) -> bool {
         self.stream_closed
+    }
+
+    /// The QP's [`WqCounters`] (shared: clone the `Arc` to read them from another
+    /// thread).
+    pub fn counters(&self) -> &Arc<WqCounters> {
+        &self.counters
+    }
+
+    /// True if a Terminate is queued and not yet handed out (by
+    /// [`Qp::poll_transmit`] or [`Qp::take_terminate`]).
+    pub fn terminate_pending(&self) -> bool {
+        self.terminate_out.is_some()
     }
 
     // ------------------------------------------------------------------ mutators
@@ -575,6 +671,78 @@ impl Qp {
         Ok(())
     }
 
+    /// Sets the incoming remote operations the QP accepts (`qp_access_flags` of
+    /// `ibv_modify_qp(3)`): `REMOTE_WRITE` for RDMA Writes, `REMOTE_READ` for RDMA
+    /// Read Requests; other bits are ignored. Allowed in every state.
+    pub fn set_access(&mut self, access: AccessFlags) {
+        self.init.access = access;
+    }
+
+    /// Sets the first DDP MSNs (RFC 5041 §4.3) of the two untagged queues the QP
+    /// shares with an MPA peer-to-peer RTR (RFC 6581): `send_tx` / `send_rx` for QN 0
+    /// (Sends, Immediate Data), `read_tx` / `read_rx` for QN 1 (Read Requests). A
+    /// Send or Read RTR consumes MSN 1 of its queue, so the ULP starts at 2
+    /// (`mpa_conn::InitialMsn`). Allowed in Reset and Init, before any message;
+    /// receive WRs already posted keep their order.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidQpState`] in other states;
+    /// [`VerbsError::InvalidArgument`] `"msn"` for 0 or above [`MAX_INITIAL_MSN`].
+    pub fn set_initial_msn(
+        &mut self,
+        send_tx: u32,
+        send_rx: u32,
+        read_tx: u32,
+        read_rx: u32,
+    ) -> Result<(), VerbsError> {
+        if !matches!(self.state, QpState::Reset | QpState::Init) {
+            return Err(VerbsError::InvalidQpState {
+                op: "set_initial_msn",
+                state: self.state,
+            });
+        }
+        if [send_tx, send_rx, read_tx, read_rx]
+            .iter()
+            .any(|&m| m == 0 || m > MAX_INITIAL_MSN)
+        {
+            return Err(VerbsError::InvalidArgument { what: "msn" });
+        }
+        use ddp_rdmap::rdmap::{QN_READ_REQUEST, QN_SEND};
+        // Skip MSNs below the first by accepting zero-length messages into
+        // zero-length buffers, then post the real buffers again in order.
+        let skip = |q: &mut UntaggedQueue, qn: u32, first: u32| {
+            for msn in 1..first {
+                q.post_buffer(0);
+                // Cannot fail: MSN, MO 0 and length 0 match the buffer just posted.
+                let _ = q.accept(qn, msn, 0, 0, true);
+            }
+        };
+        let mut q0 = UntaggedQueue::new();
+        skip(&mut q0, QN_SEND, send_rx);
+        for r in &self.rq {
+            let len: u64 = r.sges.iter().map(|s| u64::from(s.length)).sum();
+            q0.post_buffer(u32::try_from(len).unwrap_or(u32::MAX));
+        }
+        let mut q1 = UntaggedQueue::new();
+        skip(&mut q1, QN_READ_REQUEST, read_rx);
+        for _ in 0..self.init.ird {
+            q1.post_buffer(READ_REQUEST_BUFFER);
+        }
+        self.q0 = q0;
+        self.q1 = q1;
+        self.send_msn = send_tx;
+        self.rreq_msn = read_tx;
+        Ok(())
+    }
+
+    /// Takes the queued Terminate ULPDU, if any, instead of receiving it from
+    /// [`Qp::poll_transmit`]: a driver whose transport sends a Terminate on a
+    /// separate path (the stack's `Ulp::poll_terminate`) calls this first.
+    pub fn take_terminate(&mut self) -> Option<Vec<u8>> {
+        self.terminate_out.take()
+    }
+
     /// Posts a send WR (`ibv_post_send(3)`).
     ///
     /// Accepted in RTS and SQD (queued; in SQD it starts once the QP is back in
@@ -593,36 +761,12 @@ impl Qp {
     /// [`VerbsError::InvalidQpState`] in Reset, Init, RTR;
     /// [`VerbsError::QueueFull`] with `max_send_wr` WRs outstanding.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), VerbsError> {
-        wr.validate(&self.init.cap)?;
-        if wr.op.is_atomic() {
-            return Err(VerbsError::Unsupported { what: "atomics" });
-        }
-        let len = u32::try_from(wr.payload.len()).map_err(|_| VerbsError::MessageTooLong {
-            len: wr.payload.len(),
-            max: u64::from(u32::MAX),
-        })?;
-        let remote_addr = match wr.op {
-            SendOp::RdmaWrite { remote_addr, .. }
-            | SendOp::RdmaWriteWithImm { remote_addr, .. }
-            | SendOp::RdmaRead { remote_addr, .. } => Some(remote_addr),
-            _ => None,
-        };
-        if let Some(addr) = remote_addr {
-            if len > 0 && addr.checked_add(u64::from(len) - 1).is_none() {
-                return Err(VerbsError::InvalidArgument {
-                    what: "remote_addr",
-                });
-            }
-        }
-        if matches!(wr.op, SendOp::RdmaRead { .. }) && self.init.ord == 0 {
-            return Err(VerbsError::Unsupported {
-                what: "RDMA Read with ORD 0",
-            });
-        }
+        let len = validate_send_wr(&self.init.cap, self.init.ord, &wr)?;
         match self.state {
             QpState::Rts | QpState::Sqd => {}
             QpState::Error | QpState::Sqe => {
                 let wc = WorkCompletion::flushed(wr.wr_id, wr.op.wc_opcode(), self.qp_num());
+                self.counters.retire_sq(1);
                 self.push_send_wc(wc);
                 self.after_op();
                 return Ok(());
@@ -684,6 +828,7 @@ impl Qp {
             }
             QpState::Error => {
                 let wc = WorkCompletion::flushed(wr.wr_id, WcOpcode::Recv, self.qp_num());
+                self.counters.retire_rq(1);
                 self.push_recv_wc(wc);
                 self.after_op();
                 return Ok(());
@@ -790,6 +935,7 @@ impl Qp {
                 break;
             }
             let Some(e) = self.sq.pop_front() else { break };
+            self.counters.retire_sq(1);
             if e.signaled {
                 let mut wc = WorkCompletion::new(
                     e.wr.wr_id,
@@ -843,6 +989,7 @@ impl Qp {
         self.rx_cache = None;
         let qp_num = self.qp_num();
         let sq: Vec<SqEntry> = self.sq.drain(..).collect();
+        self.counters.retire_sq(sq.len() as u64);
         for e in sq {
             let (status, vendor) = match sq_err {
                 Some((seq, st, v)) if seq == e.seq => (st, v),
@@ -854,6 +1001,7 @@ impl Qp {
         }
         self.start_seq = self.next_seq;
         let rq: Vec<RqEntry> = self.rq.drain(..).collect();
+        self.counters.retire_rq(rq.len() as u64);
         for (i, r) in rq.into_iter().enumerate() {
             let (status, vendor) = match rq_err {
                 Some((st, v)) if i == 0 => (st, v),
@@ -976,18 +1124,29 @@ impl Qp {
         Some(pieces)
     }
 
-    /// The MR for a tagged placement by `stag`: the cached one if it still holds
-    /// that index, else a table lookup. Keeps the FPDU path at one lock acquisition
-    /// (the MR's) in the common case.
-    fn tagged_mr(&mut self, stag: Stag) -> Option<Arc<Mr>> {
-        if let Some(mr) = &self.rx_cache {
-            if mr.index() == stag.index() && !mr.is_deregistered() {
-                return Some(Arc::clone(mr));
-            }
+    /// Tagged placement by `stag`: through the cached MR if it still holds that index,
+    /// else after a table lookup (which becomes the cache). Keeps the FPDU path at one
+    /// lock acquisition (the MR's) and no reference-count traffic in the common case.
+    /// `None` if no MR has the STag's index; otherwise the outcome of the MR's checks
+    /// 2-6 and the copy ([`Mr::place`]).
+    fn place_tagged(
+        &mut self,
+        stag: Stag,
+        to: u64,
+        data: &[u8],
+        needed: AccessFlags,
+    ) -> Option<Result<(), crate::mr::ProtectionError>> {
+        let cached = self
+            .rx_cache
+            .as_ref()
+            .is_some_and(|m| m.index() == stag.index() && !m.is_deregistered());
+        if !cached {
+            self.rx_cache = Some(self.mrs.lookup(stag)?);
         }
-        let mr = self.mrs.lookup(stag)?;
-        self.rx_cache = Some(Arc::clone(&mr));
-        Some(mr)
+        let pd = self.init.pd;
+        self.rx_cache
+            .as_ref()
+            .map(|mr| mr.place(stag, pd, to, data, needed))
     }
 
     fn sq_job_tagged(&self) -> bool {

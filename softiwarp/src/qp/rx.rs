@@ -131,17 +131,15 @@ impl Qp {
             ));
         }
         let stag = Stag::from_raw(stag);
-        let Some(mr) = self.tagged_mr(stag) else {
-            return Err(self.violation(
+        match self.place_tagged(stag, to, data, AccessFlags::REMOTE_WRITE) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(self.violation(e.tagged_cause(), bytes, Culprit::None)),
+            None => Err(self.violation(
                 ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag),
                 bytes,
                 Culprit::None,
-            ));
-        };
-        if let Err(e) = mr.place(stag, self.init.pd, to, data, AccessFlags::REMOTE_WRITE) {
-            return Err(self.violation(e.tagged_cause(), bytes, Culprit::None));
+            )),
         }
-        Ok(())
     }
 
     /// RDMA Read Response (RFC 5040 §5.2): must continue the oldest outstanding Read
@@ -183,10 +181,8 @@ impl Qp {
         }
         if !data.is_empty() {
             let stag = Stag::from_raw(stag);
-            let placed = match self.tagged_mr(stag) {
-                Some(mr) => mr
-                    .place(stag, self.init.pd, to, data, AccessFlags::LOCAL_WRITE)
-                    .map_err(|e| e.tagged_cause()),
+            let placed = match self.place_tagged(stag, to, data, AccessFlags::LOCAL_WRITE) {
+                Some(r) => r.map_err(|e| e.tagged_cause()),
                 None => Err(bad(DdpTaggedCode::InvalidStag)),
             };
             if let Err(cause) = placed {
@@ -329,6 +325,7 @@ impl Qp {
             invalidated = Some(stag);
         }
         if let Some(r) = self.rq.pop_front() {
+            self.counters.retire_rq(1);
             let mut wc =
                 WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, self.qp_num());
             wc.byte_len = byte_len;
@@ -394,6 +391,7 @@ impl Qp {
         }
         let value = u64::from_be_bytes(imm.data) as u32;
         if let Some(r) = self.rq.pop_front() {
+            self.counters.retire_rq(1);
             let mut wc = WorkCompletion::new(
                 r.wr_id,
                 WcStatus::Success,

@@ -1,0 +1,1017 @@
+//! The verbs objects of a soft device: [`Pd`], [`Mr`], [`Cq`] and [`Qp`], named and
+//! behaving as their libibverbs counterparts (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`,
+//! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_qp(3)`, `ibv_modify_qp(3)`,
+//! `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
+//!
+//! They are made from a [`Device`](crate::device::Device): [`Device::alloc_pd`],
+//! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_qp`]; a QP is bound to an
+//! iWARP connection by [`Device::connect_qp`] or
+//! [`ConnectRequest::accept_qp`](crate::device::ConnectRequest::accept_qp).
+//!
+//! [`Device::alloc_pd`]: crate::device::Device::alloc_pd
+//! [`Device::create_cq`]: crate::device::Device::create_cq
+//! [`Device::create_qp`]: crate::device::Device::create_qp
+//! [`Device::connect_qp`]: crate::device::Device::connect_qp
+//!
+//! # Threads (design.md §5)
+//!
+//! Every object is `Send + Sync`; calls take `&self` and may come from any number of
+//! application threads. A QP's protocol state belongs to the device's engine thread,
+//! which no call touches:
+//!
+//! - [`Qp::post_send`] / [`Qp::post_recv`] check the WR **on the caller's thread**
+//!   (the `ibv_post_send(3)` rules against the QP's capabilities, its ORD, the state
+//!   the engine last published, and the queue occupancy counted from the WRs posted
+//!   and the WRs the engine retired), return a typed [`VerbsError`] if it is refused,
+//!   and otherwise queue it on the QP's work queue and ring the doorbell (the engine
+//!   is woken once per batch it has not taken yet). The engine takes the queued WRs
+//!   before it handles anything else for the QP, in particular before every received
+//!   ULPDU, so a receive posted before the peer was told to send is there when the
+//!   Send arrives (as with a NIC reading its rings from host memory). From then on
+//!   the WR completes exactly once, on the QP's CQ (unless it is an unsignaled
+//!   successful send WR), whatever happens to the QP, the connection or the device.
+//! - [`Qp::modify_qp`] and [`Qp::destroy`] are answered by the engine (a round trip
+//!   of microseconds); [`Qp::query_qp`] reads what the engine published.
+//! - Completions come back through the [`Cq`]: [`Cq::poll`], the blocking
+//!   [`Cq::wait`] / [`Cq::poll_wait`], or the executor-agnostic [`Cq::wait_async`]
+//!   (usable from tokio). The engine never waits for the application and runs no
+//!   application code.
+//!
+//! # Memory
+//!
+//! An [`Mr`]'s buffer is allocated and owned by the library (zeroed at registration):
+//! the application fills and reads it with [`Mr::write`] / [`Mr::read`] at byte
+//! offsets, and names it in WRs by iova (`Mr::iova() + offset`) and STag
+//! ([`Mr::lkey`] = [`Mr::rkey`] = [`Mr::stag`]; [`Mr::sge`] builds an SGE). Data placed
+//! by the peer is visible once the WR's completion was polled (as with any RDMA
+//! device).
+//!
+//! # Object lifetime
+//!
+//! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs or QPs use
+//!   the PD, [`Cq::destroy`] while QPs use the CQ. Dropping a handle releases its
+//!   object as the explicit call would (a PD or CQ once nothing uses it any more).
+//! - [`Qp::destroy`] (and dropping a [`Qp`]) is safe at any time: the QP goes to Error
+//!   (every outstanding WR is flushed onto its CQ), its connection is closed, and no
+//!   completion of it is produced after `destroy` returns. After the device is gone
+//!   (or shut down) the engine has already flushed every QP, and destroy just
+//!   releases the handle.
+//! - After the device ended, calls that need the engine fail with
+//!   [`VerbsError::DeviceGone`] (`EIO`, as a disassociated uverbs device); CQs still
+//!   poll, MRs still read and write, QPs still answer [`Qp::query_qp`].
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use verbs::{
+    AccessFlags, AsyncEvent, Lkey, ObjectKind, QpAttr, QpCap, QpState, RecvWr, Rkey, SendWr, Sge,
+    Stag, VerbsError, WorkCompletion, WorkQueue,
+};
+
+use crate::cq::{Cq as CqObject, CqError, WaitAsync, MAX_CQE};
+use crate::device::Handle;
+use crate::engine::Command;
+use crate::mr::{Mr as MrObject, MrState, PdId, MAX_MR_LEN};
+use crate::qp::{validate_send_wr, Qp as QpEngine, QpInit, MAX_ORD_IRD};
+use crate::qp_ulp::{PostSide, QpCore, QpShared, QpStats};
+
+/// The limits of a soft device (`struct ibv_device_attr`, `ibv_query_device(3)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Largest `max_send_wr` / `max_recv_wr` of a QP, in WRs (`max_qp_wr`).
+    pub max_qp_wr: u32,
+    /// Largest `max_send_sge` / `max_recv_sge` of a QP (`max_sge`).
+    pub max_sge: u32,
+    /// Largest `max_inline_data` of a QP, in bytes.
+    pub max_inline_data: u32,
+    /// Largest CQ, in completions (`max_cqe`).
+    pub max_cqe: usize,
+    /// Largest MR, in bytes (`max_mr_size`).
+    pub max_mr_size: u64,
+    /// Largest ORD and IRD, in RDMA Read Requests (`max_qp_rd_atom`,
+    /// `max_qp_init_rd_atom`): the 14-bit MPA field (RFC 6581).
+    pub max_ord_ird: u32,
+}
+
+impl DeviceAttr {
+    /// The soft device's limits.
+    pub const SOFT: DeviceAttr = DeviceAttr {
+        max_qp_wr: 1 << 15,
+        max_sge: 16,
+        max_inline_data: 4096,
+        max_cqe: MAX_CQE,
+        max_mr_size: MAX_MR_LEN,
+        max_ord_ird: MAX_ORD_IRD,
+    };
+}
+
+// ---------------------------------------------------------------------------------
+// Protection domains.
+
+/// The PD object behind [`Pd`] handles, [`Mr`]s and [`Qp`]s.
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    id: PdId,
+    handle: Arc<Handle>,
+    qps: AtomicUsize,
+    freed: AtomicBool,
+}
+
+impl PdInner {
+    pub(crate) fn new(id: PdId, handle: Arc<Handle>) -> PdInner {
+        PdInner {
+            id,
+            handle,
+            qps: AtomicUsize::new(0),
+            freed: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        if !self.freed.load(Ordering::Acquire) {
+            // Nothing uses it any more (MRs and QPs hold this object).
+            let _ = self.handle.mrs.dealloc_pd(self.id);
+        }
+    }
+}
+
+/// A protection domain (`struct ibv_pd`): MRs and QPs of one PD may be used together
+/// only (RFC 5040 §2). Made by [`Device::alloc_pd`](crate::device::Device::alloc_pd).
+#[derive(Debug)]
+pub struct Pd {
+    inner: Arc<PdInner>,
+}
+
+impl Pd {
+    pub(crate) fn new(inner: PdInner) -> Pd {
+        Pd {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The PD's handle.
+    pub fn id(&self) -> PdId {
+        self.inner.id
+    }
+
+    /// Registers a new MR of `len` bytes at iova `iova` with `access` rights
+    /// (`ibv_reg_mr(3)`): the library allocates the zeroed buffer; byte `i` of it is
+    /// at iova `iova + i`. The MR is valid at once.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidAccessFlags`] (remote write without local write, as
+    /// `ibv_reg_mr(3)`), [`VerbsError::InvalidArgument`] `"length"` (0 or above
+    /// [`DeviceAttr::max_mr_size`]) or `"iova"` (the range wraps past 2^64),
+    /// [`VerbsError::InvalidHandle`] (PD deallocated), [`VerbsError::OutOfResources`],
+    /// [`VerbsError::DeviceGone`].
+    pub fn reg_mr(&self, len: u64, iova: u64, access: AccessFlags) -> Result<Mr, VerbsError> {
+        self.inner.handle.alive()?;
+        let mr = self
+            .inner
+            .handle
+            .mrs
+            .reg_mr(self.inner.id, iova, len, access)?;
+        Ok(Mr::new(mr, Arc::clone(&self.inner)))
+    }
+
+    /// Allocates an MR of up to `max_len` bytes for fast registration (kernel
+    /// `ib_alloc_mr`): invalid and without rights until a [`verbs::FastReg`] send WR
+    /// ([`SendWr::fast_reg`]) registers it with a key, range and rights; a Local
+    /// Invalidate WR (or a peer's Send with Invalidate) makes it invalid again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pd::reg_mr`].
+    pub fn alloc_mr(&self, max_len: u64) -> Result<Mr, VerbsError> {
+        self.inner.handle.alive()?;
+        let mr = self.inner.handle.mrs.alloc_mr(self.inner.id, max_len)?;
+        Ok(Mr::new(mr, Arc::clone(&self.inner)))
+    }
+
+    /// Deallocates the PD (`ibv_dealloc_pd(3)`). Afterwards registrations and QP
+    /// creation in it fail with [`VerbsError::InvalidHandle`].
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InUse`] (`EBUSY`) while MRs are registered or QPs exist in it;
+    /// [`VerbsError::InvalidHandle`] if already deallocated.
+    pub fn dealloc(&self) -> Result<(), VerbsError> {
+        if self.inner.qps.load(Ordering::Acquire) > 0 {
+            return Err(VerbsError::InUse {
+                object: ObjectKind::Pd,
+            });
+        }
+        self.inner.handle.mrs.dealloc_pd(self.inner.id)?;
+        self.inner.freed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Memory regions.
+
+/// A memory region (`struct ibv_mr`): library-owned memory and its registration (see
+/// the [module documentation](self)). Made by [`Pd::reg_mr`] or [`Pd::alloc_mr`];
+/// dropping it deregisters it.
+#[derive(Debug)]
+pub struct Mr {
+    mr: Arc<MrObject>,
+    pd: Arc<PdInner>,
+    deregistered: AtomicBool,
+}
+
+impl Mr {
+    fn new(mr: Arc<MrObject>, pd: Arc<PdInner>) -> Mr {
+        Mr {
+            mr,
+            pd,
+            deregistered: AtomicBool::new(false),
+        }
+    }
+
+    /// The STag (`index << 8 | key`): lkey and rkey at once in iWARP. Changes when a
+    /// fast registration sets a new key.
+    pub fn stag(&self) -> Stag {
+        self.mr.stag()
+    }
+
+    /// The lkey, for local SGEs (`ibv_mr.lkey`): the STag.
+    pub fn lkey(&self) -> Lkey {
+        self.mr.stag()
+    }
+
+    /// The rkey, for the peer's RDMA Writes and Reads (`ibv_mr.rkey`): the STag.
+    pub fn rkey(&self) -> Rkey {
+        self.mr.stag()
+    }
+
+    /// The iova of byte 0 of the buffer (`ibv_mr.addr`): also its Tagged Offset.
+    pub fn iova(&self) -> u64 {
+        self.mr.iova()
+    }
+
+    /// Registered length in bytes (`ibv_mr.length`; 0 before a fast registration).
+    pub fn length(&self) -> u64 {
+        self.mr.length()
+    }
+
+    /// Buffer size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.mr.capacity()
+    }
+
+    /// The access rights of the registration.
+    pub fn access(&self) -> AccessFlags {
+        self.mr.access()
+    }
+
+    /// Valid or invalid (invalidated, not yet fast-registered, deregistered).
+    pub fn state(&self) -> MrState {
+        self.mr.state()
+    }
+
+    /// The PD the MR belongs to.
+    pub fn pd(&self) -> PdId {
+        self.pd.id
+    }
+
+    /// An SGE of `len` bytes at byte `offset` of the buffer: iova
+    /// `self.iova() + offset`, lkey [`Mr::lkey`]. Not checked here; the QP checks
+    /// it when the WR runs.
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge::new(self.iova().wrapping_add(offset), len, self.lkey())
+    }
+
+    /// Copies `data` into the buffer at byte `offset`. Works in every state
+    /// (the memory is the application's whether or not the STag is valid).
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::MrOutOfBounds`] if `offset + data.len()` exceeds
+    /// [`Mr::capacity`].
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
+        self.mr.write(offset, data)
+    }
+
+    /// Copies `out.len()` bytes from byte `offset` of the buffer into `out`.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::MrOutOfBounds`] if `offset + out.len()` exceeds
+    /// [`Mr::capacity`].
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
+        self.mr.read(offset, out)
+    }
+
+    /// A copy of the whole buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.mr.to_vec()
+    }
+
+    /// Deregisters the MR (`ibv_dereg_mr(3)`): its STag stops resolving at once, so
+    /// WRs using it fail their protection checks. The handle can still read and write
+    /// the buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidHandle`] if already deregistered.
+    pub fn dereg(&self) -> Result<(), VerbsError> {
+        if self.deregistered.swap(true, Ordering::AcqRel) {
+            return Err(VerbsError::InvalidHandle {
+                object: ObjectKind::Mr,
+                handle: self.mr.index(),
+            });
+        }
+        self.pd.handle.mrs.dereg_mr(&self.mr)
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        if !self.deregistered.swap(true, Ordering::AcqRel) {
+            let _ = self.pd.handle.mrs.dereg_mr(&self.mr);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Completion queues.
+
+/// The CQ object behind a [`Cq`] handle and the QPs using it.
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    cq: Arc<CqObject>,
+    handle: Arc<Handle>,
+    users: AtomicUsize,
+    destroyed: AtomicBool,
+}
+
+impl CqInner {
+    pub(crate) fn new(cq: Arc<CqObject>, handle: Arc<Handle>) -> CqInner {
+        CqInner {
+            cq,
+            handle,
+            users: AtomicUsize::new(0),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A completion queue (`struct ibv_cq`): a bounded FIFO of [`WorkCompletion`]s the
+/// engine fills and application threads take. An overflow is never silent: the CQ
+/// enters the error state, [`Cq::poll`] returns [`CqError::Overflow`] once the
+/// completions that fit are taken, an [`AsyncEvent::CqErr`] is queued (here and in
+/// [`Device::next_async_event`](crate::device::Device::next_async_event)), and the
+/// QPs that lost a completion go to Error. Made by
+/// [`Device::create_cq`](crate::device::Device::create_cq).
+#[derive(Debug)]
+pub struct Cq {
+    inner: Arc<CqInner>,
+}
+
+impl Cq {
+    pub(crate) fn new(inner: CqInner) -> Cq {
+        Cq {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The CQ's handle (the `cq` of [`AsyncEvent::CqErr`]).
+    pub fn handle(&self) -> u32 {
+        self.inner.cq.handle()
+    }
+
+    /// Capacity, in completions (`ibv_cq.cqe`).
+    pub fn capacity(&self) -> usize {
+        self.inner.cq.capacity()
+    }
+
+    /// Completions queued now.
+    pub fn len(&self) -> usize {
+        self.inner.cq.len()
+    }
+
+    /// True if no completion is queued.
+    pub fn is_empty(&self) -> bool {
+        self.inner.cq.is_empty()
+    }
+
+    /// Takes up to `max` completions, oldest first (`ibv_poll_cq(3)`); never
+    /// blocks.
+    ///
+    /// # Errors
+    ///
+    /// [`CqError::Overflow`] once the CQ overflowed and every completion that fit
+    /// was taken.
+    pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>, CqError> {
+        self.inner.cq.poll(max)
+    }
+
+    /// Takes up to `out.len()` completions into `out` and returns how many
+    /// (`ibv_poll_cq(3)` with a caller array); never blocks.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cq::poll`].
+    pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        self.inner.cq.poll_into(out)
+    }
+
+    /// Blocks until a completion is queued or the CQ is in error (true), or
+    /// `timeout` passed (false). The completion-channel wait of libibverbs
+    /// (`ibv_get_cq_event(3)`) without the channel.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.inner.cq.wait(timeout)
+    }
+
+    /// Waits up to `timeout` for at least one completion, then takes up to `max`.
+    /// Returns an empty vector on timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cq::poll`].
+    pub fn poll_wait(&self, max: usize, timeout: Duration) -> Result<Vec<WorkCompletion>, CqError> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let got = self.poll(max)?;
+            if !got.is_empty() || max == 0 {
+                return Ok(got);
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Ok(got),
+                },
+                None => Duration::from_secs(3600),
+            };
+            self.wait(left);
+        }
+    }
+
+    /// A future resolving when a completion is queued or the CQ is in error (then
+    /// [`Cq::poll`] returns something). Executor-agnostic (tokio, async-std, a hand
+    /// loop): it registers the task's waker, which the engine wakes.
+    pub fn wait_async(&self) -> WaitAsync<'_> {
+        self.inner.cq.wait_async()
+    }
+
+    /// True once the CQ overflowed.
+    pub fn is_error(&self) -> bool {
+        self.inner.cq.is_error()
+    }
+
+    /// Completions lost to overflow so far.
+    pub fn lost(&self) -> u64 {
+        self.inner.cq.lost()
+    }
+
+    /// The pending [`AsyncEvent::CqErr`], once, after an overflow.
+    pub fn take_async_event(&self) -> Option<AsyncEvent> {
+        self.inner.cq.take_async_event()
+    }
+
+    /// Destroys the CQ (`ibv_destroy_cq(3)`); queued completions are dropped with it.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InUse`] (`EBUSY`) while QPs use it; [`VerbsError::InvalidHandle`]
+    /// if already destroyed.
+    pub fn destroy(&self) -> Result<(), VerbsError> {
+        if self.inner.users.load(Ordering::Acquire) > 0 {
+            return Err(VerbsError::InUse {
+                object: ObjectKind::Cq,
+            });
+        }
+        if self.inner.destroyed.swap(true, Ordering::AcqRel) {
+            return Err(VerbsError::InvalidHandle {
+                object: ObjectKind::Cq,
+                handle: self.handle(),
+            });
+        }
+        // Drain what is queued: nothing is delivered from a destroyed CQ.
+        let _ = self.inner.cq.poll(usize::MAX);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Queue pairs.
+
+/// What [`Device::create_qp`](crate::device::Device::create_qp) takes (`struct
+/// ibv_qp_init_attr`; the type is always RC).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// Completions of send WRs go here.
+    pub send_cq: &'a Cq,
+    /// Completions of receive WRs go here (may be the same CQ).
+    pub recv_cq: &'a Cq,
+    /// Queue depths (WRs), SGEs per WR, inline bytes.
+    pub cap: QpCap,
+    /// Every send WR completes, signaled or not (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
+/// What [`Qp::query_qp`] reports (`ibv_query_qp(3)`): the values the engine last
+/// published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttributes {
+    /// The QP number.
+    pub qp_num: u32,
+    /// The state (`qp_state`).
+    pub state: QpState,
+    /// Capabilities (`cap`).
+    pub cap: QpCap,
+    /// `sq_sig_all`.
+    pub sq_sig_all: bool,
+    /// ORD (`max_rd_atomic`): as negotiated once connected.
+    pub ord: u32,
+    /// IRD (`max_dest_rd_atomic`): as negotiated once connected.
+    pub ird: u32,
+    /// Incoming remote operations accepted (`qp_access_flags`).
+    pub access: AccessFlags,
+    /// Send WRs posted and not yet retired.
+    pub sq_outstanding: u64,
+    /// Receive WRs posted and not yet retired.
+    pub rq_outstanding: u64,
+    /// Bound to a live connection.
+    pub connected: bool,
+}
+
+/// A queue pair (`struct ibv_qp`, RC). See the [module documentation](self) for the
+/// threading and completion rules. Dropping it destroys it as [`Qp::destroy`] does but
+/// without waiting for the engine: the flushed completions may reach its CQs after the
+/// drop (call [`Qp::destroy`] to have them all there when it returns).
+#[derive(Debug)]
+pub struct Qp {
+    shared: Arc<QpShared>,
+    handle: Arc<Handle>,
+    pd: Arc<PdInner>,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
+}
+
+/// Why a list post stopped: the index of the first WR refused (`bad_wr` of
+/// `ibv_post_send(3)`) and why. The WRs before it were posted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("WR {index} of the list refused: {error}")]
+pub struct PostListError {
+    /// Index of the refused WR in the list.
+    pub index: usize,
+    /// Why it was refused.
+    pub error: VerbsError,
+}
+
+impl Qp {
+    pub(crate) fn create(
+        handle: &Arc<Handle>,
+        pd: &Pd,
+        attr: QpInitAttr<'_>,
+    ) -> Result<Qp, VerbsError> {
+        handle.alive()?;
+        let foreign = VerbsError::NotPermitted {
+            what: "an object of another device",
+        };
+        if !Arc::ptr_eq(&pd.inner.handle, handle)
+            || !Arc::ptr_eq(&attr.send_cq.inner.handle, handle)
+            || !Arc::ptr_eq(&attr.recv_cq.inner.handle, handle)
+        {
+            return Err(foreign);
+        }
+        for cq in [attr.send_cq, attr.recv_cq] {
+            if cq.inner.destroyed.load(Ordering::Acquire) {
+                return Err(VerbsError::InvalidHandle {
+                    object: ObjectKind::Cq,
+                    handle: cq.handle(),
+                });
+            }
+        }
+        check_cap(&attr.cap)?;
+        let qpn = handle.next_qpn();
+        let mut init = QpInit::new(qpn, pd.inner.id, attr.cap);
+        init.sq_sig_all = attr.sq_sig_all;
+        let engine = QpEngine::new(
+            init,
+            Arc::clone(&handle.mrs),
+            Arc::clone(&attr.send_cq.inner.cq),
+            Arc::clone(&attr.recv_cq.inner.cq),
+        )?;
+        let core = QpCore::new(
+            engine,
+            Arc::clone(&attr.send_cq.inner.cq),
+            Arc::clone(&attr.recv_cq.inner.cq),
+            handle.async_events(),
+            handle.kick(),
+        );
+        let shared = Arc::clone(&core.shared);
+        handle.enqueue(Command::CreateQp {
+            core: Arc::new(Mutex::new(core)),
+        })?;
+        pd.inner.qps.fetch_add(1, Ordering::AcqRel);
+        attr.send_cq.inner.users.fetch_add(1, Ordering::AcqRel);
+        attr.recv_cq.inner.users.fetch_add(1, Ordering::AcqRel);
+        tracing::debug!(qpn, pd = pd.inner.id.raw(), "QP created");
+        Ok(Qp {
+            shared,
+            handle: Arc::clone(handle),
+            pd: Arc::clone(&pd.inner),
+            send_cq: Arc::clone(&attr.send_cq.inner),
+            recv_cq: Arc::clone(&attr.recv_cq.inner),
+        })
+    }
+
+    /// `Err(NotPermitted)` unless the QP belongs to the device of `handle`.
+    pub(crate) fn check_device(&self, handle: &Arc<Handle>) -> Result<(), VerbsError> {
+        if Arc::ptr_eq(&self.handle, handle) {
+            Ok(())
+        } else {
+            Err(VerbsError::NotPermitted {
+                what: "a QP of another device",
+            })
+        }
+    }
+
+    /// The QP number (`ibv_qp.qp_num`).
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qp_num
+    }
+
+    /// The state the engine last published (`ibv_qp.state`).
+    pub fn state(&self) -> QpState {
+        self.shared.state()
+    }
+
+    /// The QP's attributes (`ibv_query_qp(3)`), as the engine last published them.
+    pub fn query_qp(&self) -> QpAttributes {
+        let p = self.shared.lock_post();
+        let c = &self.shared.counters;
+        QpAttributes {
+            qp_num: self.shared.qp_num,
+            state: self.shared.state(),
+            cap: self.shared.cap,
+            sq_sig_all: self.shared.sq_sig_all,
+            ord: self.shared.ord(),
+            ird: self.shared.ird(),
+            access: self.shared.access(),
+            sq_outstanding: p.sends.saturating_sub(c.sq_retired()),
+            rq_outstanding: p.recvs.saturating_sub(c.rq_retired()),
+            connected: self.shared.connected(),
+        }
+    }
+
+    /// Counters the engine publishes (ORD/IRD high-water marks, ULPDUs).
+    pub fn stats(&self) -> QpStats {
+        self.shared.stats()
+    }
+
+    /// Posts one send WR (`ibv_post_send(3)`): Send (with SE, with Invalidate), RDMA
+    /// Write (with Immediate), RDMA Read, Local Invalidate, Fast Register. Checked on
+    /// the calling thread, then queued for the engine.
+    ///
+    /// Accepted in RTS and SQD (started in order once in RTS), and in Error / SQE,
+    /// where it completes at once with [`verbs::WcStatus::WrFlushErr`] (Linux siw
+    /// behaviour). The local checks that need the MR table (lkey, PD, bounds, rights)
+    /// run when the WR starts and fail it with [`verbs::WcStatus::LocProtErr`]; a
+    /// protection failure at the peer comes back as a Terminate
+    /// ([`verbs::WcStatus::RemAccessErr`] and friends, `vendor_err` = the
+    /// Terminate's layer, type and code).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`SendWr::validate`] against the QP's capabilities;
+    /// [`VerbsError::Unsupported`] (atomics; an RDMA Read with ORD 0);
+    /// [`VerbsError::MessageTooLong`]; [`VerbsError::InvalidArgument`]
+    /// `"remote_addr"` (remote range wraps); [`VerbsError::InvalidQpState`] in Reset,
+    /// Init, RTR; [`VerbsError::QueueFull`] (`ENOMEM`) with `max_send_wr` WRs
+    /// outstanding; [`VerbsError::InvalidHandle`] after [`Qp::destroy`];
+    /// [`VerbsError::DeviceGone`] once the device ended. A refused WR never
+    /// completes.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
+        self.post(|p| self.queue_send(p, wr))
+    }
+
+    /// Posts send WRs in order, ringing the doorbell once (`ibv_post_send(3)` with a
+    /// WR list). Stops at the first WR refused.
+    ///
+    /// # Errors
+    ///
+    /// [`PostListError`] with the refused WR's index and the error of
+    /// [`Qp::post_send`]; the WRs before it were posted.
+    pub fn post_send_list(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<(), PostListError> {
+        self.post_list(wrs, |p, wr| self.queue_send(p, wr))
+    }
+
+    /// Posts one receive WR (`ibv_post_recv(3)`): consumed in posting order, one per
+    /// incoming Send or Immediate Data message. Checked on the calling thread, then
+    /// queued for the engine; a message that arrives after this returns finds it.
+    /// Accepted in every state but Reset; in Error it completes at once with
+    /// [`verbs::WcStatus::WrFlushErr`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`RecvWr::validate`]; [`VerbsError::InvalidQpState`] in Reset;
+    /// [`VerbsError::QueueFull`] with `max_recv_wr` WRs outstanding;
+    /// [`VerbsError::InvalidHandle`] after [`Qp::destroy`];
+    /// [`VerbsError::DeviceGone`]. A refused WR never completes.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
+        self.post(|p| self.queue_recv(p, wr))
+    }
+
+    /// Posts receive WRs in order, ringing the doorbell once.
+    ///
+    /// # Errors
+    ///
+    /// [`PostListError`] as for [`Qp::post_send_list`].
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), PostListError> {
+        self.post_list(wrs, |p, wr| self.queue_recv(p, wr))
+    }
+
+    /// Runs `queue` with the QP's post side locked, under the device's gate (so the
+    /// engine is certain to take what is queued), then rings the doorbell.
+    fn post(
+        &self,
+        queue: impl FnOnce(&mut PostSide) -> Result<(), VerbsError>,
+    ) -> Result<(), VerbsError> {
+        {
+            let _gate = self.handle.gate()?;
+            let mut p = self.shared.lock_post();
+            if p.destroyed {
+                return Err(self.destroyed_error());
+            }
+            queue(&mut p)?;
+        }
+        self.ring();
+        Ok(())
+    }
+
+    fn post_list<W>(
+        &self,
+        wrs: impl IntoIterator<Item = W>,
+        mut queue: impl FnMut(&mut PostSide, W) -> Result<(), VerbsError>,
+    ) -> Result<(), PostListError> {
+        let mut posted = 0usize;
+        let r = (|| {
+            let _gate = self
+                .handle
+                .gate()
+                .map_err(|error| PostListError { index: 0, error })?;
+            let mut p = self.shared.lock_post();
+            if p.destroyed {
+                return Err(PostListError {
+                    index: 0,
+                    error: self.destroyed_error(),
+                });
+            }
+            for (index, wr) in wrs.into_iter().enumerate() {
+                queue(&mut p, wr).map_err(|error| PostListError { index, error })?;
+                posted += 1;
+            }
+            Ok(())
+        })();
+        if posted > 0 {
+            self.ring();
+        }
+        r
+    }
+
+    /// Tells the engine this QP has new WRs (one doorbell entry and wake-up per batch
+    /// the engine has not taken yet).
+    fn ring(&self) {
+        if !self.shared.has_work.swap(true, Ordering::AcqRel) {
+            self.handle.ring(self.shared.qp_num);
+        }
+    }
+
+    fn queue_send(&self, p: &mut PostSide, wr: SendWr) -> Result<(), VerbsError> {
+        validate_send_wr(&self.shared.cap, self.shared.ord(), &wr)?;
+        let state = self.shared.state();
+        match state {
+            QpState::Rts | QpState::Sqd => {
+                let outstanding = p.sends.saturating_sub(self.shared.counters.sq_retired());
+                if outstanding >= u64::from(self.shared.cap.max_send_wr) {
+                    return Err(VerbsError::QueueFull {
+                        queue: WorkQueue::Send,
+                        depth: self.shared.cap.max_send_wr,
+                    });
+                }
+            }
+            QpState::Error | QpState::Sqe => {}
+            state => {
+                return Err(VerbsError::InvalidQpState {
+                    op: "post_send",
+                    state,
+                })
+            }
+        }
+        p.send_q.push_back(wr);
+        p.sends += 1;
+        Ok(())
+    }
+
+    fn queue_recv(&self, p: &mut PostSide, wr: RecvWr) -> Result<(), VerbsError> {
+        wr.validate(&self.shared.cap)?;
+        match self.shared.state() {
+            QpState::Reset => {
+                return Err(VerbsError::InvalidQpState {
+                    op: "post_recv",
+                    state: QpState::Reset,
+                })
+            }
+            QpState::Error => {}
+            _ => {
+                let outstanding = p.recvs.saturating_sub(self.shared.counters.rq_retired());
+                if outstanding >= u64::from(self.shared.cap.max_recv_wr) {
+                    return Err(VerbsError::QueueFull {
+                        queue: WorkQueue::Recv,
+                        depth: self.shared.cap.max_recv_wr,
+                    });
+                }
+            }
+        }
+        p.recv_q.push_back(wr);
+        p.recvs += 1;
+        Ok(())
+    }
+
+    /// Modifies the QP (`ibv_modify_qp(3)`): the fields of `attr` that are `Some`.
+    /// Checked first, then applied in this order: `qp_access_flags`,
+    /// `max_rd_atomic` (ORD) and `max_dest_rd_atomic` (IRD), `qp_state` (the
+    /// transition table of [`verbs::check_transition`]). To Error: every outstanding
+    /// WR is flushed, and a bound connection is closed (abortively). To Reset: the
+    /// same, then every queue and counter is cleared. To SQD: no new send WR starts;
+    /// [`AsyncEvent::SqDrained`] follows once nothing is in flight.
+    /// `en_sqd_async_notify` is accepted (the event is always reported).
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::IllegalTransition`]; [`VerbsError::InvalidArgument`]
+    /// `"cur_qp_state"` (not the current state), `"ord"` / `"ird"`;
+    /// [`VerbsError::InvalidQpState`] (ORD/IRD outside Reset and Init);
+    /// [`VerbsError::Unsupported`] (`cap`: QPs are not resized);
+    /// [`VerbsError::InvalidHandle`] after [`Qp::destroy`];
+    /// [`VerbsError::DeviceGone`]. Nothing changes on error.
+    pub fn modify_qp(&self, attr: &QpAttr) -> Result<(), VerbsError> {
+        if self.shared.lock_post().destroyed {
+            return Err(self.destroyed_error());
+        }
+        let qpn = self.shared.qp_num;
+        let attr = *attr;
+        self.handle
+            .call_verbs("ibv_modify_qp", |reply| Command::ModifyQp {
+                qpn,
+                attr,
+                reply,
+            })
+    }
+
+    /// [`Qp::modify_qp`] with only a new state.
+    ///
+    /// # Errors
+    ///
+    /// As [`Qp::modify_qp`].
+    pub fn modify_state(&self, to: QpState) -> Result<(), VerbsError> {
+        self.modify_qp(&QpAttr::state(to))
+    }
+
+    /// Destroys the QP (`ibv_destroy_qp(3)`), safe at any time: the QP goes to Error
+    /// and every outstanding WR is flushed onto its CQs, its connection (if any) is
+    /// closed, and it leaves the engine; no completion of it appears after this
+    /// returns. After the device ended, the engine already flushed it.
+    ///
+    /// # Errors
+    ///
+    /// An `ETIMEDOUT` [`VerbsError::Os`] if the engine did not answer within
+    /// [`crate::device::COMMAND_TIMEOUT`] (the destroy still happens).
+    pub fn destroy(self) -> Result<(), VerbsError> {
+        self.destroy_inner(true)
+    }
+
+    fn destroy_inner(&self, wait: bool) -> Result<(), VerbsError> {
+        {
+            let mut p = self.shared.lock_post();
+            if p.destroyed {
+                return Ok(());
+            }
+            p.destroyed = true;
+        }
+        let qpn = self.shared.qp_num;
+        if !wait {
+            if self
+                .handle
+                .enqueue(Command::DestroyQp { qpn, reply: None })
+                .is_ok()
+            {
+                self.handle.wake();
+            }
+            return Ok(());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self
+            .handle
+            .enqueue(Command::DestroyQp {
+                qpn,
+                reply: Some(tx),
+            })
+            .is_err()
+        {
+            // The engine ended and flushed every QP already.
+            return Ok(());
+        }
+        self.handle.wake();
+        match rx.recv_timeout(crate::device::COMMAND_TIMEOUT) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(()),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
+                call: "ibv_destroy_qp",
+                errno: libc::ETIMEDOUT,
+            }),
+        }
+    }
+
+    fn destroyed_error(&self) -> VerbsError {
+        VerbsError::InvalidHandle {
+            object: ObjectKind::Qp,
+            handle: self.shared.qp_num,
+        }
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let _ = self.destroy_inner(false);
+        self.pd.qps.fetch_sub(1, Ordering::AcqRel);
+        self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The capability checks of `ibv_create_qp(3)` against [`DeviceAttr::SOFT`].
+fn check_cap(cap: &QpCap) -> Result<(), VerbsError> {
+    let d = DeviceAttr::SOFT;
+    let bad = |what| Err(VerbsError::InvalidArgument { what });
+    if cap.max_send_wr == 0 || cap.max_send_wr > d.max_qp_wr {
+        return bad("max_send_wr");
+    }
+    if cap.max_recv_wr > d.max_qp_wr {
+        return bad("max_recv_wr");
+    }
+    if cap.max_send_sge > d.max_sge {
+        return bad("max_send_sge");
+    }
+    if cap.max_recv_sge > d.max_sge {
+        return bad("max_recv_sge");
+    }
+    if cap.max_inline_data > d.max_inline_data {
+        return bad("max_inline_data");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_send_and_sync() {
+        fn both<T: Send + Sync>() {}
+        both::<Pd>();
+        both::<Mr>();
+        both::<Cq>();
+        both::<Qp>();
+    }
+
+    #[test]
+    fn cap_limits() {
+        let ok = QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        assert!(check_cap(&ok).is_ok());
+        let zero = QpCap {
+            max_send_wr: 0,
+            ..ok
+        };
+        assert_eq!(
+            check_cap(&zero),
+            Err(VerbsError::InvalidArgument {
+                what: "max_send_wr"
+            })
+        );
+        let sges = QpCap {
+            max_recv_sge: 17,
+            ..ok
+        };
+        assert!(check_cap(&sges).is_err());
+    }
+}
