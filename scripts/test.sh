@@ -15,6 +15,6 @@ cargo test --workspace --doc --locked
 # The loom models (exhaustive interleavings of the destroy / delivery / removal races);
 # their own target dir, since --cfg loom rebuilds everything.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-    cargo test -p iw-cm --release --locked --test 'loom_*'
+    cargo test -p iw-cm -p rdma-cm --release --locked --test 'loom_*'
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo fmt --all -- --check
