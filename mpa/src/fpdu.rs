@@ -219,9 +219,8 @@ pub enum FrameError {
 ///
 /// Create it when the MPA Request/Reply of the direction has been sent (stream
 /// position 0 is the first octet of the first FPDU); every FPDU built must
-/// then really be sent, in order. CRC is computed in the same pass as the
-/// copy: each piece is CRCed right after it is copied, while it is hot in the
-/// cache.
+/// then really be sent, in order. The CRC is computed right after the
+/// copy, in one pass over the FPDU just written, while it is hot in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Framer {
     framing: Framing,
@@ -325,18 +324,24 @@ impl Framer {
             fpdu_start: self.stream_pos,
             header_pos: None,
             markers: self.framing.markers,
-            crc: 0,
         };
         // The ULPDU_Length field fits: checked above.
-        w.put(&(ulpdu_len as u16).to_be_bytes(), true);
+        w.put(&(ulpdu_len as u16).to_be_bytes());
         for part in parts {
-            w.put(part, true);
+            w.put(part);
         }
-        w.put(&[0u8; 3][..pad_len(ulpdu_len)], true);
+        w.put(&[0u8; 3][..pad_len(ulpdu_len)]);
         // A Marker right before the CRC field is covered by the CRC.
-        w.marker_if_due(true);
-        let crc = if self.framing.crc { w.crc } else { 0 };
-        w.put(&crc_to_wire(crc), false);
+        w.marker_if_due();
+        // Every octet before the CRC field is covered (Markers included): one CRC32c
+        // pass over what was just written (hot in the cache) instead of one call per
+        // piece, which costs much more for the short ULPDU_Length and header pieces.
+        let crc = if self.framing.crc {
+            crc32c_append(0, &w.buf[..w.at])
+        } else {
+            0
+        };
+        w.put(&crc_to_wire(crc));
         debug_assert_eq!(w.at, len);
         self.stream_pos = self.stream_pos.wrapping_add(len as u64);
         Ok(len)
@@ -359,11 +364,10 @@ struct Writer<'b> {
     fpdu_start: u64,
     header_pos: Option<u64>,
     markers: bool,
-    crc: u32,
 }
 
 impl Writer<'_> {
-    fn marker_if_due(&mut self, in_crc: bool) {
+    fn marker_if_due(&mut self) {
         if !self.markers || !self.pos.is_multiple_of(MARKER_INTERVAL) {
             return;
         }
@@ -380,12 +384,12 @@ impl Writer<'_> {
             fpduptr,
         }
         .to_bytes();
-        self.copy(&bytes, in_crc);
+        self.copy(&bytes);
     }
 
-    fn put(&mut self, mut data: &[u8], in_crc: bool) {
+    fn put(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
-            self.marker_if_due(in_crc);
+            self.marker_if_due();
             if self.header_pos.is_none() {
                 self.header_pos = Some(self.pos);
             }
@@ -395,17 +399,14 @@ impl Writer<'_> {
             } else {
                 data.len()
             };
-            self.copy(&data[..n], in_crc);
+            self.copy(&data[..n]);
             data = &data[n..];
         }
     }
 
-    fn copy(&mut self, data: &[u8], in_crc: bool) {
+    fn copy(&mut self, data: &[u8]) {
         let dst = &mut self.buf[self.at..self.at + data.len()];
         dst.copy_from_slice(data);
-        if in_crc {
-            self.crc = crc32c_append(self.crc, dst);
-        }
         self.at += data.len();
         self.pos = self.pos.wrapping_add(data.len() as u64);
     }

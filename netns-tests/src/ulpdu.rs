@@ -237,6 +237,11 @@ pub fn send_stream(
         });
     }
     let pat = pattern();
+    // The pattern followed by its first MULPDU bytes again, so that every payload is
+    // one slice of it, sent without a copy (`send_ulpdu_shared`).
+    let mut wrapped = pat.clone();
+    wrapped.extend_from_within(..mulpdu.min(pat.len()));
+    let wrapped: std::sync::Arc<[u8]> = wrapped.into();
     let start = Instant::now();
     let (limit, until) = match cfg.amount {
         Amount::Bytes(n) => (n, None),
@@ -259,12 +264,18 @@ pub fn send_stream(
         } else {
             size
         };
-        let mut u = Vec::with_capacity(len);
-        build_ulpdu(&mut u, &pat, to, len);
+        let mut head = [0u8; HEADER_LEN];
+        head[0] = DDP_CONTROL;
+        head[1] = RDMAP_CONTROL;
+        head[2..6].copy_from_slice(&STAG.to_be_bytes());
+        head[6..14].copy_from_slice(&to.to_be_bytes());
+        let off = (to % pat.len() as u64) as usize;
+        let range = off..off + (len - HEADER_LEN);
         if cfg.verify {
-            crc = crc32c::crc32c_append(crc, &u);
+            crc = crc32c::crc32c_append(crc, &head);
+            crc = crc32c::crc32c_append(crc, &wrapped[range.clone()]);
         }
-        conn.send_ulpdu_vec(u, STALL_TIMEOUT)
+        conn.send_ulpdu_shared(&head, wrapped.clone(), range, STALL_TIMEOUT)
             .map_err(|source| TransferError::Send { index, source })?;
         bytes += len as u64;
         to += (len - HEADER_LEN) as u64;
@@ -320,6 +331,7 @@ pub fn recv_stream(
                 size = size.max(u.len());
                 bytes += u.len() as u64;
                 index += 1;
+                conn.recycle(u);
             }
             Err(RecvError::Closed) => break,
             Err(source) => {

@@ -33,7 +33,8 @@ use verbs::{AsyncEvent, VerbsError, WorkCompletion};
 /// more for bulk tests).
 pub const MAX_CQE: usize = 1 << 22;
 
-/// The CQ overflowed and is in the error state.
+/// Why a CQ cannot be polled: it overflowed and is in the error state, or it was
+/// destroyed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum CqError {
     /// More completions arrived than the CQ holds; `lost` of them were dropped
@@ -44,6 +45,13 @@ pub enum CqError {
         cq: u32,
         /// Completions that did not fit, so far.
         lost: u64,
+    },
+    /// The CQ was destroyed (`softiwarp::Cq::destroy`): nothing is delivered from it
+    /// any more.
+    #[error("CQ {cq:#x} destroyed")]
+    Destroyed {
+        /// The CQ's handle.
+        cq: u32,
     },
 }
 

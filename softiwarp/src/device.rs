@@ -10,7 +10,7 @@
 //! channels, events on queues. Nothing here runs on the engine thread and the engine
 //! never waits on a caller.
 //!
-//! # How this maps onto the iw-cm provider interface (next step)
+//! # How this maps onto the iw-cm provider interface ([`crate::iwcm_provider`])
 //!
 //! | iw-cm provider | here |
 //! |---|---|
@@ -548,7 +548,7 @@ impl Device {
         Ok(Device {
             handle: Arc::new(Handle {
                 cmds: cmd_tx,
-                waker: Waker::eventfd(wake),
+                waker: Waker::engine(wake),
                 shared,
                 mrs: Arc::new(MrTable::new()),
                 next_qpn: std::sync::atomic::AtomicU32::new(1),
@@ -592,6 +592,24 @@ impl Device {
     /// `Some` once the device is gone or shut down.
     pub fn ended(&self) -> Option<DeviceEnd> {
         self.handle.shared.ended()
+    }
+
+    /// Connections in the device's transport table, including ones still closing in
+    /// the background (e.g. in TCP TIME-WAIT), as of the engine's last pass; 0 once the
+    /// device ended. For leak checks.
+    pub fn connection_count(&self) -> usize {
+        if self.ended().is_some() {
+            return 0;
+        }
+        self.handle
+            .shared
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Raised by the engine after it queued connection, listener or device events.
+    pub(crate) fn activity(&self) -> &crate::event_signal::EventSignal {
+        &self.handle.shared.activity
     }
 
     /// Listens on TCP `port` with room for `backlog` undecided connections (1..=1024),
@@ -1028,6 +1046,36 @@ impl Connection {
     /// Errors: as [`Connection::send_ulpdu`].
     pub fn send_ulpdu_vec(&self, ulpdu: Vec<u8>, timeout: Duration) -> Result<(), SendError> {
         self.end.send_vec(ulpdu, timeout)
+    }
+
+    /// Zero-copy send: queues the ULPDU `head` (copied, e.g. a DDP header) followed by
+    /// `body[range]`, which the engine frames straight from `body` into the TCP send
+    /// buffer (CRC in that copy), as a QP sends from a memory region. Waits up to
+    /// `timeout` for room in the send queue.
+    ///
+    /// Errors: as [`Connection::send_ulpdu`].
+    pub fn send_ulpdu_shared(
+        &self,
+        head: &[u8],
+        body: std::sync::Arc<[u8]>,
+        range: std::ops::Range<usize>,
+        timeout: Duration,
+    ) -> Result<(), SendError> {
+        self.end.send_shared(head, body, range, timeout)
+    }
+
+    /// An empty buffer to build a ULPDU in for [`Connection::send_ulpdu_vec`]: one
+    /// recycled from ULPDUs sent before or given back with [`Connection::recycle`], else
+    /// a new one of `capacity` bytes. A steady stream then allocates nothing per ULPDU.
+    pub fn ulpdu_buffer(&self, capacity: usize) -> Vec<u8> {
+        self.end.buffer(capacity)
+    }
+
+    /// Gives a buffer (e.g. a ULPDU from [`Connection::recv_ulpdu`], once read) back
+    /// for reuse by the receive path and [`Connection::ulpdu_buffer`] (bounded; the
+    /// rest is freed).
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.end.recycle(buf);
     }
 
     /// Queues one ULPDU without waiting.

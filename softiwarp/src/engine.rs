@@ -16,13 +16,17 @@
 //!   command, rings a doorbell, queues a ULPDU into an empty send queue, or frees receive
 //!   room the engine waits for writes 1 to it.
 //!
-//! The loop: reset the eventfd (before looking at any queue, so a later wake-up is never
-//! lost), run every queued command, [`Stack::poll`] with the time since the device
-//! started, route the stack's events, then decide how to wait:
+//! The loop: run every queued command, [`Stack::poll`] with the time since the device
+//! started (one clock read per pass), route the stack's events, wake the receivers
+//! waiting for ULPDUs queued in batches ([`StreamEnd::flush_wakeups`]), then decide how
+//! to wait (the eventfd is reset right after each sleep, before the queues are looked
+//! at, so a later wake-up is never lost; a wake-up written while the engine is awake
+//! keeps it readable and the next sleep returns at once: no system call per pass):
 //!
 //! - after a pass that did something, loop at once;
 //! - for [`EngineConfig::spin`] after the last activity, keep polling without sleeping
-//!   (busy polling was 21% faster than blocking at MTU 1500, transport-notes.md);
+//!   (busy polling was 21% faster than blocking at MTU 1500, transport-notes.md),
+//!   yielding the core between passes to an application thread that shares it;
 //! - then sleep in `poll(2)` on the link's poll fd and the eventfd, with the timeout the
 //!   stack's deadline gives (rounded up to whole milliseconds), or forever when nothing is
 //!   timed. An idle device therefore costs nothing but its timers (TCP keep-alive).
@@ -267,6 +271,11 @@ pub(crate) struct Shared {
     pub(crate) kick: Arc<AtomicBool>,
     /// QPs with newly posted WRs (rung by the post calls).
     pub(crate) doorbell: Mutex<Vec<u32>>,
+    /// Raised after the engine queued connection, listener or device events (the iw-cm
+    /// provider's thread sleeps on it, [`crate::iwcm_provider`]).
+    pub(crate) activity: crate::event_signal::EventSignal,
+    /// The stack's connection count after the engine's last pass (`Device::connection_count`).
+    pub(crate) connections: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -278,6 +287,8 @@ impl Shared {
             gate: RwLock::new(false),
             kick: Arc::new(AtomicBool::new(false)),
             doorbell: Mutex::new(Vec::new()),
+            activity: crate::event_signal::EventSignal::default(),
+            connections: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -308,6 +319,8 @@ pub(crate) struct Engine<L: Link> {
     listeners: HashMap<ListenerId, Arc<EventQueue<PendingRequest>>>,
     /// Every QP of the device, by QP number.
     qps: HashMap<u32, CoreRef>,
+    /// Raised by a QP that went to Error by itself while bound (`QpCore::orphaned`).
+    qp_errored: Arc<AtomicBool>,
 }
 
 /// Microseconds since `start`, as a smoltcp instant.
@@ -325,6 +338,9 @@ impl<L: Link> Engine<L> {
         start: StdInstant,
         name: String,
     ) -> Self {
+        let mut stack = stack;
+        // Link events (notifications, fd errors) need no system call on every pass.
+        stack.set_link_check_interval(1000);
         Engine {
             stack,
             cmds,
@@ -336,11 +352,12 @@ impl<L: Link> Engine<L> {
             conns: HashMap::new(),
             listeners: HashMap::new(),
             qps: HashMap::new(),
+            qp_errored: Arc::new(AtomicBool::new(false)),
         }
     }
 
     fn waker(&self) -> Waker {
-        Waker::eventfd(self.wake.clone())
+        Waker::engine(self.wake.clone())
     }
 
     /// Runs until shutdown, until every handle to the command queue is gone, or until
@@ -351,8 +368,9 @@ impl<L: Link> Engine<L> {
         tracing::debug!("engine running");
         let mut last_activity = StdInstant::now();
         loop {
-            // Reset the wake-up first: anything queued after this wakes the next sleep.
-            let _ = self.wake.read();
+            // The wake-up is reset after each sleep (before the queues are read): a
+            // wake-up written while the engine is awake keeps the eventfd readable, so
+            // the next sleep returns at once. No system call per pass.
             let mut active = false;
             loop {
                 match self.cmds.try_recv() {
@@ -368,24 +386,43 @@ impl<L: Link> Engine<L> {
                 }
             }
             active |= self.doorbells();
-            let now = elapsed(self.start);
+            // One clock read per pass.
+            let t = StdInstant::now();
+            let now = Instant::from_micros(
+                i64::try_from(t.duration_since(self.start).as_micros()).unwrap_or(i64::MAX),
+            );
             let deadline = self.stack.poll(now);
             active |= self.stack.progressed();
             active |= self.shared.kick.swap(false, Ordering::AcqRel);
             self.route();
+            if self.qp_errored.swap(false, Ordering::AcqRel) {
+                active |= self.abort_orphaned();
+            }
             if let Some(reason) = self.stack.gone() {
                 self.gone(reason);
                 return;
             }
+            // Receivers waiting for ULPDUs queued in this pass are woken in batches:
+            // a quarter of the receive queue, `RX_WAKE_DELAY`, or before the engine
+            // sleeps.
+            for end in self.conns.values() {
+                end.flush_wakeups(false, t);
+            }
             if active {
-                last_activity = StdInstant::now();
+                last_activity = t;
                 continue;
             }
-            if last_activity.elapsed() < self.cfg.spin {
-                std::hint::spin_loop();
+            if t.duration_since(last_activity) < self.cfg.spin {
+                // Application threads often share this core: let a runnable one go
+                // first rather than spin against it.
+                std::thread::yield_now();
                 continue;
+            }
+            for end in self.conns.values() {
+                end.flush_wakeups(true, t);
             }
             self.sleep(now, deadline);
+            let _ = self.wake.read();
         }
     }
 
@@ -488,7 +525,11 @@ impl<L: Link> Engine<L> {
             }
             Command::Shutdown => {}
             Command::CreateQp { core } => {
-                let qpn = qp_ulp::lock(&core).qp.qp_num();
+                let qpn = {
+                    let mut c = qp_ulp::lock(&core);
+                    c.errored = Some(Arc::clone(&self.qp_errored));
+                    c.qp.qp_num()
+                };
                 self.qps.insert(qpn, core);
             }
             Command::ModifyQp { qpn, attr, reply } => {
@@ -545,7 +586,8 @@ impl<L: Link> Engine<L> {
 
     /// `ibv_modify_qp(3)`: every check first, then the changes (access, ORD/IRD,
     /// state). Entering Error or Reset while connected closes the connection
-    /// (abortive: the QP has nothing more to say on it).
+    /// (abortive: the QP has nothing more to say on it). RTS is refused to a QP not
+    /// bound to a connection.
     fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), VerbsError> {
         let core = self
             .qps
@@ -574,6 +616,14 @@ impl<L: Link> Engine<L> {
             }
             if let Some(to) = attr.qp_state {
                 check_transition(state, to)?;
+                // As kernel siw: RTS needs the LLP connection (a QP enters it through
+                // `connect_qp` / `accept_qp`); an unbound QP never would send anything.
+                if to == QpState::Rts && c.conn.is_none() {
+                    return Err(VerbsError::InvalidQpState {
+                        op: "modify_qp to RTS without a connection",
+                        state,
+                    });
+                }
             }
             let ord_ird = attr.max_rd_atomic.is_some() || attr.max_dest_rd_atomic.is_some();
             if ord_ird && !matches!(state, QpState::Reset | QpState::Init) {
@@ -609,11 +659,14 @@ impl<L: Link> Engine<L> {
         Ok(())
     }
 
+    /// Flushes and removes the QP, closes its connection, then releases its uses of
+    /// its PD and CQs (so `Cq::destroy` / `Pd::dealloc` succeed only after every
+    /// flushed completion is in place).
     fn destroy_qp(&mut self, qpn: u32) {
         let Some(core) = self.qps.remove(&qpn) else {
             return;
         };
-        let close = {
+        let (close, uses) = {
             let mut c = qp_ulp::lock(&core);
             let span = c.span.clone();
             let _e = span.enter();
@@ -622,11 +675,33 @@ impl<L: Link> Engine<L> {
             c.enter_error();
             let close = c.unbind();
             c.after();
-            close
+            (close, c.uses.take())
         };
         if let Some(conn) = close {
             let _ = self.stack.close(conn, CloseMode::Abortive);
         }
+        drop(uses);
+    }
+
+    /// Aborts the connection of every QP that went to Error by itself while bound
+    /// (a QP in Error never keeps a live connection). Returns whether one was found.
+    fn abort_orphaned(&mut self) -> bool {
+        let mut close = Vec::new();
+        for core in self.qps.values() {
+            let mut c = qp_ulp::lock(core);
+            if c.orphaned() {
+                let span = c.span.clone();
+                let _e = span.enter();
+                tracing::debug!("QP in Error: aborting its connection");
+                close.extend(c.unbind());
+                c.after();
+            }
+        }
+        let found = !close.is_empty();
+        for conn in close {
+            let _ = self.stack.close(conn, CloseMode::Abortive);
+        }
+        found
     }
 
     /// Checks that QP `qpn` may be bound to a new connection (in Reset or Init, not
@@ -751,7 +826,10 @@ impl<L: Link> Engine<L> {
                     let _ = reply.send(Err(VerbsError::DeviceGone));
                 }
                 Command::DestroyQp { qpn, reply } => {
-                    self.qps.remove(&qpn);
+                    if let Some(core) = self.qps.remove(&qpn) {
+                        // Flushed above: its uses of the PD and CQs end here.
+                        drop(qp_ulp::lock(&core).uses.take());
+                    }
                     if let Some(reply) = reply {
                         let _ = reply.send(());
                     }
@@ -764,7 +842,9 @@ impl<L: Link> Engine<L> {
 
     /// Hands the stack's events to their queues.
     fn route(&mut self) {
+        let mut routed = false;
         while let Some(ev) = self.stack.poll_event() {
+            routed = true;
             match ev {
                 StackEvent::ConnectRequest(info) => match self.listeners.get(&info.listener) {
                     Some(q) => {
@@ -792,6 +872,12 @@ impl<L: Link> Engine<L> {
                 StackEvent::Link(LinkEvent::Gone(_)) => {}
             }
         }
+        self.shared
+            .connections
+            .store(self.stack.connection_count(), Ordering::Relaxed);
+        if routed {
+            self.shared.activity.notify();
+        }
     }
 
     fn end_everything(&mut self, end: DeviceEnd) {
@@ -807,6 +893,7 @@ impl<L: Link> Engine<L> {
         }
         self.shared.async_events.end(end);
         self.shared.events.end(end);
+        self.shared.activity.notify();
     }
 
     fn gone(&mut self, reason: GoneReason) {

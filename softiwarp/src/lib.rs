@@ -67,6 +67,8 @@
 //! - [`device`]: the public device API (open, listen, connect, accept/reject, ULPDUs, close;
 //!   binding QPs to connections).
 //! - [`verbs_api`]: the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]).
+//! - [`iwcm_provider`]: the device as an iw-cm provider
+//!   ([`iwcm_provider::SoftProvider`], `iw_cm::Provider`), with its provider thread.
 //!
 //! See `docs/ARCHITECTURE.md` for the threads and the rules of design.md §5.
 
@@ -77,6 +79,8 @@ pub use smoltcp;
 pub mod cq;
 pub mod device;
 pub mod engine;
+mod event_signal;
+pub mod iwcm_provider;
 pub mod link;
 pub mod mpa_conn;
 pub mod mr;

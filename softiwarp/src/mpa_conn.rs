@@ -894,6 +894,42 @@ impl MpaConn {
         }
     }
 
+    /// Frames one ULPDU straight into `buf` (e.g. the free room of the TCP send
+    /// buffer), CRC computed in the same copy, when it can go there at once: full
+    /// operation (or the responder after the initiator's first FPDU), nothing else
+    /// pending in [`MpaConn::poll_transmit`], and the whole FPDU fits in `buf`.
+    /// Returns the FPDU's length (the caller must write those bytes to TCP now, in
+    /// order), or `None` when it cannot (nothing changed: use
+    /// [`MpaConn::send_ulpdu`], which queues or holds it).
+    ///
+    /// Errors (nothing changes): as [`MpaConn::send_ulpdu`].
+    pub fn frame_into(
+        &mut self,
+        buf: &mut [u8],
+        parts: &[&[u8]],
+    ) -> Result<Option<usize>, CallError> {
+        if !matches!(self.state, State::FullOperation | State::AwaitingFirstFpdu) {
+            return Err(self.wrong_state("send_ulpdu"));
+        }
+        if self.terminate_sent {
+            return Err(CallError::TerminateSent);
+        }
+        self.check_ulpdu(parts)?;
+        if !self.tx_open || self.tx.len() > 0 {
+            return Ok(None);
+        }
+        let Some(framer) = self.framer.as_mut() else {
+            return Ok(None);
+        };
+        let ulpdu_len: usize = parts.iter().map(|p| p.len()).sum();
+        if buf.len() < framer.next_fpdu_len(ulpdu_len) {
+            return Ok(None);
+        }
+        let n = framer.write_parts(parts, buf).map_err(CallError::Frame)?;
+        tracing::trace!(role = ?self.role, fpdu_len = n, "FPDU framed in place");
+        Ok(Some(n))
+    }
+
     /// Sends a Terminate message (a ULPDU the upper layer built, e.g. with
     /// `ddp_rdmap::terminate::Repr::for_error` and
     /// [`MpaError::terminate_cause`]) as the last FPDU of this side

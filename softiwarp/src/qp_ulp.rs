@@ -334,6 +334,12 @@ pub(crate) struct QpCore {
     send_scratch: VecDeque<SendWr>,
     recv_scratch: VecDeque<RecvWr>,
     pub(crate) span: tracing::Span,
+    /// The QP's uses of its PD and CQs: released when the engine drops it after
+    /// flushing and removing the QP (and the application dropped its handle).
+    pub(crate) uses: Option<Arc<crate::verbs_api::QpUses>>,
+    /// Raised when the QP went to Error by itself while still bound (the engine then
+    /// aborts the connection: a QP in Error never keeps a live connection).
+    pub(crate) errored: Option<Arc<AtomicBool>>,
 }
 
 /// The shared handle to a [`QpCore`].
@@ -367,6 +373,8 @@ impl QpCore {
             send_scratch: VecDeque::new(),
             recv_scratch: VecDeque::new(),
             span,
+            uses: None,
+            errored: None,
         }
     }
 
@@ -422,7 +430,23 @@ impl QpCore {
                 }
             }
         }
+        if self.orphaned() {
+            if let Some(flag) = &self.errored {
+                flag.store(true, Ordering::Release);
+                self.kick.store(true, Ordering::Release);
+            }
+        }
         self.publish();
+    }
+
+    /// True if the QP is in Error but still bound to a connection that no Terminate
+    /// of its own will end (e.g. after a malformed Terminate from the peer): the
+    /// engine must abort that connection.
+    pub(crate) fn orphaned(&self) -> bool {
+        self.conn.is_some()
+            && self.qp.state() == QpState::Error
+            && self.pending_terminate.is_none()
+            && !self.qp.terminate_pending()
     }
 
     /// Publishes the mirror. Plain stores of values that rarely change, and the

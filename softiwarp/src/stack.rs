@@ -889,13 +889,35 @@ fn might_be_terminate(ulpdu: &[u8]) -> bool {
 }
 
 /// The cause of a Terminate message, if `ulpdu` is one (RDMAP opcode 7 on QN 2).
+///
+/// A malformed Terminate (a valid untagged DDP/RDMAP header with opcode 7 on QN 2,
+/// but too short to hold the Terminate Control word, or with junk after it) is still
+/// the peer ending the stream, as the QP engine treats it (RFC 5040 §7: never
+/// answered with a Terminate): its cause is the raw Layer/EType/Error Code triple
+/// when those bytes are there, else [`ErrorCause::Unrecognized`] `0xf/0xf/0xff`.
 fn terminate_cause_of(ulpdu: &[u8]) -> Option<ErrorCause> {
     if !might_be_terminate(ulpdu) {
         return None;
     }
-    match Ulpdu::parse(ulpdu).ok()?.body {
-        Body::Terminate(t) => Some(t.cause),
-        _ => None,
+    match Ulpdu::parse(ulpdu) {
+        Ok(u) => match u.body {
+            Body::Terminate(t) => Some(t.cause),
+            _ => None,
+        },
+        Err(_) => match Header::parse(ulpdu) {
+            Ok(h) if h.opcode == Opcode::Terminate && h.qn() == Some(QN_TERMINATE) => {
+                let hlen = h.buffer_len();
+                Some(match ulpdu.get(hlen..hlen + 2) {
+                    Some(&[lt, code]) => ErrorCause::from_raw(lt >> 4, lt & 0x0f, code),
+                    _ => ErrorCause::Unrecognized {
+                        layer: 0x0f,
+                        etype: 0x0f,
+                        code: 0xff,
+                    },
+                })
+            }
+            _ => None,
+        },
     }
 }
 
@@ -1315,11 +1337,34 @@ impl Conn {
         let Some(mulpdu) = mpa.mulpdu() else {
             return Pulled::Empty;
         };
-        let mut emit = |parts: &[&[u8]]| mpa.send_ulpdu(parts);
-        match upper.poll_ulpdu(mulpdu, &mut emit) {
+        // Nothing is pending (checked by `tx`), so the FPDU goes straight into the
+        // socket's send buffer, CRC in that copy; MPA's own queue only when the free
+        // room wraps around the end of the ring (or the ULPDU is held).
+        let mut direct = 0;
+        let mut emit = |parts: &[&[u8]]| {
+            if mpa.transmit_pending() == 0 {
+                let mut framed = Ok(None);
+                let _ = sock.send(|buf| {
+                    framed = mpa.frame_into(buf, parts);
+                    (framed.as_ref().map_or(0, |n| n.unwrap_or(0)), ())
+                });
+                if let Some(n) = framed? {
+                    direct += n;
+                    return Ok(());
+                }
+            }
+            mpa.send_ulpdu(parts)
+        };
+        let polled = upper.poll_ulpdu(mulpdu, &mut emit);
+        if direct > 0 {
+            self.written += direct as u64;
+            cx.stats.stream_tx_bytes += direct as u64;
+            *cx.progress = true;
+        }
+        match polled {
             Ok(true) => {
                 cx.stats.ulpdus_tx += 1;
-                Pulled::Sent(self.write_pending(sock, cx) > 0)
+                Pulled::Sent(self.write_pending(sock, cx) > 0 || direct > 0)
             }
             Ok(false) => Pulled::Empty,
             Err(e) => {
@@ -1550,6 +1595,9 @@ pub struct Stack<L: Link> {
     next_port: u16,
     progress: bool,
     gone: Option<GoneReason>,
+    /// When the link was last asked for events ([`Stack::set_link_check_interval`]).
+    link_checked: Option<Instant>,
+    link_check_us: u64,
 }
 
 impl<L: Link> std::fmt::Debug for Stack<L> {
@@ -1604,6 +1652,8 @@ impl<L: Link> Stack<L> {
             next_port,
             progress: false,
             gone: None,
+            link_checked: None,
+            link_check_us: 0,
         })
     }
 
@@ -2023,7 +2073,17 @@ impl<L: Link> Stack<L> {
     /// nothing is timed (idle, or the link is gone).
     pub fn poll(&mut self, now: Instant) -> Option<Instant> {
         self.progress = false;
-        while let Some(ev) = self.dev.inner.link_mut().poll_event() {
+        let check_link = self.link_check_us == 0
+            || self
+                .link_checked
+                .is_none_or(|t| now < t || micros(now) - micros(t) >= self.link_check_us);
+        if check_link {
+            self.link_checked = Some(now);
+        }
+        while let Some(ev) = check_link
+            .then(|| self.dev.inner.link_mut().poll_event())
+            .flatten()
+        {
             self.progress = true;
             tracing::debug!(link = self.dev.inner.link().name(), event = ?ev, "link event");
             self.events.push_back(StackEvent::Link(ev));
@@ -2092,6 +2152,14 @@ impl<L: Link> Stack<L> {
             next = next.map(|n| n.max(floor));
         }
         next
+    }
+
+    /// Asks the link for events ([`Link::poll_event`]) at most every `us` microseconds
+    /// of the `now` given to [`Stack::poll`] instead of in every poll (0, the default).
+    /// A TAP link looks with an `epoll_wait` system call, a measurable share of a busy
+    /// driver's time when paid on every pass; the device engine sets 1 ms.
+    pub fn set_link_check_interval(&mut self, us: u64) {
+        self.link_check_us = us;
     }
 
     /// The next event, oldest first.

@@ -19,8 +19,22 @@
 //! waits on the user (it only takes the lock briefly). The user side wakes the driver with
 //! a [`Waker`] (the engine's eventfd) when the send queue goes from empty to non-empty and
 //! when it frees receive room the driver was waiting for.
+//!
+//! Wake-ups of the user are batched, so that a user thread and a driver thread sharing a
+//! core do not switch per ULPDU: a sender blocked on a full send queue is woken once the
+//! queue has drained to half its bound (or is empty); with a batched waker
+//! ([`Waker::engine`]) a receiver blocked on an empty receive queue is woken when the
+//! driver calls [`StreamEnd::flush_wakeups`] (the engine does after every pass that found
+//! nothing more to do, and at the latest [`RX_WAKE_DELAY`] after the first ULPDU it is
+//! woken for), or at once when a quarter of the receive bound is queued. Without a batched
+//! waker every received ULPDU wakes the receiver (a test loop driving the stack itself).
+//!
+//! Buffers are recycled: the stack side copies received ULPDUs into buffers the user gave
+//! back with [`StreamEnd::recycle`] and returns sent ULPDUs' buffers to the same pool,
+//! where [`StreamEnd::buffer`] takes them, so a steady stream allocates nothing per ULPDU.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -49,26 +63,47 @@ impl Default for StreamConfig {
     }
 }
 
+/// How long at most a receiver waiting on a batched stream ([`Waker::engine`]) waits for
+/// ULPDUs already queued while the driver stays busy.
+pub const RX_WAKE_DELAY: Duration = Duration::from_micros(200);
+
 /// Wakes the thread driving the stack: writes 1 to its eventfd. [`Waker::none`] does
 /// nothing (a stack driven by a test loop polls anyway).
 #[derive(Debug, Clone, Default)]
-pub struct Waker(Option<Arc<EventFd>>);
+pub struct Waker {
+    fd: Option<Arc<EventFd>>,
+    /// The driver calls [`StreamEnd::flush_wakeups`] after its passes.
+    batched: bool,
+}
 
 impl Waker {
     /// A waker that does nothing.
     pub fn none() -> Self {
-        Waker(None)
+        Waker::default()
     }
 
     /// A waker writing to `fd` (an eventfd the driver polls).
     pub fn eventfd(fd: Arc<EventFd>) -> Self {
-        Waker(Some(fd))
+        Waker {
+            fd: Some(fd),
+            batched: false,
+        }
+    }
+
+    /// A waker writing to `fd`, for a driver that calls [`StreamEnd::flush_wakeups`]
+    /// on every stream after each pass (the device engine): receivers are woken in
+    /// batches (see the [module docs](self)).
+    pub fn engine(fd: Arc<EventFd>) -> Self {
+        Waker {
+            fd: Some(fd),
+            batched: true,
+        }
     }
 
     /// Wakes the driver. Never blocks: an eventfd write fails only when its counter would
     /// overflow, which 1 per call cannot reach in practice; errors are ignored.
     pub fn wake(&self) {
-        if let Some(fd) = &self.0 {
+        if let Some(fd) = &self.fd {
             let _ = fd.write(1);
         }
     }
@@ -122,11 +157,24 @@ pub enum RecvError {
     Failed(ConnError),
 }
 
+/// A queued ULPDU to send: `head`, then (zero-copy sends) a range of a shared buffer.
+#[derive(Debug)]
+struct TxItem {
+    head: Vec<u8>,
+    body: Option<(Arc<[u8]>, std::ops::Range<usize>)>,
+}
+
+impl TxItem {
+    fn len(&self) -> usize {
+        self.head.len() + self.body.as_ref().map_or(0, |(_, r)| r.len())
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     rx: VecDeque<Vec<u8>>,
     rx_bytes: usize,
-    tx: VecDeque<Vec<u8>>,
+    tx: VecDeque<TxItem>,
     tx_bytes: usize,
     events: VecDeque<ConnEvent>,
     established: Option<Established>,
@@ -138,6 +186,34 @@ struct Inner {
     local_closed: bool,
     waiters: usize,
     driver_wants_room: bool,
+    /// Recycled ULPDU buffers and their total capacity.
+    free: Vec<Vec<u8>>,
+    free_bytes: usize,
+    /// Batched: when the first ULPDU a waiting receiver has not been woken for arrived.
+    rx_wake_since: Option<Instant>,
+}
+
+impl Inner {
+    /// A recycled buffer (empty), or a new one of `cap` bytes.
+    fn take_buffer(&mut self, cap: usize) -> Vec<u8> {
+        match self.free.pop() {
+            Some(mut b) => {
+                self.free_bytes -= b.capacity();
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(cap),
+        }
+    }
+
+    /// Keeps `buf` for reuse while the pool holds less than `limit` bytes.
+    fn give_buffer(&mut self, buf: Vec<u8>, limit: usize) {
+        let cap = buf.capacity();
+        if cap > 0 && self.free_bytes + cap <= limit {
+            self.free_bytes += cap;
+            self.free.push(buf);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -146,6 +222,8 @@ struct Shared {
     cond: Condvar,
     cfg: StreamConfig,
     waker: Waker,
+    /// Batched: a receiver waits for ULPDUs already queued (`Inner::rx_wake_since`).
+    rx_wake_pending: AtomicBool,
 }
 
 impl Shared {
@@ -160,12 +238,38 @@ impl Shared {
             self.cond.notify_all();
         }
     }
+
+    /// Bytes of recycled buffers kept at most.
+    fn pool_limit(&self) -> usize {
+        self.cfg.tx_queue_bytes + self.cfg.rx_queue_bytes
+    }
+
+    /// A received ULPDU was queued (lock held): wake a waiting receiver now, or (batched)
+    /// leave it to [`StreamEnd::flush_wakeups`]. Returns whether to notify once the lock
+    /// is released.
+    fn rx_queued(&self, g: &mut Inner) -> bool {
+        if g.waiters == 0 {
+            return false;
+        }
+        if !self.waker.batched || g.rx_bytes >= self.cfg.rx_queue_bytes / 4 {
+            g.rx_wake_since = None;
+            self.rx_wake_pending.store(false, Ordering::Relaxed);
+            return true;
+        }
+        if g.rx_wake_since.is_none() {
+            g.rx_wake_since = Some(Instant::now());
+            self.rx_wake_pending.store(true, Ordering::Release);
+        }
+        false
+    }
 }
 
 /// The stack side of a stream connection: an [`Ulp`]. See the [module docs](self).
 #[derive(Debug)]
 pub struct StreamUlp {
     shared: Arc<Shared>,
+    /// The buffer of the last ULPDU sent, returned to the pool at the next pop.
+    spare: Option<Vec<u8>>,
 }
 
 /// The user side of a stream connection. See the [module docs](self). Cloning gives
@@ -183,10 +287,12 @@ pub fn pair(cfg: StreamConfig, waker: Waker) -> (StreamUlp, StreamEnd) {
         cond: Condvar::new(),
         cfg,
         waker,
+        rx_wake_pending: AtomicBool::new(false),
     });
     (
         StreamUlp {
             shared: shared.clone(),
+            spare: None,
         },
         StreamEnd { shared },
     )
@@ -198,7 +304,48 @@ impl StreamEnd {
     pub fn ulp(&self) -> StreamUlp {
         StreamUlp {
             shared: self.shared.clone(),
+            spare: None,
         }
+    }
+
+    /// For the driver of a batched stream ([`Waker::engine`]), after a pass: wakes a
+    /// receiver waiting for ULPDUs already queued if `idle` (the pass found nothing more
+    /// to do) or it has waited [`RX_WAKE_DELAY`] at `now` (the driver's clock reading
+    /// of this pass). Cheap when there is nothing to do (one atomic load).
+    pub fn flush_wakeups(&self, idle: bool, now: Instant) {
+        if !self.shared.rx_wake_pending.load(Ordering::Acquire) {
+            return;
+        }
+        let mut g = self.shared.lock();
+        let due = match g.rx_wake_since {
+            Some(since) => idle || now.saturating_duration_since(since) >= RX_WAKE_DELAY,
+            None => true,
+        };
+        if !due {
+            return;
+        }
+        g.rx_wake_since = None;
+        self.shared.rx_wake_pending.store(false, Ordering::Relaxed);
+        let wake = g.waiters > 0;
+        drop(g);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+    }
+
+    /// An empty buffer for a ULPDU to send with [`StreamEnd::send_vec`]: a recycled one
+    /// (from sent ULPDUs and [`StreamEnd::recycle`]) when there is one, else a new one
+    /// with room for `capacity` bytes.
+    pub fn buffer(&self, capacity: usize) -> Vec<u8> {
+        self.shared.lock().take_buffer(capacity)
+    }
+
+    /// Gives a buffer (e.g. a received ULPDU, read) back for reuse by the receive path
+    /// and [`StreamEnd::buffer`]. The pool is bounded (the two queue bounds together);
+    /// beyond it the buffer is freed.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        let limit = self.shared.pool_limit();
+        self.shared.lock().give_buffer(buf, limit);
     }
 
     /// Hands a connection event to the user side: the driver routes every
@@ -336,10 +483,20 @@ impl StreamEnd {
         Ok(())
     }
 
-    fn push(&self, mut g: MutexGuard<'_, Inner>, ulpdu: Vec<u8>) {
+    fn push(&self, g: MutexGuard<'_, Inner>, ulpdu: Vec<u8>) {
+        self.push_item(
+            g,
+            TxItem {
+                head: ulpdu,
+                body: None,
+            },
+        );
+    }
+
+    fn push_item(&self, mut g: MutexGuard<'_, Inner>, item: TxItem) {
         let was_empty = g.tx.is_empty();
-        g.tx_bytes += ulpdu.len();
-        g.tx.push_back(ulpdu);
+        g.tx_bytes += item.len();
+        g.tx.push_back(item);
         drop(g);
         if was_empty {
             self.shared.waker.wake();
@@ -371,6 +528,50 @@ impl StreamEnd {
         self.send_vec(ulpdu.to_vec(), timeout)
     }
 
+    /// Queues one ULPDU made of `head` (copied; e.g. a DDP header) followed by
+    /// `body[range]`, which is not copied: the driver frames it straight from `body`
+    /// into the TCP send buffer (as a QP sends from a memory region). Waits up to
+    /// `timeout` for room in the send queue.
+    ///
+    /// Errors: as [`StreamEnd::send_vec`]; an out-of-bounds `range` is
+    /// [`SendError::TooLong`].
+    pub fn send_shared(
+        &self,
+        head: &[u8],
+        body: Arc<[u8]>,
+        range: std::ops::Range<usize>,
+        timeout: Duration,
+    ) -> Result<(), SendError> {
+        let len = head.len() + range.len();
+        if range.start > range.end || range.end > body.len() {
+            return Err(SendError::TooLong {
+                len: range.end,
+                mulpdu: body.len(),
+            });
+        }
+        // The clock is read only if the call has to wait.
+        let mut deadline = None;
+        let mut g = self.shared.lock();
+        loop {
+            self.check_send(&g, len)?;
+            if self.has_room(&g, len) {
+                let mut h = g.take_buffer(head.len());
+                h.extend_from_slice(head);
+                self.push_item(
+                    g,
+                    TxItem {
+                        head: h,
+                        body: Some((body, range)),
+                    },
+                );
+                return Ok(());
+            }
+            g = self
+                .wait(g, *deadline.get_or_insert_with(|| Instant::now() + timeout))
+                .ok_or(SendError::Timeout)?;
+        }
+    }
+
     /// Queues one ULPDU (1..=MULPDU bytes, taken as is), waiting up to `timeout` for
     /// room in the send queue.
     ///
@@ -378,7 +579,8 @@ impl StreamEnd {
     /// [`SendError::Closed`], [`SendError::Failed`], [`SendError::Empty`],
     /// [`SendError::TooLong`].
     pub fn send_vec(&self, ulpdu: Vec<u8>, timeout: Duration) -> Result<(), SendError> {
-        let deadline = Instant::now() + timeout;
+        // The clock is read only if the call has to wait.
+        let mut deadline = None;
         let mut g = self.shared.lock();
         loop {
             self.check_send(&g, ulpdu.len())?;
@@ -386,7 +588,9 @@ impl StreamEnd {
                 self.push(g, ulpdu);
                 return Ok(());
             }
-            g = self.wait(g, deadline).ok_or(SendError::Timeout)?;
+            g = self
+                .wait(g, *deadline.get_or_insert_with(|| Instant::now() + timeout))
+                .ok_or(SendError::Timeout)?;
         }
     }
 
@@ -431,7 +635,8 @@ impl StreamEnd {
     /// Errors: [`RecvError::Timeout`]; [`RecvError::Closed`] / [`RecvError::Failed`] once
     /// the connection ended (or the peer closed) and the queue is empty.
     pub fn recv(&self, timeout: Duration) -> Result<Vec<u8>, RecvError> {
-        let deadline = Instant::now() + timeout;
+        // The clock is read only if the call has to wait.
+        let mut deadline = None;
         let mut g = self.shared.lock();
         loop {
             g = match self.pop(g) {
@@ -441,7 +646,9 @@ impl StreamEnd {
             if let Some(e) = Self::end_error(&g) {
                 return Err(e);
             }
-            g = self.wait(g, deadline).ok_or(RecvError::Timeout)?;
+            g = self
+                .wait(g, *deadline.get_or_insert_with(|| Instant::now() + timeout))
+                .ok_or(RecvError::Timeout)?;
         }
     }
 
@@ -475,17 +682,46 @@ impl Ulp for StreamUlp {
         let mut g = self.shared.lock();
         g.rx_bytes += ulpdu.len();
         g.rx.push_back(ulpdu);
-        self.shared.notify(&g);
+        let wake = self.shared.rx_queued(&mut g);
+        drop(g);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+    }
+
+    fn on_ulpdu_in_place(&mut self, ulpdu: &[u8]) -> bool {
+        let mut g = self.shared.lock();
+        let mut buf = g.take_buffer(ulpdu.len());
+        buf.extend_from_slice(ulpdu);
+        g.rx_bytes += buf.len();
+        g.rx.push_back(buf);
+        let wake = self.shared.rx_queued(&mut g);
+        drop(g);
+        if wake {
+            self.shared.cond.notify_all();
+        }
+        true
     }
 
     fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError> {
         let ulpdu = {
             let mut g = self.shared.lock();
+            if let Some(b) = self.spare.take() {
+                let limit = self.shared.pool_limit();
+                g.give_buffer(b, limit);
+            }
             let Some(u) = g.tx.pop_front() else {
                 return Ok(false);
             };
             g.tx_bytes -= u.len();
-            self.shared.notify(&g);
+            // A blocked sender is woken once the queue has drained to half (or is
+            // empty), not for every ULPDU's room.
+            let wake = g.waiters > 0
+                && (g.tx.is_empty() || g.tx_bytes <= self.shared.cfg.tx_queue_bytes / 2);
+            drop(g);
+            if wake {
+                self.shared.cond.notify_all();
+            }
             u
         };
         if ulpdu.len() > mulpdu {
@@ -494,7 +730,11 @@ impl Ulp for StreamUlp {
                 mulpdu,
             });
         }
-        emit(&[&ulpdu])?;
+        match &ulpdu.body {
+            None => emit(&[&ulpdu.head])?,
+            Some((body, range)) => emit(&[&ulpdu.head, &body[range.clone()]])?,
+        }
+        self.spare = Some(ulpdu.head);
         Ok(true)
     }
 

@@ -49,8 +49,11 @@
 //! # Object lifetime
 //!
 //! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs or QPs use
-//!   the PD, [`Cq::destroy`] while QPs use the CQ. Dropping a handle releases its
-//!   object as the explicit call would (a PD or CQ once nothing uses it any more).
+//!   the PD, [`Cq::destroy`] while QPs use the CQ. A dropped QP uses them until the
+//!   engine flushed and removed it (so no completion reaches a destroyed CQ; a
+//!   destroyed CQ's [`Cq::poll`] fails with [`CqError::Destroyed`]). Dropping a handle
+//!   releases its object as the explicit call would (a PD or CQ once nothing uses it
+//!   any more).
 //! - [`Qp::destroy`] (and dropping a [`Qp`]) is safe at any time: the QP goes to Error
 //!   (every outstanding WR is flushed onto its CQ), its connection is closed, and no
 //!   completion of it is produced after `destroy` returns. After the device is gone
@@ -197,7 +200,8 @@ impl Pd {
     ///
     /// # Errors
     ///
-    /// [`VerbsError::InUse`] (`EBUSY`) while MRs are registered or QPs exist in it;
+    /// [`VerbsError::InUse`] (`EBUSY`) while MRs are registered or QPs exist in it
+    /// (a dropped QP until the engine flushed and removed it);
     /// [`VerbsError::InvalidHandle`] if already deallocated.
     pub fn dealloc(&self) -> Result<(), VerbsError> {
         if self.inner.qps.load(Ordering::Acquire) > 0 {
@@ -406,9 +410,18 @@ impl Cq {
     /// # Errors
     ///
     /// [`CqError::Overflow`] once the CQ overflowed and every completion that fit
-    /// was taken.
+    /// was taken; [`CqError::Destroyed`] after [`Cq::destroy`].
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>, CqError> {
+        self.check_live()?;
         self.inner.cq.poll(max)
+    }
+
+    /// `Err(Destroyed)` once [`Cq::destroy`] succeeded.
+    fn check_live(&self) -> Result<(), CqError> {
+        if self.inner.destroyed.load(Ordering::Acquire) {
+            return Err(CqError::Destroyed { cq: self.handle() });
+        }
+        Ok(())
     }
 
     /// Takes up to `out.len()` completions into `out` and returns how many
@@ -418,14 +431,16 @@ impl Cq {
     ///
     /// As [`Cq::poll`].
     pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
+        self.check_live()?;
         self.inner.cq.poll_into(out)
     }
 
     /// Blocks until a completion is queued or the CQ is in error (true), or
     /// `timeout` passed (false). The completion-channel wait of libibverbs
-    /// (`ibv_get_cq_event(3)`) without the channel.
+    /// (`ibv_get_cq_event(3)`) without the channel. A destroyed CQ returns true at
+    /// once (its [`Cq::poll`] fails).
     pub fn wait(&self, timeout: Duration) -> bool {
-        self.inner.cq.wait(timeout)
+        self.check_live().is_err() || self.inner.cq.wait(timeout)
     }
 
     /// Waits up to `timeout` for at least one completion, then takes up to `max`.
@@ -474,12 +489,15 @@ impl Cq {
         self.inner.cq.take_async_event()
     }
 
-    /// Destroys the CQ (`ibv_destroy_cq(3)`); queued completions are dropped with it.
+    /// Destroys the CQ (`ibv_destroy_cq(3)`); queued completions are dropped with it,
+    /// and [`Cq::poll`] fails with [`CqError::Destroyed`] from then on.
     ///
     /// # Errors
     ///
-    /// [`VerbsError::InUse`] (`EBUSY`) while QPs use it; [`VerbsError::InvalidHandle`]
-    /// if already destroyed.
+    /// [`VerbsError::InUse`] (`EBUSY`) while QPs use it, including a dropped QP the
+    /// engine has not flushed and removed yet (its flushed completions still come
+    /// here; [`Qp::destroy`] waits for that); [`VerbsError::InvalidHandle`] if already
+    /// destroyed.
     pub fn destroy(&self) -> Result<(), VerbsError> {
         if self.inner.users.load(Ordering::Acquire) > 0 {
             return Err(VerbsError::InUse {
@@ -549,9 +567,42 @@ pub struct QpAttributes {
 pub struct Qp {
     shared: Arc<QpShared>,
     handle: Arc<Handle>,
+    /// Shared with the engine's copy of the QP: the PD and CQs are in use until both
+    /// are gone (held for its `Drop` only).
+    _uses: Arc<QpUses>,
+}
+
+/// One QP's use of its PD and CQs (the `qps` / `users` counts that make
+/// [`Pd::dealloc`] and [`Cq::destroy`] fail with [`VerbsError::InUse`]). The [`Qp`]
+/// handle holds one reference and the engine's QP another, which the engine drops
+/// only once it flushed the QP and removed it: the counts fall when both are gone, so
+/// no completion can reach a CQ after its destroy succeeded.
+#[derive(Debug)]
+pub(crate) struct QpUses {
     pd: Arc<PdInner>,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
+}
+
+impl QpUses {
+    fn new(pd: &Arc<PdInner>, send_cq: &Arc<CqInner>, recv_cq: &Arc<CqInner>) -> QpUses {
+        pd.qps.fetch_add(1, Ordering::AcqRel);
+        send_cq.users.fetch_add(1, Ordering::AcqRel);
+        recv_cq.users.fetch_add(1, Ordering::AcqRel);
+        QpUses {
+            pd: Arc::clone(pd),
+            send_cq: Arc::clone(send_cq),
+            recv_cq: Arc::clone(recv_cq),
+        }
+    }
+}
+
+impl Drop for QpUses {
+    fn drop(&mut self) {
+        self.pd.qps.fetch_sub(1, Ordering::AcqRel);
+        self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Why a list post stopped: the index of the first WR refused (`bad_wr` of
@@ -599,27 +650,28 @@ impl Qp {
             Arc::clone(&attr.send_cq.inner.cq),
             Arc::clone(&attr.recv_cq.inner.cq),
         )?;
-        let core = QpCore::new(
+        let mut core = QpCore::new(
             engine,
             Arc::clone(&attr.send_cq.inner.cq),
             Arc::clone(&attr.recv_cq.inner.cq),
             handle.async_events(),
             handle.kick(),
         );
+        let uses = Arc::new(QpUses::new(
+            &pd.inner,
+            &attr.send_cq.inner,
+            &attr.recv_cq.inner,
+        ));
+        core.uses = Some(Arc::clone(&uses));
         let shared = Arc::clone(&core.shared);
         handle.enqueue(Command::CreateQp {
             core: Arc::new(Mutex::new(core)),
         })?;
-        pd.inner.qps.fetch_add(1, Ordering::AcqRel);
-        attr.send_cq.inner.users.fetch_add(1, Ordering::AcqRel);
-        attr.recv_cq.inner.users.fetch_add(1, Ordering::AcqRel);
         tracing::debug!(qpn, pd = pd.inner.id.raw(), "QP created");
         Ok(Qp {
             shared,
             handle: Arc::clone(handle),
-            pd: Arc::clone(&pd.inner),
-            send_cq: Arc::clone(&attr.send_cq.inner),
-            recv_cq: Arc::clone(&attr.recv_cq.inner),
+            _uses: uses,
         })
     }
 
@@ -849,13 +901,21 @@ impl Qp {
     /// WR is flushed, and a bound connection is closed (abortively). To Reset: the
     /// same, then every queue and counter is cleared. To SQD: no new send WR starts;
     /// [`AsyncEvent::SqDrained`] follows once nothing is in flight.
-    /// `en_sqd_async_notify` is accepted (the event is always reported).
+    /// `en_sqd_async_notify` is accepted (the event is always reported). To RTS: only
+    /// for a QP bound to a connection (as kernel siw: RTS needs the LLP connection; a
+    /// QP is normally moved there by [`Device::connect_qp`] /
+    /// [`ConnectRequest::accept_qp`](crate::device::ConnectRequest::accept_qp)), so a
+    /// send WR is never accepted by a QP that could not send it. When the QP goes to
+    /// Error by itself (a Terminate, a local failure), its connection is aborted.
+    ///
+    /// [`Device::connect_qp`]: crate::device::Device::connect_qp
     ///
     /// # Errors
     ///
     /// [`VerbsError::IllegalTransition`]; [`VerbsError::InvalidArgument`]
     /// `"cur_qp_state"` (not the current state), `"ord"` / `"ird"`;
-    /// [`VerbsError::InvalidQpState`] (ORD/IRD outside Reset and Init);
+    /// [`VerbsError::InvalidQpState`] (ORD/IRD outside Reset and Init; RTS for a QP
+    /// not bound to a connection);
     /// [`VerbsError::Unsupported`] (`cap`: QPs are not resized);
     /// [`VerbsError::InvalidHandle`] after [`Qp::destroy`];
     /// [`VerbsError::DeviceGone`]. Nothing changes on error.
@@ -946,10 +1006,9 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        // The PD and CQ uses end when the engine flushed and removed the QP too
+        // (`QpUses`).
         let _ = self.destroy_inner(false);
-        self.pd.qps.fetch_sub(1, Ordering::AcqRel);
-        self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
-        self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

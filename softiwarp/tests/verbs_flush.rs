@@ -391,8 +391,15 @@ fn in_use_checks_and_state_rules() {
         }),
         Err(VerbsError::InvalidQpState { .. })
     ));
-    // An RTS QP cannot be handed to a connection.
-    qp.modify_state(QpState::Rts).unwrap();
+    // RTS needs a connection (as kernel siw), and an RTR QP cannot be handed to one.
+    assert!(matches!(
+        qp.modify_state(QpState::Rts),
+        Err(VerbsError::InvalidQpState {
+            state: QpState::Rtr,
+            ..
+        })
+    ));
+    assert_eq!(qp.state(), QpState::Rtr);
     assert!(matches!(
         a.dev.connect_qp(addr(2), PORT, Default::default(), &qp),
         Err(softiwarp::device::DeviceError::Verbs(
