@@ -217,7 +217,10 @@ impl<P: Provider> Shared<P> {
         }
     }
 
-    fn run(&self, job: Job<P>) {
+    /// Runs one job on the calling thread (a worker; or, after shutdown, whoever holds a
+    /// job no worker will take: a refused connect request must still be rejected at the
+    /// provider, never dropped silently).
+    pub(crate) fn run(&self, job: Job<P>) {
         match job {
             Job::Run(id) => IdInner::run_one(&id),
             Job::Reject(conn) => {

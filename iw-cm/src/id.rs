@@ -419,7 +419,8 @@ impl<P: Provider> IdInner<P> {
         if let Some(conn) = reject {
             tracing::debug!(parent: &this.span, ?result, "connect request refused; rejecting at the provider");
             if let Err(job) = this.shared.push_job(Job::Reject(conn)) {
-                drop(job);
+                // No worker left (after shutdown): reject here, no CM lock is held.
+                this.shared.run(job);
             }
         }
         if schedule {
@@ -444,7 +445,13 @@ impl<P: Provider> IdInner<P> {
             }
             st.queue.drain(..).collect()
         };
-        drop(drained);
+        // A connect request nobody will deliver is still rejected at the provider
+        // (rule 2: never dropped silently); no CM lock is held here.
+        for event in drained {
+            if let ProviderEvent::ConnectRequest(req) = event {
+                self.shared.run(Job::Reject(req.conn));
+            }
+        }
     }
 
     /// Take the next event of the id and deliver or drop it (`cm_work_handler`, one
