@@ -49,6 +49,14 @@
 //! | `DeviceGone`, `DeviceClosed` | `Reset` | the device ended under the attempt |
 //! | `Closed` (no error: the attempt was aborted locally, `disconnect`/destroy) | `Reset` | "the attempt was aborted" |
 //!
+//! # The QP type
+//!
+//! The provider's `Qp` is [`SoftQp`] (`Arc<Qp>`): create the QP with
+//! [`Device::create_qp`](crate::device::Device::create_qp), wrap it in an `Arc`, and pass it as
+//! `ConnectParams::qp` / `AcceptParams::qp` (each connection needs its own QP). `QpCap`
+//! comes from the `verbs` crate. The initiator hears `ConnectReply { status: Ok, .. }`
+//! when connected, the accepted child `Established`.
+//!
 //! # Downcalls
 //!
 //! | [`Provider`] | device |
