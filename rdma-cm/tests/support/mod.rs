@@ -19,31 +19,6 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-// ------------------------------------------------------------------------- PRNG
-
-/// splitmix64.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
 // ---------------------------------------------------------------- the network
 
 thread_local! {
@@ -990,87 +965,10 @@ pub fn recording_handler(
     }
 }
 
-// ---------------------------------------------------------------- watchdog
+// ------------------------------------------------- watchdog, PRNG, polling wait
 
-/// Fails the test process if not disarmed within `limit`, after printing `dump()` and
-/// every thread's backtrace (gdb, if installed).
-pub struct Watchdog {
-    done: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watchdog {
-    pub fn arm(
-        name: &str,
-        limit: Duration,
-        dump: impl Fn() -> String + Send + 'static,
-    ) -> Watchdog {
-        let (tx, rx) = mpsc::channel::<()>();
-        let name = name.to_string();
-        let thread = std::thread::Builder::new()
-            .name("watchdog".into())
-            .spawn(move || {
-                if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-                    fail_with_dump(&format!("{name} did not finish in {limit:?}"), &dump());
-                }
-            })
-            .unwrap();
-        Watchdog {
-            done: Some(tx),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(tx) = self.done.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Print `what`, the state dump and every thread's backtrace (gdb), then exit 101.
-/// Straight to the stderr fd: libtest captures `eprintln!` of threads spawned by a
-/// test, and we exit before it would print them.
-pub fn fail_with_dump(what: &str, dump: &str) -> ! {
-    use std::io::Write;
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "WATCHDOG: {what}; state:");
-    let _ = writeln!(err, "{dump}");
-    let _ = err.flush();
-    drop(err);
-    let pid = std::process::id().to_string();
-    match std::process::Command::new("gdb")
-        .args(["-batch", "-p", &pid, "-ex", "thread apply all bt"])
-        .stdout(std::process::Stdio::inherit())
-        .stderr(std::process::Stdio::inherit())
-        .status()
-    {
-        Ok(_) => {}
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "(no gdb for backtraces: {e})");
-        }
-    }
-    std::process::exit(101);
-}
-
-/// Poll `f` until true or `timeout`.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
+#[allow(unused_imports)] // each test binary uses a subset
+pub use testkit::{eventually, fail_with_dump, Rng, Watchdog};
 
 /// The RDMA CM's dump plus the fake network's counters.
 pub fn dump(cm: &RdmaCm<FakeDevice>, net: &FakeNet) -> String {

@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -186,18 +186,9 @@ pub fn assert_clean_within(sides: &[&Side], limit: Duration) {
     }
 }
 
-/// Poll `f` until it is true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+/// Poll `f` every 2 ms until it is true or `timeout` passes.
+pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+    testkit::eventually_every(timeout, Duration::from_millis(2), f)
 }
 
 /// A short description of an event.
@@ -259,59 +250,8 @@ impl Checker {
 
 // ---------------------------------------------------------------------- watchdog
 
-/// Fails the test process if it is not disarmed within `limit`, after printing the
-/// state dumps and every thread's backtrace (gdb, if installed).
-pub struct Watchdog {
-    done: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watchdog {
-    pub fn arm(name: &str, limit: Duration, dump: impl Fn() -> String + Send + 'static) -> Self {
-        let (tx, rx) = mpsc::channel::<()>();
-        let name = name.to_string();
-        let thread = std::thread::Builder::new()
-            .name("watchdog".into())
-            .spawn(move || {
-                if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-                    // Straight to the stderr fd: libtest captures the output of threads
-                    // a test spawns, and the process exits before it would print it.
-                    use std::io::Write;
-                    let mut err = std::io::stderr().lock();
-                    let _ = writeln!(err, "WATCHDOG: {name} did not finish in {limit:?}; state:");
-                    let _ = writeln!(err, "{}", dump());
-                    let _ = err.flush();
-                    drop(err);
-                    let pid = std::process::id().to_string();
-                    if let Err(e) = std::process::Command::new("gdb")
-                        .args(["-p", &pid, "-batch", "-ex", "thread apply all bt"])
-                        .stdout(std::process::Stdio::inherit())
-                        .stderr(std::process::Stdio::inherit())
-                        .status()
-                    {
-                        let _ = writeln!(std::io::stderr(), "(no gdb for backtraces: {e})");
-                    }
-                    std::process::exit(101);
-                }
-            })
-            .unwrap();
-        Watchdog {
-            done: Some(tx),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(tx) = self.done.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+#[allow(unused_imports)] // each test binary uses a subset
+pub use testkit::Watchdog;
 
 // ------------------------------------------------------------------------- PRNG
 
