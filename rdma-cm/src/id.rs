@@ -911,6 +911,15 @@ impl<D: CmDevice> CmIdRef<D> {
         lock(&self.inner.st).device.as_ref().map(|d| d.name.clone())
     }
 
+    /// The device the id is bound to, if any (librdmacm's `id->verbs`): e.g. to
+    /// allocate the PD and CQs of a `ConnectRequest`'s new id on the device the request
+    /// came in on. `None` before the id is bound, after it was destroyed, and once the
+    /// device was released.
+    pub fn device(&self) -> Option<std::sync::Arc<D>> {
+        let entry = lock(&self.inner.st).device.clone();
+        entry.and_then(|e| e.device())
+    }
+
     /// The local address (`rdma_get_local_addr`): the bound address, the source
     /// chosen by `resolve_addr` (port 0 unless bound: the device picks the TCP port at
     /// connect), or our end of an incoming connection.

@@ -146,6 +146,8 @@ mod event;
 mod id;
 mod registry;
 pub mod route;
+#[cfg(all(feature = "soft", not(loom)))]
+pub mod soft;
 mod state;
 mod sync;
 

@@ -441,6 +441,8 @@ pub struct Device {
     mtu: usize,
     tid: i32,
     stream: StreamConfig,
+    /// The interface settings it was opened with (address, prefix, gateway, MAC).
+    interface: InterfaceConfig,
 }
 
 struct Started {
@@ -560,6 +562,7 @@ impl Device {
             mtu: started.mtu,
             tid: started.tid,
             stream: engine.stream,
+            interface,
         })
     }
 
@@ -571,6 +574,36 @@ impl Device {
     /// The device's IPv4 address.
     pub fn address(&self) -> Ipv4Addr {
         self.address
+    }
+
+    /// The interface settings the device was opened with: MAC, IPv4 address, prefix
+    /// length (bits), gateway ([`DeviceConfig::interface`]).
+    pub fn interface(&self) -> &InterfaceConfig {
+        &self.interface
+    }
+
+    /// Resolves the Ethernet address of `ip`, an on-link neighbour (the peer or the
+    /// gateway), by ARP through the device's stack, giving up after `timeout`
+    /// (`rdma_resolve_addr`'s neighbour step; see [`crate::neighbor`]). `done` is
+    /// called exactly once: on the engine thread when the ARP Reply comes or the time
+    /// is up ([`NeighborError::TimedOut`](crate::neighbor::NeighborError::TimedOut)), or
+    /// on the engine thread / this thread with
+    /// [`NeighborError::NotOnLink`](crate::neighbor::NeighborError::NotOnLink) (not a
+    /// unicast address of the subnet) or
+    /// [`NeighborError::DeviceGone`](crate::neighbor::NeighborError::DeviceGone) (the
+    /// device ended first). It must only enqueue (hand the result to a queue or a
+    /// channel): the engine never runs user code or waits for it.
+    pub fn resolve_neighbor(
+        &self,
+        ip: Ipv4Addr,
+        timeout: Duration,
+        done: impl FnOnce(crate::neighbor::NeighborResult) + Send + 'static,
+    ) {
+        let reply = crate::neighbor::NeighborReply::new(done);
+        // On failure the command is dropped, which completes `done` with DeviceGone.
+        let _ = self
+            .handle
+            .post(Command::ResolveNeighbor { ip, timeout, reply });
     }
 
     /// The link's IP MTU in bytes.

@@ -255,6 +255,12 @@ pub(crate) enum Command {
         qpn: u32,
         reply: Sender<Result<(), DeviceError>>,
     },
+    /// Resolve a neighbour by ARP (`Stack::resolve_neighbor`).
+    ResolveNeighbor {
+        ip: std::net::Ipv4Addr,
+        timeout: Duration,
+        reply: crate::neighbor::NeighborReply,
+    },
 }
 
 /// What the engine shares with the device handle.
@@ -559,6 +565,10 @@ impl<L: Link> Engine<L> {
                 reply,
             } => {
                 let _ = reply.send(self.accept_qp(conn, &private_data, ird, ord, qpn));
+            }
+            Command::ResolveNeighbor { ip, timeout, reply } => {
+                let us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+                self.stack.resolve_neighbor(ip, us, now, reply);
             }
         }
     }

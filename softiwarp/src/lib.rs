@@ -63,6 +63,7 @@
 //!   per-QP RDMAP/DDP engine.
 //! - [`qp_ulp`]: the QP engine as a connection's upper layer (placement in place from
 //!   the TCP receive buffer, header + MR slice framed with the CRC in one pass).
+//! - [`neighbor`]: ARP resolution on request (`rdma_resolve_addr`'s neighbour step).
 //! - [`engine`]: the engine thread that owns a device's stack, link and QPs.
 //! - [`device`]: the public device API (open, listen, connect, accept/reject, ULPDUs, close;
 //!   binding QPs to connections).
@@ -84,6 +85,7 @@ pub mod iwcm_provider;
 pub mod link;
 pub mod mpa_conn;
 pub mod mr;
+pub mod neighbor;
 pub mod netns;
 pub mod phy;
 pub mod qp;

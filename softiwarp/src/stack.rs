@@ -547,6 +547,8 @@ struct Track {
 struct SegTracker {
     map: HashMap<u64, Track>,
     listen_ports: Vec<u16>,
+    /// Senders of the ARP frames received since the last poll (`crate::neighbor`).
+    arp_seen: Vec<(Ipv4Addr, [u8; 6])>,
 }
 
 fn tuple_key(local_port: u16, remote: Ipv4Addr, remote_port: u16) -> u64 {
@@ -669,6 +671,10 @@ impl SegTracker {
     }
 
     fn on_rx(&mut self, frame: &[u8]) {
+        if frame.get(12..14) == Some(&[0x08, 0x06]) {
+            self.arp_seen.extend(crate::neighbor::arp_sender(frame));
+            return;
+        }
         // Only SYNs matter here; look at the flags before verifying anything.
         let Some(&flags) = frame
             .get(14)
@@ -1598,6 +1604,8 @@ pub struct Stack<L: Link> {
     /// When the link was last asked for events ([`Stack::set_link_check_interval`]).
     link_checked: Option<Instant>,
     link_check_us: u64,
+    /// Neighbour resolutions asked for ([`Stack::resolve_neighbor`]).
+    neighbors: crate::neighbor::Neighbors,
 }
 
 impl<L: Link> std::fmt::Debug for Stack<L> {
@@ -1654,6 +1662,7 @@ impl<L: Link> Stack<L> {
             gone: None,
             link_checked: None,
             link_check_us: 0,
+            neighbors: Default::default(),
         })
     }
 
@@ -2097,6 +2106,7 @@ impl<L: Link> Stack<L> {
         }
         let before = self.dev.inner.stats();
         self.iface.poll(now, &mut self.dev, &mut self.sockets);
+        let arp_next = self.poll_neighbors(now);
         self.harvest(now);
         let mut more = false;
         let mut rounds = 0;
@@ -2132,6 +2142,10 @@ impl<L: Link> Stack<L> {
             return Some(now);
         }
         let mut next = self.iface.poll_at(now, &self.sockets);
+        next = match (next, arp_next) {
+            (Some(n), Some(a)) => Some(n.min(a)),
+            (n, a) => n.or(a),
+        };
         for c in self.conns.values() {
             let t = [
                 c.mpa
@@ -2152,6 +2166,55 @@ impl<L: Link> Stack<L> {
             next = next.map(|n| n.max(floor));
         }
         next
+    }
+
+    /// Resolves `ip`'s Ethernet address by ARP (RFC 826), giving up `timeout_us`
+    /// microseconds after `now`: a Request goes out at the next [`Stack::poll`] and every
+    /// [`crate::neighbor::PROBE_INTERVAL`] after, and `reply` is completed (during a
+    /// later `poll`, or at once if `ip` was learned recently) with the address, or with
+    /// [`NeighborError::TimedOut`](crate::neighbor::NeighborError::TimedOut). Dropping
+    /// the stack completes the resolutions still pending with `DeviceGone`. This is
+    /// `rdma_resolve_addr`'s neighbour step (see [`crate::neighbor`]).
+    pub fn resolve_neighbor(
+        &mut self,
+        ip: Ipv4Addr,
+        timeout_us: u64,
+        now: Instant,
+        reply: crate::neighbor::NeighborReply,
+    ) {
+        let iface = &self.cfg.interface;
+        let subnet = smoltcp::wire::Ipv4Cidr::new(iface.address, iface.prefix_len);
+        let broadcast = subnet.broadcast() == Some(ip);
+        let unicast = !(ip.is_multicast() || ip.is_broadcast() || ip.is_unspecified() || broadcast);
+        if !subnet.contains_addr(&ip) || !unicast || ip == iface.address {
+            reply.complete(Err(crate::neighbor::NeighborError::NotOnLink(ip)));
+            return;
+        }
+        let timeout = smoltcp::time::Duration::from_micros(timeout_us);
+        self.neighbors.start(ip, timeout, now, reply);
+        self.progress = true;
+    }
+
+    /// Learns from the ARP frames received, times out and sends ARP Requests; the next
+    /// time neighbour resolution needs a poll.
+    fn poll_neighbors(&mut self, now: Instant) -> Option<Instant> {
+        let seen = std::mem::take(&mut self.dev.tracker.borrow_mut().arp_seen);
+        for (ip, mac) in seen {
+            self.neighbors.learn(ip, mac, now);
+        }
+        if self.neighbors.pending() == 0 {
+            return None;
+        }
+        let (mac, address) = (self.cfg.interface.mac, self.cfg.interface.address);
+        let dev = &mut self.dev.inner;
+        self.neighbors.poll(now, |target| {
+            if let Some(tx) = dev.transmit(now) {
+                tracing::trace!(%target, "ARP request");
+                tx.consume(crate::neighbor::ARP_FRAME_LEN, |frame| {
+                    crate::neighbor::emit_arp_request(frame, mac, address, target);
+                });
+            }
+        })
     }
 
     /// Asks the link for events ([`Link::poll_event`]) at most every `us` microseconds
