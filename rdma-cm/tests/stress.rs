@@ -33,22 +33,6 @@ const WAIT: Duration = Duration::from_secs(10);
 const PORT: u16 = 7000;
 const SLOTS: usize = 4;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-struct RemovalRecord {
-    device: String,
-    start: u64,
-    end: u64,
-    /// Reported by the device's notifier (asynchronous): only "at most one" is
-    /// checked.
-    notified: bool,
-}
-
 #[derive(Default)]
 struct Numbers {
     cycles: AtomicUsize,
@@ -581,49 +565,12 @@ fn clients_servers_and_device_churn() {
     drop(watchdog);
 
     ctx.checker.assert_clean();
-    let logs = ctx.checker.logs();
     let removals = ctx.removals.lock().unwrap();
-    let mut exactly_one = 0;
-    let mut none_required = 0;
-    let mut told = 0;
-    for (serial, log) in &logs {
-        let count = log
-            .events
-            .iter()
-            .filter(|(_, k)| *k == EventKind::DeviceRemoval)
-            .count();
-        assert!(count <= 1, "#{serial} got {count} DeviceRemoval: {log:?}");
-        told += count;
-        let Some(dev) = &log.device else { continue };
-        let Some(r) = removals.iter().find(|r| &r.device == dev) else {
-            assert_eq!(
-                count, 0,
-                "#{serial}: DeviceRemoval of a device never removed"
-            );
-            continue;
-        };
-        if r.notified {
-            continue;
-        }
-        let asked = log.destroy_asked.unwrap_or(u64::MAX);
-        let done = log.destroyed.unwrap_or(u64::MAX);
-        if asked > r.end {
-            exactly_one += 1;
-            assert_eq!(
-                count, 1,
-                "#{serial} on {dev} (removed {}..{}), destroy asked at {asked}: {log:?}",
-                r.start, r.end
-            );
-        }
-        if done < r.start {
-            none_required += 1;
-            assert_eq!(
-                count, 0,
-                "#{serial} destroyed at {done} before {dev}'s removal at {}: {log:?}",
-                r.start
-            );
-        }
-    }
+    let RemovalTally {
+        told,
+        exactly_one,
+        none_required,
+    } = check_removals(&ctx.checker.logs(), &removals);
     let s = ctx.cm.stats();
     // Delivered by the CM >= seen: a channel id's queued DeviceRemoval is discarded if
     // the id is destroyed before the event is taken (a race with the client's drain).

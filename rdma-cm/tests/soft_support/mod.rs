@@ -38,10 +38,23 @@ pub fn pair_ip(net: u8, sub: u8, host: u8) -> Ipv4Addr {
 
 /// Opens a [`SoftPair`] named `<a_name>` / `<b_name>`.
 pub fn soft_pair(a_name: &str, b_name: &str, net: u8, sub: u8) -> SoftPair {
+    soft_pair_tuned(a_name, b_name, net, sub, |_| {})
+}
+
+/// [`soft_pair`] with each device's configuration changed by `tune` first.
+pub fn soft_pair_tuned(
+    a_name: &str,
+    b_name: &str,
+    net: u8,
+    sub: u8,
+    tune: impl Fn(&mut DeviceConfig),
+) -> SoftPair {
     let (la, lb) = MemoryLink::pair(MemoryConfig::default()).expect("memory link");
     let (a_link, b_link) = (la.control(), lb.control());
     let open = |name: &str, link, host| {
-        let cfg = DeviceConfig::new(name, LinkConfig::memory(link), pair_ip(net, sub, host), 24);
+        let mut cfg =
+            DeviceConfig::new(name, LinkConfig::memory(link), pair_ip(net, sub, host), 24);
+        tune(&mut cfg);
         Arc::new(Device::open(cfg).expect("device"))
     };
     SoftPair {

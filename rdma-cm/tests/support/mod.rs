@@ -965,6 +965,84 @@ pub fn recording_handler(
     }
 }
 
+// ------------------------------------------------------- removal accounting
+
+/// A number from the environment (test knobs), or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One device removal, in the checker's sequence numbers.
+pub struct RemovalRecord {
+    pub device: String,
+    pub start: u64,
+    pub end: u64,
+    /// Reported by the device's notifier with no known end: only "at most one" is
+    /// checked.
+    pub notified: bool,
+}
+
+/// What [`check_removals`] found.
+#[derive(Debug, Default)]
+pub struct RemovalTally {
+    /// `DeviceRemoval` events seen by all ids.
+    pub told: usize,
+    /// Ids that had to get exactly one (destroy asked after their device's removal).
+    pub exactly_one: usize,
+    /// Ids that had to get none (destroyed before the removal started).
+    pub none_required: usize,
+}
+
+/// design.md section 5, rdma-cm rule 3, per id: at most one `DeviceRemoval`; exactly
+/// one if its destroy was asked after its device's removal ended; none if it was
+/// destroyed before the removal started, or if its device was never removed. Panics
+/// naming the id otherwise.
+pub fn check_removals(logs: &HashMap<u64, IdLog>, removals: &[RemovalRecord]) -> RemovalTally {
+    let mut t = RemovalTally::default();
+    for (serial, log) in logs {
+        let count = log
+            .events
+            .iter()
+            .filter(|(_, k)| *k == EventKind::DeviceRemoval)
+            .count();
+        assert!(count <= 1, "#{serial} got {count} DeviceRemoval: {log:?}");
+        t.told += count;
+        let Some(dev) = &log.device else { continue };
+        let Some(r) = removals.iter().find(|r| &r.device == dev) else {
+            assert_eq!(
+                count, 0,
+                "#{serial}: DeviceRemoval of a device never removed"
+            );
+            continue;
+        };
+        if r.notified {
+            continue;
+        }
+        let asked = log.destroy_asked.unwrap_or(u64::MAX);
+        let done = log.destroyed.unwrap_or(u64::MAX);
+        if asked > r.end {
+            t.exactly_one += 1;
+            assert_eq!(
+                count, 1,
+                "#{serial} on {dev} (removed {}..{}), destroy asked at {asked}: {log:?}",
+                r.start, r.end
+            );
+        }
+        if done < r.start {
+            t.none_required += 1;
+            assert_eq!(
+                count, 0,
+                "#{serial} destroyed at {done} before {dev}'s removal at {}: {log:?}",
+                r.start
+            );
+        }
+    }
+    t
+}
+
 // ------------------------------------------------- watchdog, PRNG, polling wait
 
 #[allow(unused_imports)] // each test binary uses a subset
