@@ -1,6 +1,6 @@
 //! The RDMA connection manager of softiwarp: the librdmacm / kernel `rdma_cm` API
 //! (`drivers/infiniband/core/cma.c`) over [`iw_cm`], for any device that implements
-//! [`CmDevice`]. It knows no wire format and no concrete device.
+//! [`CmDevice`]. It knows no wire format; the soft device plugs in through `soft`.
 //!
 //! | item | what | cma.c / librdmacm counterpart |
 //! |---|---|---|
@@ -10,6 +10,7 @@
 //! | [`Handler`], [`CmEvent`], [`EventKind`], [`Disposition`] | callback mode: the callback, the event, Keep/Destroy | `rdma_cm_event_handler` and its return value |
 //! | [`EventChannel`], [`ChannelEvent`], [`EventStream`] | channel mode: blocking `get_event` + ack, or an async `Stream` | `rdma_event_channel`, `rdma_get_cm_event`, `rdma_ack_cm_event` |
 //! | [`route`] | sans-IO route selection | `addr4_resolve` |
+//! | `soft` (feature `soft`) | the soft iWARP device as a [`CmDevice`] | siw |
 //!
 //! # The rules (design.md section 5, rdma-cm) and where they are kept
 //!
@@ -56,36 +57,13 @@
 //! [`DeviceNotifier`]) only enqueues, and every [`CmDevice`] method is called outside
 //! the CM's locks.
 //!
-//! # Implementing [`CmDevice`] (what `softiwarp` does)
+//! # The soft device
 //!
-//! ```text
-//! impl rdma_cm::CmDevice for SoftDevice {
-//!     type Provider = SoftProvider;            // softiwarp's iw_cm::Provider
-//!     type Pd = softiwarp::Pd;
-//!     type QpInitAttr<'a> = softiwarp::QpInitAttr<'a>;
-//!     fn name(&self) -> &str { self.device.name() }
-//!     fn addresses(&self) -> Vec<Ipv4Subnet> { vec![Ipv4Subnet::new(self.device.address(), self.prefix)] }
-//!     fn gateway(&self) -> Option<Ipv4Addr> { self.gateway }
-//!     fn provider(&self) -> Arc<SoftProvider> { self.provider.clone() }
-//!     fn resolve_neighbor(&self, req: NeighborRequest, done: NeighborDone<Self>) {
-//!         // smoltcp resolves ARP on the first SYN: nothing to wait for...
-//!         done.complete(Ok(None));
-//!         // ...or: ask the engine to ARP for req.next_hop, and call
-//!         // done.complete(..) from the engine thread when it answers (enqueue only).
-//!     }
-//!     fn create_qp(&self, pd: &Pd, attr: QpInitAttr<'_>) -> Result<Qp, VerbsError> {
-//!         self.device.create_qp(pd, attr)
-//!     }
-//!     fn qp_to_error(&self, qp: &Qp) { qp.to_error() }        // flush every WR
-//!     fn attached(&self, n: DeviceNotifier<Self>) {
-//!         // the engine calls n.removed() when the TAP goes away (after moving its QPs
-//!         // to ERROR and reporting CLOSE for connected cm_ids)
-//!         self.set_removal_hook(n);
-//!     }
-//! }
-//! let cm = RdmaCm::new(RdmaCmConfig::default())?;
-//! cm.add_device(Arc::new(soft_device))?;
-//! ```
+//! [`soft::SoftDevice`] (cargo feature `soft`, on by default) is the soft iWARP device
+//! as a [`CmDevice`]: its address and gateway, ARP through its own stack, QPs through
+//! its verbs API, and its removal reported when the device ends or its link goes down;
+//! [`soft::SoftRdmaCm`] is `RdmaCm<SoftDevice>`. `examples/rdma_write_send.rs` is a
+//! complete client and server.
 //!
 //! # Example (callback mode, with a device that has no connections)
 //!
