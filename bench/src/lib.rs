@@ -9,17 +9,22 @@
 //!   namespace B for each variant and MTU, alternating variants run by run (A B A B), and
 //!   reports medians and ratios.
 //! - [`stats`]: medians and the result table.
+//! - [`iwperf`]: perftest for the soft device through rdma-cm and verbs, and the demo
+//!   (`iwperf demo`: two namespaces, the raw TCP baseline, Write, Read, Send, latency).
+//! - [`tcp_lat`]: raw smoltcp TCP ping-pong, the latency baseline.
 //!
-//! Binaries: `bench-peer` (one side of one transfer; prints `READY` when listening and
+//! Binaries: `iwperf` (see [`iwperf`]), `bench-peer` (one side of one transfer; prints `READY` when listening and
 //! `RESULT <json>` at the end) and `transport-bench` (the runner; needs root).
 //! `docs/PERFORMANCE.md` has the figures and the command that reproduces them.
 
 use std::time::Duration;
 
 pub mod inline;
+pub mod iwperf;
 pub mod runner;
 pub mod stats;
 pub mod tcp;
+pub mod tcp_lat;
 
 /// Errors of the benchmarks.
 #[derive(Debug, thiserror::Error)]

@@ -196,8 +196,8 @@ fn wait_fd(link: &impl Link, ms: u16) {
     let _ = poll(&mut fds, PollTimeout::from(ms));
 }
 
-/// One smoltcp stack with one TCP socket.
-struct Stack<L: Link> {
+/// One smoltcp stack with one TCP socket (also used by [`crate::tcp_lat`]).
+pub(crate) struct Stack<L: Link> {
     dev: LinkDevice<L>,
     iface: Interface,
     sockets: SocketSet<'static>,
@@ -209,7 +209,7 @@ struct Stack<L: Link> {
 }
 
 impl<L: Link> Stack<L> {
-    fn new(link: L, cfg: &TcpBenchConfig) -> Result<Stack<L>, BenchError> {
+    pub(crate) fn new(link: L, cfg: &TcpBenchConfig) -> Result<Stack<L>, BenchError> {
         let epoch = StdInstant::now();
         let mut dev = LinkDevice::new(link);
         let iface = build_interface(&cfg.iface, &mut dev, Instant::from_micros(0))?;
@@ -231,19 +231,47 @@ impl<L: Link> Stack<L> {
         Instant::from_micros(self.epoch.elapsed().as_micros() as i64)
     }
 
-    fn poll(&mut self) {
+    pub(crate) fn poll(&mut self) {
         let now = self.now();
         self.iface.poll(now, &mut self.dev, &mut self.sockets);
     }
 
-    fn socket(&mut self) -> &mut tcp::Socket<'static> {
+    /// Starts connecting the socket to `peer:port` from `local_port`.
+    pub(crate) fn connect(
+        &mut self,
+        peer: Ipv4Addr,
+        port: u16,
+        local_port: u16,
+    ) -> Result<(), BenchError> {
+        let cx = self.iface.context();
+        self.sockets
+            .get_mut::<tcp::Socket>(self.handle)
+            .connect(cx, (peer, port), local_port)
+            .map_err(|e| BenchError::Tcp(format!("connect: {e}")))
+    }
+
+    /// Polls (politely) until `done(state)` or `limit` passed.
+    pub(crate) fn linger(
+        &mut self,
+        done: impl Fn(tcp::State) -> bool,
+        limit: Duration,
+    ) -> Result<(), BenchError> {
+        let until = StdInstant::now() + limit;
+        while !done(self.socket().state()) && StdInstant::now() < until {
+            self.poll();
+            self.idle(false)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn socket(&mut self) -> &mut tcp::Socket<'static> {
         self.sockets.get_mut::<tcp::Socket>(self.handle)
     }
 
     /// Call after each poll + application step: spins while active, else sleeps on the
     /// fd until smoltcp's next deadline (at most 10 ms). Fails on a link event other
     /// than up.
-    fn idle(&mut self, app_moved: bool) -> Result<(), BenchError> {
+    pub(crate) fn idle(&mut self, app_moved: bool) -> Result<(), BenchError> {
         let s = self.dev.stats();
         let frames = s.rx_frames + s.tx_frames;
         let t = StdInstant::now();
@@ -297,7 +325,7 @@ impl<L: Link> Stack<L> {
     }
 }
 
-fn check_alive(s: &tcp::Socket, what: &str) -> Result<(), BenchError> {
+pub(crate) fn check_alive(s: &tcp::Socket, what: &str) -> Result<(), BenchError> {
     if s.state() == tcp::State::Closed {
         return Err(BenchError::Tcp(format!(
             "connection closed (reset or timed out) while {what}"
@@ -398,13 +426,7 @@ pub fn run_client<L: Link>(link: L, cfg: &TcpBenchConfig) -> Result<TransferRepo
     let mut st = Stack::new(link, cfg)?;
     let deadline = StdInstant::now() + cfg.timeout;
     let local_port = 40000 + (cfg.iface.random_seed % 20000) as u16;
-    {
-        let cx = st.iface.context();
-        st.sockets
-            .get_mut::<tcp::Socket>(st.handle)
-            .connect(cx, (cfg.peer, cfg.port), local_port)
-            .map_err(|e| BenchError::Tcp(format!("connect: {e}")))?;
-    }
+    st.connect(cfg.peer, cfg.port, local_port)?;
     // Connection establishment.
     while st.socket().state() != tcp::State::Established {
         st.poll();
@@ -496,19 +518,25 @@ pub fn run_client<L: Link>(link: L, cfg: &TcpBenchConfig) -> Result<TransferRepo
     Ok(st.report("tcp", Role::Client, sent, secs, cfg.verify.then_some(crc)))
 }
 
+/// Host `n` on test subnet 10.9.`net`.0/24 (unit tests over memory links).
+#[cfg(test)]
+pub(crate) fn test_iface(net: u8, n: u8) -> InterfaceConfig {
+    InterfaceConfig {
+        mac: [0x02, 0, 0, 0, net, n],
+        address: Ipv4Addr::new(10, 9, net, n),
+        prefix_len: 24,
+        gateway: None,
+        random_seed: u64::from(n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use softiwarp::link::{MemoryConfig, MemoryLink};
 
     fn iface(n: u8) -> InterfaceConfig {
-        InterfaceConfig {
-            mac: [0x02, 0, 0, 0, 0, n],
-            address: Ipv4Addr::new(10, 9, 0, n),
-            prefix_len: 24,
-            gateway: None,
-            random_seed: u64::from(n),
-        }
+        test_iface(0, n)
     }
 
     #[test]

@@ -1,0 +1,570 @@
+//! `iwperf`: perftest for the soft iWARP device (over TAPs, through rdma-cm and verbs),
+//! and `iwperf demo`, the main job in one command.
+//!
+//! ```text
+//! iwperf demo                                  # as root: two namespaces, TAPs, a bridge; baseline + Write/Read/Send + latency
+//! iwperf demo --json --duration 1              # one JSON object
+//! iwperf server --tap tap0 --ip 10.0.0.1/24    # one side (in the TAP's namespace)
+//! iwperf client --tap tap1 --ip 10.0.0.2/24 --peer 10.0.0.1 --op write --size 65536 --duration 5
+//! iwperf client ... --lat --op send --size 8 --iters 10000
+//! ```
+//!
+//! Exit statuses: 0 success, 1 other failure, 2 usage, 3 connection failure (resolve,
+//! reject, unreachable, lost), 4 `--verify` found mismatches, 5 device removal (partial
+//! results printed), 130 interrupted. Logs go to stderr, filtered by `RUST_LOG`
+//! (default `warn`).
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bench::iwperf::conn::{DeviceOptions, LinkChoice};
+use bench::iwperf::datapath::{Progress, RunLength, Tuning};
+use bench::iwperf::demo::{self, DemoConfig};
+use bench::iwperf::peer::{run_client, run_server, ClientTest};
+use bench::iwperf::report::{bw_table, lat_table, verify_name};
+use bench::iwperf::wire::{Mode, Op};
+use bench::iwperf::{IwperfError, EXIT_OK};
+use bench::tcp::{self, Amount, Role, TcpBenchConfig};
+use bench::tcp_lat::{self, Rounds};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use softiwarp::link::TapLink;
+use softiwarp::phy::InterfaceConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "iwperf",
+    about = "perftest for the soft iWARP device: RDMA Write/Read/Send bandwidth and latency over TAPs, through rdma-cm",
+    after_help = "Exit status: 0 ok, 1 failure, 2 usage, 3 connection failure, 4 verify mismatch, 5 device removal, 130 interrupted."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Two namespaces, a TAP in each on a bridge, the raw TCP baseline and iWARP Write,
+    /// Read, Send and Send ping-pong; one table (needs root; without it, an in-memory
+    /// link in one process).
+    Demo(DemoArgs),
+    /// Accept one test (any number of connections) and serve it.
+    Server(ServerArgs),
+    /// Connect to a server and run a test.
+    Client(ClientArgs),
+    /// One side of the raw smoltcp TCP baseline (bulk or ping-pong); used by the demo.
+    #[command(hide = true)]
+    TcpPeer(TcpPeerArgs),
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Args, Debug, Clone)]
+struct MpaArgs {
+    /// MPA CRC32c (asked for with the C bit; used when either side asks).
+    #[arg(long, value_enum, default_value = "on")]
+    crc: OnOff,
+    /// MPA markers in the data this side receives.
+    #[arg(long, value_enum, default_value = "off")]
+    markers: OnOff,
+    /// MPA revision (2 carries IRD/ORD; 1 is RFC 5044).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    mpa_rev: u8,
+    /// Engine busy-poll time after activity, in microseconds.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// How long the application polls its CQ (yielding) before it blocks, in
+    /// microseconds.
+    #[arg(long, default_value_t = 200)]
+    poll_spin_us: u64,
+    /// TCP send and receive buffer, bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    tcp_buffer: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+struct LinkArgs {
+    /// The TAP interface to open (in this namespace).
+    #[arg(long)]
+    tap: String,
+    /// This side's address and prefix, e.g. 10.234.0.1/24 (owned by the soft device).
+    #[arg(long)]
+    ip: String,
+    /// This side's MAC address (default 02:00 + the address bytes).
+    #[arg(long)]
+    mac: Option<String>,
+    /// Set the TAP's MTU first (`ip link set TAP mtu N`).
+    #[arg(long)]
+    mtu: Option<usize>,
+    /// Capture this side's link to a pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Keep at most this many bytes of capture (whole frames).
+    #[arg(long, default_value_t = 64 << 20)]
+    pcap_limit: u64,
+    /// Pin the process to this CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ServerArgs {
+    #[command(flatten)]
+    link: LinkArgs,
+    #[command(flatten)]
+    mpa: MpaArgs,
+    /// Port to listen on.
+    #[arg(long, default_value_t = demo::IWARP_PORT)]
+    port: u16,
+    /// Connection requests rdma-cm queues before rejecting.
+    #[arg(long, default_value_t = 128)]
+    backlog: u32,
+    /// Receives posted per connection for Send tests.
+    #[arg(long, default_value_t = 512)]
+    rx_depth: u32,
+    /// Give up if no client connects within this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+#[derive(Args, Debug)]
+struct ClientArgs {
+    #[command(flatten)]
+    link: LinkArgs,
+    #[command(flatten)]
+    mpa: MpaArgs,
+    /// The server's address.
+    #[arg(long)]
+    peer: Ipv4Addr,
+    /// The server's port.
+    #[arg(long, default_value_t = demo::IWARP_PORT)]
+    port: u16,
+    /// Operation(s), comma-separated; QP i runs op i mod the list (e.g. write,read).
+    #[arg(long, value_delimiter = ',', default_value = "write")]
+    op: Vec<String>,
+    /// Message size in bytes.
+    #[arg(long, default_value_t = 65536)]
+    size: u32,
+    /// Iterations (WRs per QP, or round trips); default 5000 (bandwidth) / 1000 (latency).
+    #[arg(long, conflicts_with = "duration")]
+    iters: Option<u64>,
+    /// Run for this many seconds instead.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Connections (QPs), all to the same server at once.
+    #[arg(long, default_value_t = 1)]
+    qps: u16,
+    /// WRs in flight per QP.
+    #[arg(long, default_value_t = 128)]
+    tx_depth: u16,
+    /// Latency test (ping-pong) instead of bandwidth.
+    #[arg(long)]
+    lat: bool,
+    /// Check the data at the receiver (patterned data, sequence numbers).
+    #[arg(long)]
+    verify: bool,
+    /// Print a PROGRESS line a second (for the demo).
+    #[arg(long, hide = true)]
+    progress: bool,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// IP MTU of every interface.
+    #[arg(long, default_value_t = 65000)]
+    mtu: usize,
+    /// Seconds per bandwidth run.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Rounds (figures are medians; each run alternates with the baseline).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Message size of the bandwidth runs, bytes.
+    #[arg(long, default_value_t = 65536)]
+    size: u32,
+    /// Operations, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "write,read,send")]
+    op: Vec<String>,
+    /// Connections per bandwidth run.
+    #[arg(long, default_value_t = 1)]
+    qps: u16,
+    /// WRs in flight per QP.
+    #[arg(long, default_value_t = 128)]
+    tx_depth: u16,
+    /// Ping-pong message size, bytes.
+    #[arg(long, default_value_t = 8)]
+    lat_size: u32,
+    /// Ping-pong round trips.
+    #[arg(long, default_value_t = 10_000)]
+    lat_iters: u64,
+    /// Skip the latency row.
+    #[arg(long)]
+    no_lat: bool,
+    /// Check the data of every iWARP run.
+    #[arg(long)]
+    verify: bool,
+    /// Capture each iWARP run to PREFIX-OP-rROUND.pcap.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Keep at most this many bytes per capture.
+    #[arg(long, default_value_t = 16 << 20)]
+    pcap_limit: u64,
+    /// Use the in-memory link even as root.
+    #[arg(long)]
+    memory: bool,
+    /// Do not pin the peers to CPUs.
+    #[arg(long)]
+    no_pin: bool,
+    /// Echo the peers' output.
+    #[arg(long)]
+    echo: bool,
+    /// Print one JSON object (progress goes to stderr).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    mpa: MpaArgs,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum RoleArg {
+    Server,
+    Client,
+}
+
+#[derive(Args, Debug)]
+struct TcpPeerArgs {
+    #[arg(long, value_enum)]
+    role: RoleArg,
+    #[arg(long)]
+    tap: String,
+    #[arg(long)]
+    ip: String,
+    #[arg(long)]
+    mac: String,
+    #[arg(long)]
+    peer_ip: Ipv4Addr,
+    #[arg(long, default_value_t = demo::TCP_PORT)]
+    port: u16,
+    /// Bulk: the client sends for this many seconds.
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Ping-pong of this many bytes instead of bulk.
+    #[arg(long)]
+    ping_pong: Option<usize>,
+    /// Ping-pong round trips.
+    #[arg(long, default_value_t = 10_000)]
+    iters: u64,
+    #[arg(long)]
+    cpu: Option<usize>,
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    #[arg(long, default_value_t = 256 * 1024)]
+    tcp_buffer: usize,
+}
+
+fn usage(m: impl Into<String>) -> IwperfError {
+    IwperfError::Usage(m.into())
+}
+
+fn parse_ops(list: &[String]) -> Result<Vec<Op>, IwperfError> {
+    list.iter()
+        .map(|s| {
+            Op::from_name(s.trim()).ok_or_else(|| usage(format!("--op {s:?}: write, read or send")))
+        })
+        .collect()
+}
+
+fn tuning(m: &MpaArgs, rx_depth: u32) -> Tuning {
+    Tuning {
+        spin: Duration::from_micros(m.poll_spin_us),
+        rx_depth,
+    }
+}
+
+fn pin(cpu: Option<usize>) -> Result<(), IwperfError> {
+    if let Some(c) = cpu {
+        bench::pin_to_cpu(c).map_err(|e| IwperfError::Setup(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn device_options(name: &str, l: &LinkArgs, m: &MpaArgs) -> Result<DeviceOptions, IwperfError> {
+    let (ip, prefix_len) = netns_tests::parse_cidr(&l.ip).map_err(usage)?;
+    let mac = l
+        .mac
+        .as_deref()
+        .map(netns_tests::parse_mac)
+        .transpose()
+        .map_err(usage)?;
+    if let Some(mtu) = l.mtu {
+        softiwarp::netns::run_ip(&["link", "set", "dev", &l.tap, "mtu", &mtu.to_string()])
+            .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
+    }
+    Ok(DeviceOptions {
+        name: name.into(),
+        link: LinkChoice::Tap(l.tap.clone()),
+        ip,
+        prefix_len,
+        mac,
+        crc: m.crc == OnOff::On,
+        markers: m.markers == OnOff::On,
+        mpa_rev: m.mpa_rev,
+        pcap: l.pcap.clone().map(|p| (p, l.pcap_limit)),
+        engine_spin: Duration::from_micros(m.spin_us),
+        tcp_buffer: m.tcp_buffer,
+    })
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    match serde_json::to_string(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("iwperf: cannot print JSON: {e}"),
+    }
+}
+
+fn server(a: &ServerArgs) -> Result<(), IwperfError> {
+    pin(a.link.cpu)?;
+    let dev = device_options("iwps", &a.link, &a.mpa)?;
+    let json = a.link.json;
+    let where_ = format!("{}:{}", a.link.ip, a.port);
+    let (summary, err) = run_server(
+        dev,
+        a.port,
+        a.backlog,
+        tuning(&a.mpa, a.rx_depth),
+        Duration::from_secs(a.timeout),
+        || {
+            println!("READY");
+            if !json {
+                println!("iwperf server listening on {where_}");
+            }
+        },
+    );
+    if json {
+        print_json(&summary);
+    } else {
+        if let Some(b) = &summary.bandwidth {
+            println!(
+                "served {} connection(s): {} Send messages received, {} WRs reported by the client; verify {} ({} checked, {} mismatches)",
+                b.connections, b.messages, b.client_wrs, verify_name(b.verify), b.checked, b.mismatches
+            );
+        }
+        if let Some(n) = summary.answered {
+            println!("answered {n} round trips");
+        }
+    }
+    err.map_or(Ok(()), Err)
+}
+
+fn client(a: &ClientArgs) -> Result<(), IwperfError> {
+    pin(a.link.cpu)?;
+    let ops = parse_ops(&a.op)?;
+    let mode = if a.lat {
+        Mode::Latency
+    } else {
+        Mode::Bandwidth
+    };
+    let length = match (a.iters, a.duration) {
+        (_, Some(d)) if d > 0.0 => RunLength::Time(Duration::from_secs_f64(d)),
+        (_, Some(_)) => return Err(usage("--duration must be positive")),
+        (Some(n), None) => RunLength::Iters(n),
+        (None, None) => RunLength::Iters(if a.lat { 1000 } else { 5000 }),
+    };
+    let test = ClientTest {
+        server: SocketAddrV4::new(a.peer, a.port),
+        ops,
+        mode,
+        size: a.size,
+        qps: a.qps,
+        tx_depth: a.tx_depth,
+        verify: a.verify,
+        length,
+        connect_timeout: Duration::from_secs(30),
+    };
+    test.validate()?;
+    let dev = device_options("iwpc", &a.link, &a.mpa)?;
+    let json = a.link.json;
+    let show = a.progress;
+    let mut progress = |p: &Progress| {
+        if show {
+            if p.gbps > 0.0 {
+                println!("PROGRESS {:.1} s {:.2} Gbit/s", p.seconds, p.gbps);
+            } else {
+                println!("PROGRESS {:.1} s {} round trips", p.seconds, p.amount);
+            }
+        }
+    };
+    if !json {
+        println!(
+            "iwperf: {} {} test to {} ({} QP(s), {} bytes, tx depth {}, MPA CRC {}, markers {}, rev {})",
+            test.ops.iter().map(|o| o.name()).collect::<Vec<_>>().join("+"),
+            if a.lat { "latency" } else { "bandwidth" },
+            test.server,
+            test.qps,
+            test.size,
+            test.tx_depth,
+            if a.mpa.crc == OnOff::On { "on" } else { "off" },
+            if a.mpa.markers == OnOff::On { "on" } else { "off" },
+            a.mpa.mpa_rev,
+        );
+    }
+    let (report, err) = run_client(dev, &test, tuning(&a.mpa, 512), &mut progress);
+    if json {
+        print_json(&report);
+    } else {
+        if !report.bandwidth.is_empty() {
+            print!("{}", bw_table(&report.bandwidth));
+            for r in &report.bandwidth {
+                if r.verify != bench::iwperf::wire::VerifyStatus::Off || r.partial {
+                    println!(
+                        " {}: verify {}{}",
+                        r.op,
+                        verify_name(r.verify),
+                        if r.partial { " (partial run)" } else { "" }
+                    );
+                }
+            }
+        }
+        if let Some(l) = &report.latency {
+            print!("{}", lat_table(std::slice::from_ref(l)));
+        }
+    }
+    err.map_or(Ok(()), Err)
+}
+
+fn tcp_peer(a: &TcpPeerArgs) -> Result<(), IwperfError> {
+    pin(a.cpu)?;
+    let (address, prefix_len) = netns_tests::parse_cidr(&a.ip).map_err(usage)?;
+    let iface = InterfaceConfig {
+        mac: netns_tests::parse_mac(&a.mac).map_err(usage)?,
+        address,
+        prefix_len,
+        gateway: None,
+        random_seed: u64::from(std::process::id()),
+    };
+    let role = match a.role {
+        RoleArg::Server => Role::Server,
+        RoleArg::Client => Role::Client,
+    };
+    let mut cfg = TcpBenchConfig::new(role, iface, a.peer_ip);
+    cfg.port = a.port;
+    cfg.spin = Duration::from_micros(a.spin_us);
+    cfg.tcp.rx_buffer = a.tcp_buffer;
+    cfg.tcp.tx_buffer = a.tcp_buffer;
+    cfg.amount = Amount::Time(Duration::from_secs_f64(a.duration));
+    cfg.timeout = Duration::from_secs_f64(a.duration + 60.0);
+    let bench = |e: bench::BenchError| IwperfError::Bench(e);
+    let mut link = TapLink::open(&a.tap).map_err(|e| IwperfError::Setup(e.to_string()))?;
+    tcp::wait_link_up(&mut link, Duration::from_secs(5)).map_err(bench)?;
+    match (a.ping_pong, role) {
+        (None, Role::Server) => {
+            print_json(&tcp::run_server(link, &cfg, || println!("READY")).map_err(bench)?)
+        }
+        (None, Role::Client) => print_json(&tcp::run_client(link, &cfg).map_err(bench)?),
+        (Some(size), Role::Server) => {
+            let n =
+                tcp_lat::run_echo_server(link, &cfg, size, || println!("READY")).map_err(bench)?;
+            println!("{{\"echoed\": {n}}}");
+        }
+        (Some(size), Role::Client) => {
+            let samples = tcp_lat::run_ping_client(link, &cfg, size, Rounds::Count(a.iters))
+                .map_err(bench)?;
+            let stats =
+                bench::iwperf::report::LatStats::from_samples(Op::Send, size as u32, &samples)
+                    .ok_or_else(|| IwperfError::Setup("no round trips".into()))?;
+            print_json(&stats);
+        }
+    }
+    Ok(())
+}
+
+fn run_demo(a: &DemoArgs) -> Result<(), IwperfError> {
+    let cfg = DemoConfig {
+        mtu: a.mtu,
+        seconds: a.duration,
+        rounds: a.rounds,
+        size: a.size,
+        ops: parse_ops(&a.op)?,
+        qps: a.qps,
+        tx_depth: a.tx_depth,
+        verify: a.verify,
+        crc: a.mpa.crc == OnOff::On,
+        markers: a.mpa.markers == OnOff::On,
+        mpa_rev: a.mpa.mpa_rev,
+        latency: !a.no_lat,
+        lat_size: a.lat_size,
+        lat_iters: a.lat_iters,
+        pcap: a.pcap.clone(),
+        pcap_limit: a.pcap_limit,
+        memory: a.memory,
+        pin: !a.no_pin,
+        spin: Duration::from_micros(a.mpa.spin_us),
+        tcp_buffer: a.mpa.tcp_buffer,
+        tuning: tuning(&a.mpa, 512),
+        exe: std::env::current_exe().map_err(|e| IwperfError::Setup(format!("own path: {e}")))?,
+        echo: a.echo,
+    };
+    let json = a.json;
+    let mut say = |s: &str| {
+        if json {
+            eprintln!("{s}");
+        } else {
+            println!("{s}");
+        }
+    };
+    let outcome = demo::run(&cfg, &mut say, json)?;
+    if json {
+        let mut j = outcome.report.to_json();
+        j["namespaces"] = serde_json::json!(outcome.namespaces);
+        j["pcaps"] = serde_json::json!(outcome.pcaps);
+        println!("{j}");
+    } else {
+        println!();
+        print!("{}", outcome.report.table());
+        for p in &outcome.pcaps {
+            println!("capture: {}", p.display());
+        }
+    }
+    outcome.verify_error().map_or(Ok(()), Err)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Demo(_)) {
+        // The demo makes namespaces and starts peers: clean up on Ctrl-C.
+        if let Err(e) = netns_tests::signals::install_handler() {
+            eprintln!("iwperf: {e}");
+            return ExitCode::FAILURE;
+        }
+        netns_tests::logging::init_tracing("warn");
+    } else if let Err(e) = netns_tests::logging::init_peer("warn") {
+        eprintln!("iwperf: {e}");
+        return ExitCode::FAILURE;
+    }
+    let res = match &cli.cmd {
+        Cmd::Demo(a) => run_demo(a),
+        Cmd::Server(a) => server(a),
+        Cmd::Client(a) => client(a),
+        Cmd::TcpPeer(a) => tcp_peer(a),
+    };
+    match res {
+        Ok(()) => ExitCode::from(EXIT_OK),
+        Err(e) => {
+            let e = if netns_tests::signals::interrupted() {
+                IwperfError::Interrupted
+            } else {
+                e
+            };
+            eprintln!("iwperf: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,1291 @@
+//! The verbs side of iwperf: one PD and one CQ per process, per connection a data MR
+//! and a small control MR, and the loops that post and poll.
+//!
+//! # Buffers
+//!
+//! A data MR is `slots` message slots of `slot_len` bytes. Without `--verify` the slots
+//! are few (at most [`BUFFER_BUDGET`] bytes in all, like the raw TCP baseline's 1 MiB
+//! send pattern) and WRs cycle through them. With `--verify` each side has `tx_depth`
+//! slots (the server's receives: one slot per posted receive), slot `k` of connection
+//! `i` holds the pattern [`slot_pattern`]`(i, k)`, and Writes and Sends carry the WR's
+//! sequence number in their first 8 bytes, so the receiver can tell every message (Send)
+//! or the last message of every slot (Write) from any other:
+//!
+//! - Write: after the client's `Done` (with the number of WRs), the server checks that
+//!   each of its slots holds the last Write aimed at it.
+//! - Send: the server checks each message as its receive completes (sequence number
+//!   and pattern).
+//! - Read: the client checks each slot as its Read completes (the server's slots hold
+//!   their patterns).
+//!
+//! # Flow control
+//!
+//! Writes and Reads are limited by the send queue depth (`tx_depth`; Reads also by the
+//! negotiated ORD). Sends need a posted receive at the server (iWARP has no RNR retry: a
+//! Send without one is a fatal error, RFC 5040 7.2), so the server posts its receives
+//! before it accepts, tells the client how many ([`AcceptInfo::credits`]), reposts each
+//! as it completes and returns them in batches of a quarter as [`Ctrl::Credit`]; the
+//! client keeps one credit back for its `Done`.
+//!
+//! # End of a run
+//!
+//! The client's last data WR is signaled; once it completed (which means every earlier
+//! one did: send queue completions are in order) the client sends `Done` with its WR
+//! count; the server checks what it must and answers `DoneAck` with the outcome. Latency
+//! runs end with the client's disconnect.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softiwarp::{Cq, Mr, Pd, Qp};
+use verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendWr, VerbsError, WcStatus, WorkCompletion};
+
+use super::conn::{CmStatus, VerbsSetup};
+use super::report::{gbps, BwResult, LatStats};
+use super::wire::{AcceptInfo, Ctrl, Mode, MrInfo, Op, TestParams, VerifyStatus, CTRL_LEN};
+use super::IwperfError;
+
+/// Bytes of data buffer per connection and side when not verifying (the raw TCP
+/// baseline sends from a 1 MiB pattern).
+pub const BUFFER_BUDGET: usize = 1 << 20;
+/// Bytes of receive slots per connection the server may use when verifying Sends.
+pub const VERIFY_BUDGET: usize = 16 << 20;
+/// Receives for control messages each side keeps posted.
+pub const CTRL_RECVS: u32 = 16;
+/// Bytes per control slot.
+const CTRL_SLOT: usize = 64;
+/// Receives each side keeps posted in a latency run.
+pub const LAT_RECVS: u32 = 16;
+/// Largest message sent inline (copied into the WR instead of read from the MR).
+pub const MAX_INLINE: u32 = 256;
+/// Largest RDMA Read depth asked for (ORD/IRD), as perftest's default.
+pub const MAX_RD_ATOMIC: u16 = 16;
+
+/// How a side waits when there is nothing to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Keep polling (yielding the CPU between polls) for this long after the last
+    /// progress before blocking on the CQ.
+    pub spin: Duration,
+    /// Server, Send tests: receives to post per connection (perftest's `--rx-depth`).
+    pub rx_depth: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            spin: Duration::from_micros(200),
+            rx_depth: 512,
+        }
+    }
+}
+
+/// How long a run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RunLength {
+    /// This many data WRs per connection (bandwidth) or round trips (latency).
+    Iters(u64),
+    /// Until this much time has passed since the first post.
+    Time(Duration),
+}
+
+/// A progress report, about once a second (client side).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Seconds since the first post.
+    pub seconds: f64,
+    /// Payload bytes completed so far (bandwidth) or round trips (latency).
+    pub amount: u64,
+    /// Gbit/s over the last interval (bandwidth; 0 for latency).
+    pub gbps: f64,
+}
+
+/// The pattern of slot `slot` of connection `index`: `len` pseudo-random bytes, the
+/// same on both sides.
+pub fn slot_pattern(index: u16, slot: u32, len: usize) -> Vec<u8> {
+    crate::tcp::pattern(
+        len,
+        0x1a2b_0000_0000 ^ (u64::from(index) << 32) ^ (u64::from(slot) << 1),
+    )
+}
+
+// Work request ids: kind in the top 4 bits, the connection's position in 16 bits, then
+// a sequence number or slot.
+const K_DATA_SEND: u64 = 1;
+const K_CTRL_SEND: u64 = 2;
+const K_DATA_RECV: u64 = 3;
+const K_CTRL_RECV: u64 = 4;
+const N_BITS: u32 = 44;
+
+fn wr_id(kind: u64, pos: usize, n: u64) -> u64 {
+    kind << 60 | (pos as u64 & 0xffff) << N_BITS | (n & ((1 << N_BITS) - 1))
+}
+
+fn wr_kind(id: u64) -> u64 {
+    id >> 60
+}
+
+fn wr_pos(id: u64) -> usize {
+    ((id >> N_BITS) & 0xffff) as usize
+}
+
+fn wr_n(id: u64) -> u64 {
+    id & ((1 << N_BITS) - 1)
+}
+
+fn setup_err(what: &str) -> impl Fn(VerbsError) -> IwperfError + '_ {
+    move |e| IwperfError::Setup(format!("{what}: {e}"))
+}
+
+/// One connection's buffers and what the peer said.
+#[derive(Debug)]
+pub struct QpBufs {
+    /// The test parameters (from the client).
+    pub params: TestParams,
+    /// The QP.
+    pub qp: Arc<Qp>,
+    /// The data MR.
+    pub data: Mr,
+    /// Slots in `data`.
+    pub slots: u32,
+    /// Bytes per slot.
+    pub slot_len: u32,
+    /// The control MR (receives of control messages).
+    pub ctrl: Mr,
+    /// Data receives posted (server Send tests, latency runs).
+    pub data_recvs: u32,
+    /// Client: the server's answer; server: what it answered.
+    pub accept: AcceptInfo,
+    /// Patterns of the client's slots (when verifying).
+    patterns: Vec<Vec<u8>>,
+}
+
+/// Which side of the test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Accepts, receives, answers.
+    Server,
+    /// Connects, drives the run, measures.
+    Client,
+}
+
+/// The verbs objects of one side: PD, CQ and each connection's buffers. Implements
+/// [`VerbsSetup`] for [`super::conn`].
+#[derive(Debug)]
+pub struct Side {
+    role: Role,
+    tuning: Tuning,
+    pd: Option<Pd>,
+    cq: Option<Cq>,
+    /// The connections' buffers, in the order their QPs were made.
+    pub qps: Vec<QpBufs>,
+}
+
+impl Side {
+    /// An empty side; the PD and CQ are made with the first QP.
+    pub fn new(role: Role, tuning: Tuning) -> Side {
+        Side {
+            role,
+            tuning,
+            pd: None,
+            cq: None,
+            qps: Vec::new(),
+        }
+    }
+
+    fn cq(&self) -> &Cq {
+        self.cq.as_ref().expect("CQ made with the first QP")
+    }
+
+    fn pos_of(&self, qp_num: u32) -> Option<usize> {
+        self.qps.iter().position(|q| q.qp.qp_num() == qp_num)
+    }
+
+    fn data_slots(&self, p: &TestParams) -> (u32, u32, u32) {
+        let size = p.size as usize;
+        let depth = u32::from(p.tx_depth);
+        let few = |slot_len: usize, n: u32| -> u32 {
+            n.min((BUFFER_BUDGET / slot_len.max(1)).max(1) as u32)
+        };
+        if p.mode == Mode::Latency {
+            return (2, p.size, LAT_RECVS);
+        }
+        match (self.role, p.op) {
+            (Role::Server, Op::Send) => {
+                let slot_len = size.max(CTRL_LEN + 1);
+                let recvs = if p.verify {
+                    self.tuning
+                        .rx_depth
+                        .min((VERIFY_BUDGET / slot_len).max(8) as u32)
+                } else {
+                    self.tuning.rx_depth
+                }
+                .max(8);
+                let slots = if p.verify {
+                    recvs
+                } else {
+                    few(slot_len, recvs)
+                };
+                (slots, slot_len as u32, recvs)
+            }
+            _ => {
+                let slots = if p.verify { depth } else { few(size, depth) };
+                (slots, p.size, 0)
+            }
+        }
+    }
+
+    /// Registers the buffers of a new QP, fills patterns and posts receives.
+    fn add_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<&QpBufs, IwperfError> {
+        let (slots, slot_len, data_recvs) = self.data_slots(params);
+        let pd = self.pd.as_ref().expect("PD made with the first QP");
+        let base = (u64::from(params.index) + 1) << 36;
+        let len = u64::from(slots) * u64::from(slot_len);
+        let data = pd
+            .reg_mr(
+                len,
+                base,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
+            .map_err(setup_err("register the data MR"))?;
+        let ctrl = pd
+            .reg_mr(
+                CTRL_SLOT as u64 * u64::from(CTRL_RECVS),
+                base + (1 << 35),
+                AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(setup_err("register the control MR"))?;
+        let verify = params.verify && params.mode == Mode::Bandwidth;
+        // Patterns: the client's slots (Write, Send sources; Read checks the server's
+        // slots, which have the same count when verifying) and the server's Read source.
+        let pattern_slots = match (self.role, params.op) {
+            (_, _) if params.mode == Mode::Latency => 0,
+            (Role::Server, Op::Read) => slots,
+            _ if verify => u32::from(params.tx_depth),
+            _ => 0,
+        };
+        let patterns: Vec<Vec<u8>> = (0..pattern_slots)
+            .map(|k| slot_pattern(params.index, k, params.size as usize))
+            .collect();
+        let fill = match (self.role, params.op) {
+            (Role::Server, Op::Read) => true,
+            (Role::Client, Op::Write | Op::Send) => verify,
+            _ => false,
+        };
+        if fill {
+            for (k, p) in patterns.iter().enumerate().take(slots as usize) {
+                data.write(k * slot_len as usize, p)
+                    .map_err(setup_err("fill the data MR"))?;
+            }
+        }
+        let pos = self.qps.len();
+        // Receives: data receives for the server of a Send test and both sides of a
+        // latency run (all into slot 1); control receives otherwise.
+        // One receive queue: a side posts either control receives or data receives,
+        // never both (receives are consumed in posting order).
+        let ctrl_recvs = if data_recvs == 0 { CTRL_RECVS } else { 0 };
+        let mut recvs: Vec<RecvWr> = (0..ctrl_recvs)
+            .map(|k| {
+                RecvWr::new(
+                    wr_id(K_CTRL_RECV, pos, u64::from(k)),
+                    vec![ctrl.sge(k as u64 * CTRL_SLOT as u64, CTRL_SLOT as u32)],
+                )
+            })
+            .collect();
+        for r in 0..data_recvs {
+            let (slot, n) = if params.mode == Mode::Latency {
+                (1, 1)
+            } else {
+                (r % slots, u64::from(r))
+            };
+            recvs.push(RecvWr::new(
+                wr_id(K_DATA_RECV, pos, n),
+                vec![data.sge(u64::from(slot) * u64::from(slot_len), slot_len)],
+            ));
+        }
+        qp.post_recv_list(recvs)
+            .map_err(|e| IwperfError::Setup(format!("post receives: {e}")))?;
+        let accept = AcceptInfo {
+            mr: MrInfo {
+                iova: data.iova(),
+                rkey: data.rkey().raw(),
+                len,
+            },
+            slots,
+            slot_len,
+            credits: if params.op == Op::Send && params.mode == Mode::Bandwidth {
+                data_recvs
+            } else {
+                0
+            },
+        };
+        self.qps.push(QpBufs {
+            params: *params,
+            qp: Arc::clone(qp),
+            data,
+            slots,
+            slot_len,
+            ctrl,
+            data_recvs,
+            accept,
+            patterns,
+        });
+        Ok(&self.qps[pos])
+    }
+
+    /// Drops every QP handle, MR, the CQ and the PD (QPs first), and checks that every
+    /// QP's queues were retired.
+    pub fn release(&mut self) {
+        for q in self.qps.drain(..) {
+            drop(q);
+        }
+        self.cq = None;
+        self.pd = None;
+    }
+}
+
+impl VerbsSetup for Side {
+    fn qp_resources(
+        &mut self,
+        device: &Arc<softiwarp::device::Device>,
+        params: &TestParams,
+    ) -> Result<(&Pd, &Cq, QpCap), IwperfError> {
+        let (_, _, data_recvs) = self.data_slots(params);
+        let depth = u32::from(params.tx_depth);
+        let per_qp_cqes = (depth + 64 + data_recvs + CTRL_RECVS) as usize;
+        if self.pd.is_none() {
+            self.pd = Some(device.alloc_pd().map_err(setup_err("allocate the PD"))?);
+        }
+        if self.cq.is_none() {
+            let n = per_qp_cqes * usize::from(params.qps);
+            self.cq = Some(device.create_cq(n).map_err(setup_err("create the CQ"))?);
+        }
+        let cap = QpCap {
+            max_send_wr: depth + 64,
+            max_recv_wr: data_recvs + CTRL_RECVS,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: MAX_INLINE,
+        };
+        Ok((
+            self.pd.as_ref().expect("made above"),
+            self.cq.as_ref().expect("made above"),
+            cap,
+        ))
+    }
+
+    fn server_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<AcceptInfo, IwperfError> {
+        Ok(self.add_qp(params, qp)?.accept)
+    }
+
+    fn client_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<MrInfo, IwperfError> {
+        Ok(self.add_qp(params, qp)?.accept.mr)
+    }
+
+    fn client_accepted(&mut self, qp_num: u32, accept: AcceptInfo) -> Result<(), IwperfError> {
+        let pos = self
+            .pos_of(qp_num)
+            .ok_or_else(|| IwperfError::Setup(format!("no buffers for QP {qp_num}")))?;
+        let q = &mut self.qps[pos];
+        if accept.slot_len < q.params.size.min(accept.slot_len.max(1))
+            || u64::from(accept.slots) * u64::from(accept.slot_len) > accept.mr.len
+        {
+            return Err(IwperfError::Connection(format!(
+                "the server's buffer does not fit: {accept:?}"
+            )));
+        }
+        if q.params.mode == Mode::Bandwidth
+            && q.params.op != Op::Send
+            && accept.slot_len < q.params.size
+        {
+            return Err(IwperfError::Connection(format!(
+                "the server's slots ({} bytes) are smaller than the messages ({})",
+                accept.slot_len, q.params.size
+            )));
+        }
+        q.accept = accept;
+        if q.params.verify && q.params.op == Op::Read && q.params.mode == Mode::Bandwidth {
+            // The server's slots hold their patterns; reads are checked against them.
+            q.patterns = (0..accept.slots)
+                .map(|k| slot_pattern(q.params.index, k, q.params.size as usize))
+                .collect();
+        }
+        Ok(())
+    }
+}
+
+/// Waits politely: polls (yielding the CPU) for `spin` after the last progress, then
+/// blocks on the CQ for at most 1 ms at a time.
+struct Idle {
+    spin: Duration,
+    since: Option<Instant>,
+}
+
+impl Idle {
+    fn new(spin: Duration) -> Idle {
+        Idle { spin, since: None }
+    }
+
+    fn progressed(&mut self) {
+        self.since = None;
+    }
+
+    fn wait(&mut self, cq: Option<&Cq>) {
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        if now.duration_since(since) < self.spin {
+            std::thread::yield_now();
+        } else {
+            match cq {
+                Some(cq) => {
+                    cq.wait(Duration::from_millis(1));
+                }
+                None => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    }
+}
+
+/// What a completion in error means: the device was removed, or the connection failed.
+fn wc_error(wc: &WorkCompletion, status: &CmStatus) -> IwperfError {
+    if status.removed() {
+        return IwperfError::DeviceRemoved(format!(
+            "DeviceRemoval; work requests flushed ({:?} on QP {})",
+            wc.opcode, wc.qp_num
+        ));
+    }
+    if wc.status == WcStatus::WrFlushErr {
+        return IwperfError::Connection(format!(
+            "QP {} flushed: the connection ended{}",
+            wc.qp_num,
+            if status.disconnected() > 0 {
+                " (peer disconnected)"
+            } else {
+                ""
+            }
+        ));
+    }
+    IwperfError::Connection(format!(
+        "work completion {} on QP {} ({:?}, vendor_err {:#x})",
+        wc.status.ibv_name(),
+        wc.qp_num,
+        wc.opcode,
+        wc.vendor_err
+    ))
+}
+
+fn removed_err() -> IwperfError {
+    IwperfError::DeviceRemoved("DeviceRemoval during the run".into())
+}
+
+fn poll_err(e: impl std::fmt::Display) -> IwperfError {
+    IwperfError::Connection(format!("poll CQ: {e}"))
+}
+
+/// Polls up to `wcs.len()` completions; any in error ends the run ([`wc_error`]).
+fn poll_ok<'w>(
+    cq: &Cq,
+    wcs: &'w mut [WorkCompletion],
+    status: &CmStatus,
+) -> Result<&'w [WorkCompletion], IwperfError> {
+    let n = cq.poll_into(wcs).map_err(poll_err)?;
+    match wcs[..n].iter().find(|wc| !wc.is_success()) {
+        Some(wc) => Err(wc_error(wc, status)),
+        None => Ok(&wcs[..n]),
+    }
+}
+
+fn post_err(e: impl std::fmt::Display) -> IwperfError {
+    IwperfError::Connection(format!("post: {e}"))
+}
+
+/// Reads the control message in control slot `slot` (or data slot) of `mr`.
+fn read_ctrl(mr: &Mr, offset: usize, len: u32) -> Result<Ctrl, IwperfError> {
+    let mut b = vec![0u8; (len as usize).min(CTRL_SLOT.max(CTRL_LEN + 1))];
+    mr.read(offset, &mut b)
+        .map_err(|e| IwperfError::Connection(format!("read control message: {e}")))?;
+    Ctrl::decode(&b).map_err(|e| IwperfError::Connection(e.to_string()))
+}
+
+fn repost_ctrl(q: &QpBufs, pos: usize, slot: u64) -> Result<(), IwperfError> {
+    q.qp.post_recv(RecvWr::new(
+        wr_id(K_CTRL_RECV, pos, slot),
+        vec![q.ctrl.sge(slot * CTRL_SLOT as u64, CTRL_SLOT as u32)],
+    ))
+    .map_err(post_err)
+}
+
+fn send_ctrl(q: &QpBufs, pos: usize, c: Ctrl) -> Result<(), VerbsError> {
+    q.qp.post_send(SendWr::send_inline(
+        wr_id(K_CTRL_SEND, pos, 0),
+        c.encode_distinct(q.params.size as usize),
+    ))
+}
+
+/// Index of `op` in [`Op::ALL`].
+fn op_slot(op: Op) -> usize {
+    Op::ALL.iter().position(|&o| o == op).unwrap_or(0)
+}
+
+/// Client state of one connection in a bandwidth run.
+#[derive(Debug, Default)]
+struct ClientQp {
+    posted: u64,
+    done: u64,
+    credits: u64,
+    limit: u64,
+    last_posted: bool,
+    done_sent: bool,
+    end: Option<Instant>,
+    ack: Option<(VerifyStatus, u64)>,
+    local_mismatches: u64,
+}
+
+/// Runs the client side of a bandwidth test over every connection of `side` at once
+/// (one thread, one CQ) and returns one result per operation (in [`Op::ALL`] order),
+/// and the error that ended the run early, if any (then the results are partial).
+pub fn client_bandwidth(
+    side: &Side,
+    status: &CmStatus,
+    length: RunLength,
+    progress: &mut dyn FnMut(&Progress),
+) -> (Vec<BwResult>, Option<IwperfError>) {
+    let mut st: Vec<ClientQp> = side
+        .qps
+        .iter()
+        .map(|q| {
+            let depth = u64::from(q.params.tx_depth);
+            let limit = if q.params.op == Op::Read {
+                depth.min(u64::from(q.qp.query_qp().ord.max(1)))
+            } else {
+                depth
+            };
+            ClientQp {
+                credits: u64::from(q.accept.credits),
+                limit,
+                ..ClientQp::default()
+            }
+        })
+        .collect();
+    let start = Instant::now();
+    let mut peak = [0.0f64; 3];
+    let err = client_bw_loop(side, status, length, progress, &mut st, start, &mut peak).err();
+    let now = Instant::now();
+    let results = Op::ALL
+        .into_iter()
+        .filter_map(|op| {
+            let mine: Vec<(&QpBufs, &ClientQp)> = side
+                .qps
+                .iter()
+                .zip(&st)
+                .filter(|(q, _)| q.params.op == op)
+                .collect();
+            let first = mine.first()?;
+            let size = first.0.params.size;
+            let iterations: u64 = mine.iter().map(|(_, s)| s.done).sum();
+            let end = mine
+                .iter()
+                .map(|(_, s)| s.end.unwrap_or(now))
+                .max()
+                .unwrap_or(now);
+            let seconds = end.duration_since(start).as_secs_f64();
+            let bytes = iterations * u64::from(size);
+            let verify_on = first.0.params.verify;
+            let mismatches: u64 = mine
+                .iter()
+                .map(|(_, s)| s.local_mismatches + s.ack.map_or(0, |a| a.1))
+                .sum();
+            let failed = mismatches > 0
+                || mine
+                    .iter()
+                    .any(|(_, s)| matches!(s.ack, Some((VerifyStatus::Failed, _))));
+            let avg = gbps(bytes, seconds);
+            Some(BwResult {
+                op,
+                size,
+                qps: mine.len(),
+                iterations,
+                bytes,
+                seconds,
+                gbps: avg,
+                peak_gbps: peak[op_slot(op)].max(avg),
+                mpps: if seconds > 0.0 {
+                    iterations as f64 / seconds / 1e6
+                } else {
+                    0.0
+                },
+                verify: match (verify_on, failed) {
+                    (false, _) => VerifyStatus::Off,
+                    (true, false) => VerifyStatus::Passed,
+                    (true, true) => VerifyStatus::Failed,
+                },
+                mismatches,
+                partial: err.is_some(),
+            })
+        })
+        .collect();
+    (results, err)
+}
+
+fn client_bw_loop(
+    side: &Side,
+    status: &CmStatus,
+    length: RunLength,
+    progress: &mut dyn FnMut(&Progress),
+    st: &mut [ClientQp],
+    start: Instant,
+    peak: &mut [f64; 3],
+) -> Result<(), IwperfError> {
+    let cq = side.cq();
+    let (iters, until) = match length {
+        RunLength::Iters(n) => (n.max(1), None),
+        RunLength::Time(d) => (u64::MAX, Some(start + d)),
+    };
+    let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
+    let mut idle = Idle::new(side.tuning.spin);
+    let mut batch: Vec<SendWr> = Vec::with_capacity(64);
+    let mut last_report = start;
+    let mut report_bytes = 0u64;
+    let mut last_sample = start;
+    let mut sample_bytes = [0u64; 3];
+    let sig_every: Vec<u64> = side
+        .qps
+        .iter()
+        .zip(st.iter())
+        .map(|(q, s)| {
+            if q.params.verify {
+                1
+            } else {
+                (s.limit / 8).max(1)
+            }
+        })
+        .collect();
+    loop {
+        let now = Instant::now();
+        if status.removed() {
+            return Err(removed_err());
+        }
+        let time_up = until.is_some_and(|u| now >= u);
+        let mut moved = false;
+        // Post data WRs.
+        for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+            if s.last_posted {
+                continue;
+            }
+            batch.clear();
+            let size = q.params.size;
+            while s.posted - s.done < s.limit
+                && (q.params.op != Op::Send || s.credits > 1)
+                && !s.last_posted
+            {
+                let i = s.posted;
+                let last = i + 1 >= iters || time_up;
+                let slot = (i % u64::from(q.slots)) * u64::from(q.slot_len);
+                let rslot = (i % u64::from(q.accept.slots)) * u64::from(q.accept.slot_len);
+                let signaled = last || (i + 1) % sig_every[pos] == 0;
+                if q.params.verify && q.params.op != Op::Read && size >= 8 {
+                    q.data
+                        .write(slot as usize, &i.to_le_bytes())
+                        .map_err(|e| IwperfError::Setup(format!("stamp: {e}")))?;
+                }
+                let sge = vec![q.data.sge(slot, size)];
+                let id = wr_id(K_DATA_SEND, pos, i);
+                let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
+                let mut wr = match q.params.op {
+                    Op::Write => SendWr::rdma_write(id, sge, q.accept.mr.iova + rslot, rkey),
+                    Op::Read => SendWr::rdma_read(id, sge, q.accept.mr.iova + rslot, rkey),
+                    Op::Send => {
+                        s.credits -= 1;
+                        SendWr::send(id, sge)
+                    }
+                };
+                if signaled {
+                    wr = wr.with_flags(SendFlags::SIGNALED);
+                }
+                batch.push(wr);
+                s.posted += 1;
+                s.last_posted = last;
+            }
+            if !batch.is_empty() {
+                q.qp.post_send_list(batch.drain(..)).map_err(post_err)?;
+                moved = true;
+            }
+        }
+        // Completions.
+        for wc in poll_ok(cq, &mut wcs, status)? {
+            moved = true;
+            let pos = wr_pos(wc.wr_id);
+            let (Some(q), Some(s)) = (side.qps.get(pos), st.get_mut(pos)) else {
+                continue;
+            };
+            match wr_kind(wc.wr_id) {
+                K_DATA_SEND => {
+                    let seq = wr_n(wc.wr_id);
+                    let newly = seq + 1 - s.done.min(seq + 1);
+                    s.done = s.done.max(seq + 1);
+                    sample_bytes[op_slot(q.params.op)] += newly * u64::from(q.params.size);
+                    report_bytes += newly * u64::from(q.params.size);
+                    if q.params.verify && q.params.op == Op::Read && !q.patterns.is_empty() {
+                        let slot = (seq % u64::from(q.slots)) as usize * q.slot_len as usize;
+                        let want = &q.patterns[(seq % q.patterns.len() as u64) as usize];
+                        let mut got = vec![0u8; want.len()];
+                        q.data
+                            .read(slot, &mut got)
+                            .map_err(|e| IwperfError::Setup(format!("read back: {e}")))?;
+                        if &got != want {
+                            s.local_mismatches += 1;
+                        }
+                    }
+                    if s.last_posted && s.done == s.posted {
+                        s.end = Some(Instant::now());
+                    }
+                }
+                K_CTRL_RECV => {
+                    let slot = wr_n(wc.wr_id);
+                    match read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len)? {
+                        Ctrl::Credit(c) => s.credits += u64::from(c),
+                        Ctrl::DoneAck {
+                            verify, mismatches, ..
+                        } => s.ack = Some((verify, mismatches)),
+                        Ctrl::Done { .. } => {
+                            return Err(IwperfError::Connection(
+                                "unexpected Done from the server".into(),
+                            ))
+                        }
+                    }
+                    repost_ctrl(q, pos, slot)?;
+                }
+                _ => {}
+            }
+        }
+        // Done messages.
+        for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+            if s.last_posted && s.done == s.posted && !s.done_sent {
+                if q.params.op == Op::Send {
+                    if s.credits == 0 {
+                        continue;
+                    }
+                    s.credits -= 1;
+                }
+                let c = Ctrl::Done {
+                    wrs: s.posted,
+                    bytes: s.posted * u64::from(q.params.size),
+                };
+                send_ctrl(q, pos, c).map_err(post_err)?;
+                s.done_sent = true;
+                moved = true;
+            }
+        }
+        if st.iter().all(|s| s.ack.is_some()) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let dt = now.duration_since(last_sample);
+        if dt >= Duration::from_millis(100) {
+            for (p, b) in peak.iter_mut().zip(sample_bytes.iter_mut()) {
+                *p = p.max(gbps(*b, dt.as_secs_f64()));
+                *b = 0;
+            }
+            last_sample = now;
+        }
+        let dr = now.duration_since(last_report);
+        if dr >= Duration::from_secs(1) {
+            let total: u64 = side
+                .qps
+                .iter()
+                .zip(st.iter())
+                .map(|(q, s)| s.done * u64::from(q.params.size))
+                .sum();
+            progress(&Progress {
+                seconds: now.duration_since(start).as_secs_f64(),
+                amount: total,
+                gbps: gbps(report_bytes, dr.as_secs_f64()),
+            });
+            report_bytes = 0;
+            last_report = now;
+        }
+        if moved {
+            idle.progressed();
+        } else {
+            idle.wait(Some(cq));
+        }
+    }
+}
+
+/// What the server saw in a bandwidth run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ServerReport {
+    /// Connections served.
+    pub connections: usize,
+    /// Data messages received (Send tests) over all connections.
+    pub messages: u64,
+    /// Data WRs the clients reported in their `Done`.
+    pub client_wrs: u64,
+    /// The outcome of the checks.
+    pub verify: VerifyStatus,
+    /// Messages or slots that did not match.
+    pub mismatches: u64,
+    /// Messages or slots checked.
+    pub checked: u64,
+}
+
+#[derive(Debug, Default)]
+struct ServerQp {
+    received: u64,
+    unreported: u32,
+    done: Option<u64>,
+    acked: bool,
+    mismatches: u64,
+    checked: u64,
+}
+
+/// Checks a message or slot against its pattern with the sequence number `seq` in the
+/// first 8 bytes (when `size >= 8`).
+fn matches(got: &[u8], pattern: &[u8], seq: u64) -> bool {
+    if got.len() != pattern.len() {
+        return false;
+    }
+    if got.len() >= 8 {
+        got[..8] == seq.to_le_bytes() && got[8..] == pattern[8..]
+    } else {
+        got == pattern
+    }
+}
+
+/// Server, Write tests: after `Done { wrs: n }`, checks that each slot holds the last
+/// Write aimed at it. Returns (mismatches, slots checked).
+fn check_write_slots(q: &QpBufs, n: u64) -> Result<(u64, u64), IwperfError> {
+    let s = u64::from(q.slots);
+    let src_slots = q.patterns.len() as u64;
+    if src_slots == 0 {
+        return Ok((0, 0));
+    }
+    let (mut bad, mut checked) = (0, 0);
+    let mut got = vec![0u8; q.params.size as usize];
+    for k in 0..s.min(n) {
+        let last = k + s * ((n - 1 - k) / s);
+        q.data
+            .read((k * u64::from(q.slot_len)) as usize, &mut got)
+            .map_err(|e| IwperfError::Setup(format!("read slot: {e}")))?;
+        checked += 1;
+        if !matches(&got, &q.patterns[(last % src_slots) as usize], last) {
+            bad += 1;
+        }
+    }
+    Ok((bad, checked))
+}
+
+/// Runs the server side of a bandwidth test until every connection's `Done` was
+/// answered. Returns what it saw, and the error that ended it early, if any.
+pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option<IwperfError>) {
+    let mut st: Vec<ServerQp> = side.qps.iter().map(|_| ServerQp::default()).collect();
+    let err = server_bw_loop(side, status, &mut st).err();
+    let verify_on = side.qps.iter().any(|q| q.params.verify);
+    let mismatches: u64 = st.iter().map(|s| s.mismatches).sum();
+    let report = ServerReport {
+        connections: side.qps.len(),
+        messages: st.iter().map(|s| s.received).sum(),
+        client_wrs: st.iter().filter_map(|s| s.done).sum(),
+        verify: match (verify_on, mismatches > 0) {
+            (false, _) => VerifyStatus::Off,
+            (true, false) => VerifyStatus::Passed,
+            (true, true) => VerifyStatus::Failed,
+        },
+        mismatches,
+        checked: st.iter().map(|s| s.checked).sum(),
+    };
+    (report, err)
+}
+
+fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result<(), IwperfError> {
+    let cq = side.cq();
+    let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
+    let mut idle = Idle::new(side.tuning.spin);
+    let mut buf = Vec::new();
+    loop {
+        if status.removed() {
+            return Err(removed_err());
+        }
+        let mut moved = false;
+        for wc in poll_ok(cq, &mut wcs, status)? {
+            moved = true;
+            let pos = wr_pos(wc.wr_id);
+            let (Some(q), Some(s)) = (side.qps.get(pos), st.get_mut(pos)) else {
+                continue;
+            };
+            match wr_kind(wc.wr_id) {
+                K_DATA_RECV => {
+                    let r = wr_n(wc.wr_id);
+                    let slot = r % u64::from(q.slots);
+                    let off = (slot * u64::from(q.slot_len)) as usize;
+                    if wc.byte_len != q.params.size {
+                        // A control message in a data slot: the client's Done.
+                        if let Ctrl::Done { wrs, .. } = read_ctrl(&q.data, off, wc.byte_len)? {
+                            s.done = Some(wrs);
+                        }
+                        continue;
+                    }
+                    if q.params.verify && !q.patterns.is_empty() {
+                        buf.resize(q.params.size as usize, 0);
+                        q.data
+                            .read(off, &mut buf)
+                            .map_err(|e| IwperfError::Setup(format!("read slot: {e}")))?;
+                        let seq = s.received;
+                        s.checked += 1;
+                        if !matches(
+                            &buf,
+                            &q.patterns[(seq % q.patterns.len() as u64) as usize],
+                            seq,
+                        ) {
+                            s.mismatches += 1;
+                        }
+                    }
+                    s.received += 1;
+                    q.qp.post_recv(RecvWr::new(
+                        wc.wr_id,
+                        vec![q.data.sge(slot * u64::from(q.slot_len), q.slot_len)],
+                    ))
+                    .map_err(post_err)?;
+                    s.unreported += 1;
+                }
+                K_CTRL_RECV => {
+                    let slot = wr_n(wc.wr_id);
+                    if let Ctrl::Done { wrs, .. } =
+                        read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len)?
+                    {
+                        s.done = Some(wrs);
+                    }
+                    repost_ctrl(q, pos, slot)?;
+                }
+                _ => {}
+            }
+        }
+        for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+            let batch = (q.data_recvs / 4).max(1);
+            if q.params.op == Op::Send && s.unreported >= batch && s.done.is_none() {
+                match send_ctrl(q, pos, Ctrl::Credit(s.unreported)) {
+                    Ok(()) => {
+                        s.unreported = 0;
+                        moved = true;
+                    }
+                    Err(VerbsError::QueueFull { .. }) => {}
+                    Err(e) => return Err(post_err(e)),
+                }
+            }
+            if let (Some(wrs), false) = (s.done, s.acked) {
+                match q.params.op {
+                    Op::Write if q.params.verify => {
+                        let (bad, checked) = check_write_slots(q, wrs)?;
+                        s.mismatches += bad;
+                        s.checked += checked;
+                    }
+                    Op::Send if q.params.verify && s.received != wrs => {
+                        s.mismatches += wrs.abs_diff(s.received);
+                    }
+                    _ => {}
+                }
+                let verify = match (q.params.verify, s.mismatches) {
+                    (false, _) => VerifyStatus::Off,
+                    (true, 0) => VerifyStatus::Passed,
+                    _ => VerifyStatus::Failed,
+                };
+                send_ctrl(
+                    q,
+                    pos,
+                    Ctrl::DoneAck {
+                        verify,
+                        mismatches: s.mismatches,
+                        checked: s.checked,
+                    },
+                )
+                .map_err(post_err)?;
+                s.acked = true;
+                moved = true;
+            }
+        }
+        if st.iter().all(|s| s.acked) {
+            return Ok(());
+        }
+        if moved {
+            idle.progressed();
+        } else {
+            idle.wait(Some(cq));
+        }
+    }
+}
+
+/// Runs the client side of a latency test on the first connection of `side`: one
+/// message at a time (Send: answered by a Send; Write: answered by a Write, both
+/// detected by polling the last byte of the buffer; Read: one Read). Returns the
+/// statistics (half round trips for Send and Write, whole ones for Read, as perftest),
+/// and the error that ended it early, if any.
+pub fn client_latency(
+    side: &Side,
+    status: &CmStatus,
+    length: RunLength,
+    progress: &mut dyn FnMut(&Progress),
+) -> (Option<LatStats>, Option<IwperfError>) {
+    let mut samples = Vec::new();
+    let err = client_lat_loop(side, status, length, progress, &mut samples).err();
+    let q = &side.qps[0];
+    let mut stats = LatStats::from_samples(q.params.op, q.params.size, &samples);
+    if let Some(s) = stats.as_mut() {
+        s.partial = err.is_some();
+    }
+    (stats, err)
+}
+
+fn lat_payload(q: &QpBufs, v: u8) -> Vec<u8> {
+    let mut p = vec![0x5a; q.params.size as usize];
+    if let Some(last) = p.last_mut() {
+        *last = v;
+    }
+    p
+}
+
+fn client_lat_loop(
+    side: &Side,
+    status: &CmStatus,
+    length: RunLength,
+    progress: &mut dyn FnMut(&Progress),
+    samples: &mut Vec<u64>,
+) -> Result<(), IwperfError> {
+    let cq = side.cq();
+    let q = &side.qps[0];
+    let size = q.params.size;
+    let inline = size <= MAX_INLINE;
+    let start = Instant::now();
+    let (iters, until) = match length {
+        RunLength::Iters(n) => (n.max(1), None),
+        RunLength::Time(d) => (u64::MAX, Some(start + d)),
+    };
+    samples.reserve(iters.min(1 << 20) as usize);
+    let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
+    let mut idle = Idle::new(side.tuning.spin);
+    let mut last_report = start;
+    let remote_in = q.accept.mr.iova + u64::from(q.accept.slot_len);
+    let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
+    let my_in = q.slot_len as usize;
+    let mut byte = [0u8; 1];
+    let mut i = 0u64;
+    while i < iters && until.is_none_or(|u| Instant::now() < u) {
+        let v = (i % 255 + 1) as u8;
+        let t0 = Instant::now();
+        let wr = match q.params.op {
+            Op::Send if inline => SendWr::send_inline(wr_id(K_DATA_SEND, 0, i), lat_payload(q, v)),
+            Op::Send => SendWr::send(wr_id(K_DATA_SEND, 0, i), vec![q.data.sge(0, size)]),
+            Op::Write => {
+                let p = lat_payload(q, v);
+                if inline {
+                    SendWr::rdma_write_inline(wr_id(K_DATA_SEND, 0, i), p, remote_in, rkey)
+                } else {
+                    q.data
+                        .write(0, &p)
+                        .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
+                    SendWr::rdma_write(
+                        wr_id(K_DATA_SEND, 0, i),
+                        vec![q.data.sge(0, size)],
+                        remote_in,
+                        rkey,
+                    )
+                }
+            }
+            Op::Read => SendWr::rdma_read(
+                wr_id(K_DATA_SEND, 0, i),
+                vec![q.data.sge(u64::from(q.slot_len), size)],
+                q.accept.mr.iova,
+                rkey,
+            )
+            .with_flags(SendFlags::SIGNALED),
+        };
+        q.qp.post_send(wr).map_err(post_err)?;
+        // Wait for the answer.
+        idle.progressed();
+        loop {
+            if status.removed() {
+                return Err(IwperfError::DeviceRemoved(
+                    "DeviceRemoval during the run".into(),
+                ));
+            }
+            let mut answered = false;
+            for wc in poll_ok(cq, &mut wcs, status)? {
+                match (q.params.op, wr_kind(wc.wr_id)) {
+                    (Op::Send, K_DATA_RECV) => {
+                        answered = true;
+                        q.qp.post_recv(RecvWr::new(
+                            wc.wr_id,
+                            vec![q.data.sge(u64::from(q.slot_len), q.slot_len)],
+                        ))
+                        .map_err(post_err)?;
+                    }
+                    (Op::Read, K_DATA_SEND) => answered = true,
+                    _ => {}
+                }
+            }
+            if q.params.op == Op::Write {
+                q.data
+                    .read(my_in + size as usize - 1, &mut byte)
+                    .map_err(|e| IwperfError::Setup(format!("poll byte: {e}")))?;
+                answered = byte[0] == v;
+            }
+            if answered {
+                break;
+            }
+            idle.wait(if q.params.op == Op::Write {
+                None
+            } else {
+                Some(cq)
+            });
+        }
+        let rtt = t0.elapsed().as_nanos() as u64;
+        samples.push(if q.params.op == Op::Read {
+            rtt
+        } else {
+            rtt / 2
+        });
+        i += 1;
+        let now = Instant::now();
+        if now.duration_since(last_report) >= Duration::from_secs(1) {
+            progress(&Progress {
+                seconds: now.duration_since(start).as_secs_f64(),
+                amount: i,
+                gbps: 0.0,
+            });
+            last_report = now;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the server side of a latency test: answers each Send with a Send and each
+/// Write with a Write (Reads need nothing), until the client disconnects. Returns the
+/// round trips answered, or the error that ended it (a removal, or a failure other than
+/// the client's disconnect).
+pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError> {
+    let cq = side.cq();
+    let q = &side.qps[0];
+    let size = q.params.size;
+    let inline = size <= MAX_INLINE;
+    let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
+    let mut idle = Idle::new(side.tuning.spin);
+    let remote_in = q.params.client_mr.iova + u64::from(size);
+    let rkey = verbs::Stag::from_raw(q.params.client_mr.rkey);
+    let my_in = q.slot_len as usize + size as usize - 1;
+    let mut byte = [0u8; 1];
+    let mut answered = 0u64;
+    let mut flushed_at: Option<Instant> = None;
+    loop {
+        if status.removed() {
+            return Err(removed_err());
+        }
+        if status.disconnected() > 0 {
+            return Ok(answered);
+        }
+        if let Some(t) = flushed_at {
+            if t.elapsed() > Duration::from_secs(2) {
+                return Err(IwperfError::Connection(
+                    "QP flushed without a disconnect".into(),
+                ));
+            }
+        }
+        let mut moved = false;
+        let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
+        for wc in &wcs[..n] {
+            moved = true;
+            if !wc.is_success() {
+                if wc.status == WcStatus::WrFlushErr {
+                    flushed_at.get_or_insert_with(Instant::now);
+                    continue;
+                }
+                return Err(wc_error(wc, status));
+            }
+            if q.params.op == Op::Send && wr_kind(wc.wr_id) == K_DATA_RECV {
+                let id = wr_id(K_DATA_SEND, 0, answered);
+                let wr = if inline {
+                    SendWr::send_inline(id, vec![0xa5; size as usize])
+                } else {
+                    SendWr::send(id, vec![q.data.sge(0, size)])
+                };
+                q.qp.post_send(wr).map_err(post_err)?;
+                q.qp.post_recv(RecvWr::new(
+                    wc.wr_id,
+                    vec![q.data.sge(u64::from(q.slot_len), q.slot_len)],
+                ))
+                .map_err(post_err)?;
+                answered += 1;
+            }
+        }
+        if q.params.op == Op::Write {
+            let v = (answered % 255 + 1) as u8;
+            q.data
+                .read(my_in, &mut byte)
+                .map_err(|e| IwperfError::Setup(format!("poll byte: {e}")))?;
+            if byte[0] == v {
+                let p = lat_payload(q, v);
+                let id = wr_id(K_DATA_SEND, 0, answered);
+                let wr = if inline {
+                    SendWr::rdma_write_inline(id, p, remote_in, rkey)
+                } else {
+                    q.data
+                        .write(0, &p)
+                        .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
+                    SendWr::rdma_write(id, vec![q.data.sge(0, size)], remote_in, rkey)
+                };
+                q.qp.post_send(wr).map_err(post_err)?;
+                answered += 1;
+                moved = true;
+            }
+        }
+        if moved {
+            idle.progressed();
+        } else {
+            idle.wait(if q.params.op == Op::Write {
+                None
+            } else {
+                Some(cq)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_round_trip() {
+        let id = wr_id(K_CTRL_RECV, 63, 12345);
+        assert_eq!(
+            (wr_kind(id), wr_pos(id), wr_n(id)),
+            (K_CTRL_RECV, 63, 12345)
+        );
+        let id = wr_id(K_DATA_SEND, 0, (1 << N_BITS) - 1);
+        assert_eq!(
+            (wr_kind(id), wr_pos(id), wr_n(id)),
+            (K_DATA_SEND, 0, (1 << N_BITS) - 1)
+        );
+    }
+
+    #[test]
+    fn slot_patterns_differ_and_repeat() {
+        assert_eq!(slot_pattern(1, 2, 100), slot_pattern(1, 2, 100));
+        assert_ne!(slot_pattern(1, 2, 100), slot_pattern(1, 3, 100));
+        assert_ne!(slot_pattern(1, 2, 100), slot_pattern(2, 2, 100));
+        assert_eq!(&slot_pattern(0, 0, 100)[..10], &slot_pattern(0, 0, 10)[..]);
+    }
+
+    #[test]
+    fn stamped_messages_match_only_their_sequence() {
+        let p = slot_pattern(0, 0, 64);
+        let mut m = p.clone();
+        m[..8].copy_from_slice(&7u64.to_le_bytes());
+        assert!(matches(&m, &p, 7));
+        assert!(!matches(&m, &p, 8));
+        m[40] ^= 1;
+        assert!(!matches(&m, &p, 7));
+        // Short messages carry no sequence number.
+        let s = slot_pattern(0, 0, 4);
+        assert!(matches(&s, &s, 99));
+        assert!(!matches(&s[..3], &s, 0));
+    }
+}

@@ -1,0 +1,801 @@
+//! `iwperf demo`: the main job in one command.
+//!
+//! As root: two network namespaces with a TAP each, joined by bridges and a veth
+//! ([`netns_tests::Topology`], removed afterwards also on failure and Ctrl-C); in each
+//! round the raw smoltcp TCP bulk transfer (the baseline, [`crate::tcp`]), then iWARP
+//! Write, Read and Send (an `iwperf server` process in namespace A, an `iwperf client`
+//! in namespace B, pinned to CPUs 1 and 0 like `transport-bench`), then the latency
+//! pair: raw TCP ping-pong and iWARP Send ping-pong of 8 bytes. One table at the end:
+//! op, size, Gbit/s, Mpps, baseline Gbit/s, ratio to the baseline, and the latency row.
+//!
+//! Without root: the same measurements over an in-memory link pair in this one process
+//! (server and client in threads), said in one line.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use netns_tests::{format_mac, Endpoint, Peer, PeerOutput, Side, Topology};
+use softiwarp::link::{MemoryConfig, MemoryLink};
+use softiwarp::phy::InterfaceConfig;
+
+use super::conn::{DeviceOptions, LinkChoice};
+use super::datapath::{Progress, RunLength, Tuning};
+use super::peer::{run_client, run_server, ClientReport, ClientTest, ServerSummary};
+use super::report::{BwResult, DemoLatency, DemoReport, DemoRow, LatStats};
+use super::wire::{Mode, Op, VerifyStatus};
+use super::IwperfError;
+use crate::stats::median;
+use crate::tcp::{self, Amount, Role, TcpBenchConfig, TransferReport};
+use crate::tcp_lat::{self, Rounds};
+use crate::BenchError;
+
+/// The iWARP port the demo's server listens on (perftest's default).
+pub const IWARP_PORT: u16 = 18515;
+/// The raw TCP baseline's port.
+pub const TCP_PORT: u16 = 5201;
+
+/// Settings of the demo.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// IP MTU in bytes.
+    pub mtu: usize,
+    /// Seconds per bandwidth run.
+    pub seconds: f64,
+    /// Rounds (every run once per round; figures are medians).
+    pub rounds: usize,
+    /// Bandwidth message size in bytes.
+    pub size: u32,
+    /// Operations, in this order within a round.
+    pub ops: Vec<Op>,
+    /// Connections per bandwidth run.
+    pub qps: u16,
+    /// WRs in flight per QP.
+    pub tx_depth: u16,
+    /// Check the data of every iWARP run.
+    pub verify: bool,
+    /// MPA CRC32c.
+    pub crc: bool,
+    /// MPA markers.
+    pub markers: bool,
+    /// MPA revision.
+    pub mpa_rev: u8,
+    /// Run the latency pair (raw TCP and iWARP Send ping-pong).
+    pub latency: bool,
+    /// Ping-pong message size in bytes.
+    pub lat_size: u32,
+    /// Ping-pong round trips per run.
+    pub lat_iters: u64,
+    /// Capture every iWARP run's client link to `PREFIX-OP-rROUND.pcap`.
+    pub pcap: Option<PathBuf>,
+    /// At most this many bytes per capture.
+    pub pcap_limit: u64,
+    /// Use the in-memory link even as root.
+    pub memory: bool,
+    /// Pin server and client to CPUs 1 and 0 (TAP mode).
+    pub pin: bool,
+    /// Busy-poll time of the engines and of the raw TCP peers after activity.
+    pub spin: Duration,
+    /// TCP socket buffers (both the baseline and the device), bytes.
+    pub tcp_buffer: usize,
+    /// How the iWARP peers wait.
+    pub tuning: Tuning,
+    /// The iwperf binary run as the peers (TAP mode).
+    pub exe: PathBuf,
+    /// Echo the peers' output.
+    pub echo: bool,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        DemoConfig {
+            mtu: 65000,
+            seconds: 3.0,
+            rounds: 1,
+            size: 65536,
+            ops: Op::ALL.to_vec(),
+            qps: 1,
+            tx_depth: 128,
+            verify: false,
+            crc: true,
+            markers: false,
+            mpa_rev: 2,
+            latency: true,
+            lat_size: 8,
+            lat_iters: 10_000,
+            pcap: None,
+            pcap_limit: 16 << 20,
+            memory: false,
+            pin: true,
+            spin: Duration::from_micros(50),
+            tcp_buffer: 256 * 1024,
+            tuning: Tuning::default(),
+            exe: std::env::current_exe().unwrap_or_default(),
+            echo: false,
+        }
+    }
+}
+
+/// One round's measurements.
+#[derive(Debug, Clone, Default)]
+struct RoundResult {
+    tcp_gbps: f64,
+    ops: Vec<BwResult>,
+    lat: Option<(LatStats, LatStats)>,
+}
+
+/// Where output goes: progress lines and notes (stderr with `--json`, else stdout).
+pub type Say<'a> = &'a mut dyn FnMut(&str);
+
+/// A progress line per second while a run goes on: the ticker prints the label, the
+/// seconds so far and the last rate a peer reported.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    latest: Arc<Mutex<String>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(label: String, to_stderr: bool) -> Ticker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let latest = Arc::new(Mutex::new(String::new()));
+        let (s, l) = (stop.clone(), latest.clone());
+        let thread = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut next = 1u64;
+            while !s.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(20));
+                if t0.elapsed() >= Duration::from_secs(next) {
+                    let extra = l.lock().map(|x| x.clone()).unwrap_or_default();
+                    let line = format!("  {label}: {next} s{extra}");
+                    if to_stderr {
+                        eprintln!("{line}");
+                    } else {
+                        println!("{line}");
+                    }
+                    next += 1;
+                }
+            }
+        });
+        Ticker {
+            stop,
+            latest,
+            thread: Some(thread),
+        }
+    }
+
+    fn set(&self, s: String) {
+        if let Ok(mut l) = self.latest.lock() {
+            *l = s;
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn progress_text(p: &Progress) -> String {
+    if p.gbps > 0.0 {
+        format!(", {:.2} Gbit/s", p.gbps)
+    } else {
+        format!(", {} round trips", p.amount)
+    }
+}
+
+/// The pcap path of a run: `PREFIX-NAME-rROUND.pcap`.
+pub fn pcap_path(prefix: &Path, name: &str, round: usize) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(format!("-{name}-r{round}.pcap"));
+    PathBuf::from(s)
+}
+
+/// Runs the demo. `say` gets the progress and notes; `to_stderr` says where the
+/// per-second ticker prints. Returns the report; with `--verify` a mismatch in any run
+/// is [`IwperfError::Verify`] after the report was made (the caller prints it first):
+/// see [`DemoOutcome`].
+///
+/// Errors: setup (namespaces, devices), a peer's connection failure or device removal,
+/// [`IwperfError::Interrupted`].
+pub fn run(cfg: &DemoConfig, say: Say<'_>, to_stderr: bool) -> Result<DemoOutcome, IwperfError> {
+    if cfg.rounds == 0 || cfg.seconds <= 0.0 {
+        return Err(IwperfError::Usage(
+            "--rounds and --duration must be positive".into(),
+        ));
+    }
+    let root = softiwarp::netns::is_root();
+    let memory = cfg.memory || !root;
+    if !root && !cfg.memory {
+        say("iwperf demo: not running as root (network namespaces and TAPs need it): measuring over an in-memory link in one process instead");
+    }
+    let mut rounds = Vec::new();
+    let mut namespaces = Vec::new();
+    let mut pcaps = Vec::new();
+    if memory {
+        for r in 0..cfg.rounds {
+            say(&format!("round {} of {}", r + 1, cfg.rounds));
+            rounds.push(memory_round(cfg, r, &mut pcaps, to_stderr)?);
+        }
+    } else {
+        let topo = Topology::create(cfg.mtu).map_err(|e| IwperfError::Bench(e.into()))?;
+        namespaces = topo.namespaces().to_vec();
+        say(&format!(
+            "iwperf demo: namespaces {} and {}, a TAP in each on a bridge, joined by a veth; MTU {}",
+            namespaces[0], namespaces[1], cfg.mtu
+        ));
+        for r in 0..cfg.rounds {
+            say(&format!("round {} of {}", r + 1, cfg.rounds));
+            rounds.push(tap_round(cfg, &topo, r, &mut pcaps, to_stderr)?);
+        }
+        drop(topo);
+    }
+    let report = summarize(cfg, memory, &rounds);
+    Ok(DemoOutcome {
+        report,
+        namespaces,
+        pcaps,
+    })
+}
+
+/// The demo's report and what it left for checking.
+#[derive(Debug, Clone)]
+pub struct DemoOutcome {
+    /// The measurements.
+    pub report: DemoReport,
+    /// The namespaces it made (all removed by the time [`run`] returned).
+    pub namespaces: Vec<String>,
+    /// The captures it wrote.
+    pub pcaps: Vec<PathBuf>,
+}
+
+impl DemoOutcome {
+    /// [`IwperfError::Verify`] if any row failed its check.
+    pub fn verify_error(&self) -> Option<IwperfError> {
+        let bad: Vec<&str> = self
+            .report
+            .results
+            .iter()
+            .filter(|r| r.verify == VerifyStatus::Failed)
+            .map(|r| r.op.name())
+            .collect();
+        (!bad.is_empty()).then(|| IwperfError::Verify(format!("mismatches in {}", bad.join(", "))))
+    }
+}
+
+fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoReport {
+    let tcp: Vec<f64> = rounds.iter().map(|r| r.tcp_gbps).collect();
+    let results = cfg
+        .ops
+        .iter()
+        .map(|&op| {
+            let mine: Vec<(&BwResult, f64)> = rounds
+                .iter()
+                .filter_map(|r| r.ops.iter().find(|b| b.op == op).map(|b| (b, r.tcp_gbps)))
+                .collect();
+            let g: Vec<f64> = mine.iter().map(|(b, _)| b.gbps).collect();
+            let m: Vec<f64> = mine.iter().map(|(b, _)| b.mpps).collect();
+            let ratios: Vec<f64> = mine
+                .iter()
+                .filter(|(_, t)| *t > 0.0)
+                .map(|(b, t)| b.gbps / t)
+                .collect();
+            let verify = mine.iter().map(|(b, _)| b.verify).fold(
+                if cfg.verify {
+                    VerifyStatus::Passed
+                } else {
+                    VerifyStatus::Off
+                },
+                |acc, v| {
+                    if v == VerifyStatus::Failed || acc == VerifyStatus::Failed {
+                        VerifyStatus::Failed
+                    } else {
+                        acc
+                    }
+                },
+            );
+            DemoRow {
+                op,
+                size: cfg.size,
+                gbps: median(&g).unwrap_or(0.0),
+                mpps: median(&m).unwrap_or(0.0),
+                baseline_gbps: median(&tcp).unwrap_or(0.0),
+                ratio: median(&ratios).unwrap_or(0.0),
+                verify,
+            }
+        })
+        .collect();
+    let lats: Vec<&(LatStats, LatStats)> = rounds.iter().filter_map(|r| r.lat.as_ref()).collect();
+    let latency = if lats.is_empty() {
+        None
+    } else {
+        let ratios: Vec<f64> = lats
+            .iter()
+            .filter(|(_, t)| t.t_typical > 0.0)
+            .map(|(i, t)| i.t_typical / t.t_typical)
+            .collect();
+        let mut by: Vec<&&(LatStats, LatStats)> = lats.iter().collect();
+        by.sort_by(|a, b| a.0.t_typical.total_cmp(&b.0.t_typical));
+        let mid = by[by.len() / 2];
+        Some(DemoLatency {
+            iwarp: mid.0.clone(),
+            tcp: mid.1.clone(),
+            ratio: median(&ratios).unwrap_or(0.0),
+        })
+    };
+    DemoReport {
+        link: if memory { "memory" } else { "tap" }.into(),
+        mtu: cfg.mtu,
+        rounds: rounds.len(),
+        seconds: cfg.seconds,
+        crc: cfg.crc,
+        baseline_tcp_gbps: median(&tcp).unwrap_or(0.0),
+        results,
+        latency,
+    }
+}
+
+fn client_test(cfg: &DemoConfig, server: SocketAddrV4, op: Op, lat: bool) -> ClientTest {
+    ClientTest {
+        server,
+        ops: vec![op],
+        mode: if lat { Mode::Latency } else { Mode::Bandwidth },
+        size: if lat { cfg.lat_size } else { cfg.size },
+        qps: if lat { 1 } else { cfg.qps },
+        tx_depth: cfg.tx_depth,
+        verify: cfg.verify && !lat,
+        length: if lat {
+            RunLength::Iters(cfg.lat_iters)
+        } else {
+            RunLength::Time(Duration::from_secs_f64(cfg.seconds))
+        },
+        connect_timeout: Duration::from_secs(20),
+    }
+}
+
+/// Turns a failed side into the demo's error (connection failure, removal, ...).
+fn side_error(what: &str, code: u8, message: Option<String>) -> IwperfError {
+    let m = format!("{what}: {}", message.unwrap_or_default());
+    IwperfError::from_exit_code(i32::from(code), m.clone()).unwrap_or(IwperfError::Setup(m))
+}
+
+// ------------------------------------------------------------------- memory link
+
+fn memory_pair(cfg: &DemoConfig, tag: &str) -> Result<(MemoryLink, MemoryLink), IwperfError> {
+    MemoryLink::pair(MemoryConfig {
+        mtu: cfg.mtu,
+        names: (format!("{tag}-a"), format!("{tag}-b")),
+        ..MemoryConfig::default()
+    })
+    .map_err(|e| IwperfError::Setup(format!("memory link: {e}")))
+}
+
+fn mem_iface(n: u8) -> InterfaceConfig {
+    InterfaceConfig {
+        mac: [0x02, 0x00, 0x0a, 0xeb, 0x00, n],
+        address: Ipv4Addr::new(10, 235, 0, n),
+        prefix_len: 24,
+        gateway: None,
+        random_seed: u64::from(n) ^ u64::from(std::process::id()) << 16,
+    }
+}
+
+fn tcp_cfg(cfg: &DemoConfig, role: Role, me: InterfaceConfig, peer: Ipv4Addr) -> TcpBenchConfig {
+    let mut c = TcpBenchConfig::new(role, me, peer);
+    c.port = TCP_PORT;
+    c.spin = cfg.spin;
+    c.tcp.rx_buffer = cfg.tcp_buffer;
+    c.tcp.tx_buffer = cfg.tcp_buffer;
+    c.amount = Amount::Time(Duration::from_secs_f64(cfg.seconds));
+    c.timeout = Duration::from_secs_f64(cfg.seconds + 60.0);
+    c
+}
+
+fn device_options(
+    cfg: &DemoConfig,
+    name: &str,
+    link: LinkChoice,
+    ip: Ipv4Addr,
+    mac: [u8; 6],
+    pcap: Option<PathBuf>,
+) -> DeviceOptions {
+    DeviceOptions {
+        name: name.into(),
+        link,
+        ip,
+        prefix_len: 24,
+        mac: Some(mac),
+        crc: cfg.crc,
+        markers: cfg.markers,
+        mpa_rev: cfg.mpa_rev,
+        pcap: pcap.map(|p| (p, cfg.pcap_limit)),
+        engine_spin: cfg.spin,
+        tcp_buffer: cfg.tcp_buffer,
+    }
+}
+
+/// One iWARP run in this process: server thread, client here.
+fn memory_iwarp(
+    cfg: &DemoConfig,
+    op: Op,
+    lat: bool,
+    pcap: Option<PathBuf>,
+    ticker: &Ticker,
+) -> Result<ClientReport, IwperfError> {
+    let (a, b) = memory_pair(cfg, "iwp")?;
+    let (sa, sb) = (mem_iface(1), mem_iface(2));
+    let sdev = device_options(cfg, "iwps", LinkChoice::Memory(a), sa.address, sa.mac, None);
+    let cdev = device_options(cfg, "iwpc", LinkChoice::Memory(b), sb.address, sb.mac, pcap);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tuning = cfg.tuning;
+    let server = std::thread::spawn(move || {
+        run_server(
+            sdev,
+            IWARP_PORT,
+            128,
+            tuning,
+            Duration::from_secs(30),
+            move || {
+                let _ = tx.send(());
+            },
+        )
+    });
+    let t0 = Instant::now();
+    let ready = loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(()) => break true,
+            Err(_) if server.is_finished() || t0.elapsed() > Duration::from_secs(30) => {
+                break false
+            }
+            Err(_) => {}
+        }
+    };
+    if !ready {
+        let (s, e) = server
+            .join()
+            .map_err(|_| IwperfError::Setup("server thread panicked".into()))?;
+        return Err(e.unwrap_or_else(|| side_error("server", s.exit_code, s.error)));
+    }
+    let test = client_test(cfg, SocketAddrV4::new(sa.address, IWARP_PORT), op, lat);
+    let (report, cerr) = run_client(cdev, &test, cfg.tuning, &mut |p| {
+        ticker.set(progress_text(p))
+    });
+    let (summary, serr) = server
+        .join()
+        .map_err(|_| IwperfError::Setup("server thread panicked".into()))?;
+    check_sides(&report, cerr, &summary, serr)?;
+    Ok(report)
+}
+
+/// The outcome of a run from both sides' reports: a verify failure is kept in the
+/// report (the row says so); anything else is the run's error.
+fn check_sides(
+    client: &ClientReport,
+    cerr: Option<IwperfError>,
+    server: &ServerSummary,
+    serr: Option<IwperfError>,
+) -> Result<(), IwperfError> {
+    match (cerr, serr) {
+        (Some(IwperfError::Verify(_)), _) | (None, Some(IwperfError::Verify(_))) | (None, None) => {
+            let _ = (client, server);
+            Ok(())
+        }
+        (Some(e), _) | (None, Some(e)) => Err(e),
+    }
+}
+
+fn memory_round(
+    cfg: &DemoConfig,
+    round: usize,
+    pcaps: &mut Vec<PathBuf>,
+    to_stderr: bool,
+) -> Result<RoundResult, IwperfError> {
+    let mut out = RoundResult::default();
+    {
+        let _t = Ticker::start("tcp baseline".into(), to_stderr);
+        let (a, b) = memory_pair(cfg, "tcp")?;
+        let (sa, sb) = (mem_iface(1), mem_iface(2));
+        let scfg = tcp_cfg(cfg, Role::Server, sa, sb.address);
+        let ccfg = tcp_cfg(cfg, Role::Client, sb, sa.address);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            tcp::run_server(a, &scfg, move || {
+                let _ = tx.send(());
+            })
+        });
+        let _ = rx.recv_timeout(Duration::from_secs(10));
+        let client = tcp::run_client(b, &ccfg);
+        let server = server
+            .join()
+            .map_err(|_| IwperfError::Setup("TCP server thread panicked".into()))?;
+        let _ = client?;
+        out.tcp_gbps = server?.gbit_per_s;
+    }
+    for &op in &cfg.ops {
+        let _t = Ticker::start(format!("iWARP {op}"), to_stderr);
+        let pcap = cfg.pcap.as_ref().map(|p| pcap_path(p, op.name(), round));
+        let rep = memory_iwarp(cfg, op, false, pcap.clone(), &_t)?;
+        pcaps.extend(pcap);
+        out.ops
+            .extend(rep.bandwidth.into_iter().filter(|b| b.op == op));
+    }
+    if cfg.latency {
+        let tcp_lat = {
+            let _t = Ticker::start("tcp ping-pong".into(), to_stderr);
+            let (a, b) = memory_pair(cfg, "tcpl")?;
+            let (sa, sb) = (mem_iface(1), mem_iface(2));
+            let scfg = tcp_cfg(cfg, Role::Server, sa, sb.address);
+            let ccfg = tcp_cfg(cfg, Role::Client, sb, sa.address);
+            let size = cfg.lat_size as usize;
+            let (tx, rx) = std::sync::mpsc::channel();
+            let server = std::thread::spawn(move || {
+                tcp_lat::run_echo_server(a, &scfg, size, move || {
+                    let _ = tx.send(());
+                })
+            });
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            let samples = tcp_lat::run_ping_client(b, &ccfg, size, Rounds::Count(cfg.lat_iters));
+            let _ = server.join();
+            LatStats::from_samples(Op::Send, cfg.lat_size, &samples?)
+        };
+        let _t = Ticker::start("iWARP send ping-pong".into(), to_stderr);
+        let rep = memory_iwarp(cfg, Op::Send, true, None, &_t)?;
+        if let (Some(i), Some(t)) = (rep.latency, tcp_lat) {
+            out.lat = Some((i, t));
+        }
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------------- TAP peers
+
+fn cpu_args(cfg: &DemoConfig, cpu: usize) -> Vec<String> {
+    if cfg.pin {
+        vec!["--cpu".into(), cpu.to_string()]
+    } else {
+        Vec::new()
+    }
+}
+
+fn endpoint_args(e: &Endpoint) -> Vec<String> {
+    vec![
+        "--tap".into(),
+        e.tap.clone(),
+        "--ip".into(),
+        format!("{}/{}", e.ip, e.prefix_len),
+        "--mac".into(),
+        format_mac(&e.mac),
+    ]
+}
+
+fn common_args(cfg: &DemoConfig) -> Vec<String> {
+    vec![
+        "--spin-us".into(),
+        cfg.spin.as_micros().to_string(),
+        "--tcp-buffer".into(),
+        cfg.tcp_buffer.to_string(),
+    ]
+}
+
+fn harness(e: netns_tests::HarnessError) -> IwperfError {
+    match e {
+        netns_tests::HarnessError::Interrupted => IwperfError::Interrupted,
+        e => IwperfError::Bench(BenchError::Harness(e)),
+    }
+}
+
+/// The last stdout line of `out` that is a JSON object.
+fn json_line<T: serde::de::DeserializeOwned>(out: &PeerOutput) -> Result<T, IwperfError> {
+    let line = out
+        .stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| {
+            IwperfError::Setup(format!(
+                "peer {} ({}) printed no result; stderr:\n{}",
+                out.name, out.status, out.stderr
+            ))
+        })?;
+    serde_json::from_str(line)
+        .map_err(|e| IwperfError::Setup(format!("peer {}: bad result {line:?}: {e}", out.name)))
+}
+
+/// Starts `server` and, once it printed READY, `client`; shows the client's PROGRESS
+/// lines on the ticker; waits for both. Returns both outputs whatever their status.
+fn run_pair(
+    topo: &Topology,
+    cfg: &DemoConfig,
+    label: &str,
+    server_args: Vec<String>,
+    client_args: Vec<String>,
+    seconds: f64,
+    to_stderr: bool,
+) -> Result<(PeerOutput, PeerOutput), IwperfError> {
+    let ticker = Ticker::start(label.to_owned(), to_stderr);
+    let mut server: Peer = topo
+        .peer(Side::A, &format!("{label} server"), &cfg.exe)
+        .args(server_args)
+        .echo(cfg.echo)
+        .spawn()
+        .map_err(harness)?;
+    server
+        .wait_for_line(|l| l == "READY", Duration::from_secs(30))
+        .map_err(harness)?;
+    let mut client: Peer = topo
+        .peer(Side::B, &format!("{label} client"), &cfg.exe)
+        .args(client_args)
+        .echo(cfg.echo)
+        .spawn()
+        .map_err(harness)?;
+    let guard = Duration::from_secs_f64(seconds + 60.0);
+    // Every stdout line passes the predicate: show progress, stop at the result.
+    let seen = client.wait_for_line(
+        |l| {
+            if let Some(p) = l.strip_prefix("PROGRESS ") {
+                ticker.set(format!(", {p}"));
+            }
+            l.starts_with('{')
+        },
+        guard,
+    );
+    if let Err(e) = seen {
+        // The client exited without a result: collect both outputs for the message.
+        if !matches!(e, netns_tests::HarnessError::Peer(ref f) if f.kind == netns_tests::FailureKind::ExitedEarly)
+        {
+            return Err(harness(e));
+        }
+    }
+    let cout = client.wait(Duration::from_secs(30)).map_err(harness)?;
+    let sout = server.wait(Duration::from_secs(30)).map_err(harness)?;
+    drop(ticker);
+    Ok((sout, cout))
+}
+
+fn tap_round(
+    cfg: &DemoConfig,
+    topo: &Topology,
+    round: usize,
+    pcaps: &mut Vec<PathBuf>,
+    to_stderr: bool,
+) -> Result<RoundResult, IwperfError> {
+    let (a, b) = (topo.a().clone(), topo.b().clone());
+    let mut out = RoundResult::default();
+    // Raw TCP bulk transfer.
+    let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
+    s.extend(endpoint_args(&a));
+    s.extend(["--peer-ip".into(), b.ip.to_string()]);
+    s.extend(cpu_args(cfg, 1));
+    s.extend(common_args(cfg));
+    let mut c = vec!["tcp-peer".into(), "--role".into(), "client".into()];
+    c.extend(endpoint_args(&b));
+    c.extend(["--peer-ip".into(), a.ip.to_string()]);
+    c.extend(["--duration".into(), cfg.seconds.to_string()]);
+    c.extend(cpu_args(cfg, 0));
+    c.extend(common_args(cfg));
+    let (so, co) = run_pair(topo, cfg, "tcp baseline", s, c, cfg.seconds, to_stderr)?;
+    for o in [&so, &co] {
+        if !o.status.success() {
+            return Err(IwperfError::Setup(format!(
+                "TCP baseline peer {} failed ({}): {}",
+                o.name, o.status, o.stderr
+            )));
+        }
+    }
+    let server: TransferReport = json_line(&so)?;
+    out.tcp_gbps = server.gbit_per_s;
+    // iWARP.
+    let iwarp = |op: Op, lat: bool, pcap: Option<PathBuf>, label: &str| {
+        let mut s = vec!["server".into()];
+        s.extend(endpoint_args(&a));
+        s.extend(["--port".into(), IWARP_PORT.to_string(), "--json".into()]);
+        s.extend(iwarp_args(cfg));
+        s.extend(cpu_args(cfg, 1));
+        let t = client_test(cfg, SocketAddrV4::new(a.ip, IWARP_PORT), op, lat);
+        let mut c = vec!["client".into(), "--peer".into(), a.ip.to_string()];
+        c.extend(endpoint_args(&b));
+        c.extend([
+            "--port".into(),
+            IWARP_PORT.to_string(),
+            "--op".into(),
+            op.name().into(),
+            "--size".into(),
+            t.size.to_string(),
+            "--qps".into(),
+            t.qps.to_string(),
+            "--tx-depth".into(),
+            t.tx_depth.to_string(),
+            "--json".into(),
+            "--progress".into(),
+        ]);
+        match t.length {
+            RunLength::Iters(n) => c.extend(["--iters".into(), n.to_string()]),
+            RunLength::Time(d) => c.extend(["--duration".into(), d.as_secs_f64().to_string()]),
+        }
+        if lat {
+            c.push("--lat".into());
+        }
+        if t.verify {
+            c.push("--verify".into());
+        }
+        if let Some(p) = &pcap {
+            c.extend([
+                "--pcap".into(),
+                p.display().to_string(),
+                "--pcap-limit".into(),
+                cfg.pcap_limit.to_string(),
+            ]);
+        }
+        c.extend(iwarp_args(cfg));
+        c.extend(cpu_args(cfg, 0));
+        let (so, co) = run_pair(topo, cfg, label, s, c, cfg.seconds, to_stderr)?;
+        let creport: ClientReport = json_line(&co)?;
+        let sreport: ServerSummary = json_line(&so)?;
+        for (rep_code, rep_err, who) in [
+            (creport.exit_code, creport.error.clone(), "client"),
+            (sreport.exit_code, sreport.error.clone(), "server"),
+        ] {
+            if rep_code != 0 && u32::from(rep_code) != u32::from(super::EXIT_VERIFY) {
+                return Err(side_error(&format!("{label} {who}"), rep_code, rep_err));
+            }
+        }
+        Ok::<ClientReport, IwperfError>(creport)
+    };
+    for &op in &cfg.ops {
+        let pcap = cfg.pcap.as_ref().map(|p| pcap_path(p, op.name(), round));
+        let rep = iwarp(op, false, pcap.clone(), &format!("iWARP {op}"))?;
+        pcaps.extend(pcap);
+        out.ops
+            .extend(rep.bandwidth.into_iter().filter(|r| r.op == op));
+    }
+    if cfg.latency {
+        let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
+        s.extend(endpoint_args(&a));
+        s.extend(["--peer-ip".into(), b.ip.to_string()]);
+        s.extend(["--ping-pong".into(), cfg.lat_size.to_string()]);
+        s.extend(cpu_args(cfg, 1));
+        s.extend(common_args(cfg));
+        let mut c = vec!["tcp-peer".into(), "--role".into(), "client".into()];
+        c.extend(endpoint_args(&b));
+        c.extend(["--peer-ip".into(), a.ip.to_string()]);
+        c.extend(["--ping-pong".into(), cfg.lat_size.to_string()]);
+        c.extend(["--iters".into(), cfg.lat_iters.to_string()]);
+        c.extend(cpu_args(cfg, 0));
+        c.extend(common_args(cfg));
+        let (_so, co) = run_pair(topo, cfg, "tcp ping-pong", s, c, 10.0, to_stderr)?;
+        if !co.status.success() {
+            return Err(IwperfError::Setup(format!(
+                "TCP ping-pong client failed ({}): {}",
+                co.status, co.stderr
+            )));
+        }
+        let tcp: LatStats = json_line(&co)?;
+        let rep = iwarp(Op::Send, true, None, "iWARP send ping-pong")?;
+        if let Some(i) = rep.latency {
+            out.lat = Some((i, tcp));
+        }
+    }
+    Ok(out)
+}
+
+/// The MPA and device options every iWARP peer gets.
+fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
+    let mut v = vec![
+        "--crc".into(),
+        if cfg.crc { "on" } else { "off" }.into(),
+        "--markers".into(),
+        if cfg.markers { "on" } else { "off" }.into(),
+        "--mpa-rev".into(),
+        cfg.mpa_rev.to_string(),
+        "--poll-spin-us".into(),
+        cfg.tuning.spin.as_micros().to_string(),
+    ];
+    v.extend(common_args(cfg));
+    v
+}
