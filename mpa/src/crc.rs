@@ -13,6 +13,15 @@
 //! every FPDU of `shared/pcaps/rping-srv_crc-cli_crc.pcap` (first FPDU of the
 //! initiator: CRC field octets `2f fb a8 cb`, value `0xcba8fb2f`). Use
 //! [`crc_to_wire`] / [`crc_from_wire`] to convert.
+//!
+//! **Implementation**: the `crc-fast` crate's CRC-32/ISCSI, which selects at run time
+//! (cached CPU feature detection) a fusion of the SSE4.2 `crc32` instruction with
+//! carry-less multiplication folding (PCLMULQDQ, or VPCLMULQDQ with AVX-512 where the
+//! CPU has it), and a table-driven software CRC elsewhere. On the build machine (Xeon,
+//! AVX-512 VPCLMULQDQ) it runs at 57 GB/s on 1460-octet FPDUs and 107 GB/s on 9000 to
+//! 64 KiB, against 16 and 27 GB/s for the `crc32c` crate's 3-way interleaved `crc32`
+//! loop, whose last 1/3 of a short buffer runs as one latency-bound chain
+//! (docs/PERFORMANCE.md, "fpdu_path").
 
 /// Length of the CRC field at the end of every FPDU, in octets (RFC 5044, section 4.1).
 ///
@@ -26,7 +35,7 @@ pub const CRC_LEN: usize = 4;
 /// on the wire. Never fails.
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    crc_fast::crc32_iscsi(data)
 }
 
 /// Continues a CRC32c: `crc32c_append(crc32c(a), b) == crc32c(a ++ b)`.
@@ -35,7 +44,16 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// for an empty prefix. Never fails.
 #[inline]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, data)
+    if crc == 0 {
+        // The common case (a whole FPDU in one call): no digest state to set up.
+        return crc_fast::crc32_iscsi(data);
+    }
+    // The digest's state is the CRC register before the final XOR.
+    let mut digest =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    digest.update(data);
+    // A CRC-32 digest's value fits in 32 bits.
+    digest.finalize() as u32
 }
 
 /// CRC32c over the concatenation of `parts` (for example the ULPDU_Length
@@ -102,6 +120,48 @@ mod tests {
         );
         assert_eq!(fpdu_crc(&[]), 0);
         assert_eq!(crc32c_append(0, &data), whole);
+    }
+
+    /// Bit-at-a-time CRC32c (RFC 3720 B.4 definition), the reference for the fast one.
+    fn reference(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in data {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0x82F6_3B78
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    /// Every length up to past the implementation's size classes (short buffers, 256
+    /// octets, folding blocks), at unaligned starts, whole and appended at several
+    /// split points, agrees with the reference.
+    #[test]
+    fn agrees_with_reference_over_lengths_alignments_and_splits() {
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 131 + 17) as u8).collect();
+        let lens = (0..=600).chain([1020, 1023, 1024, 1025, 1448, 1460, 2047, 2048, 2900]);
+        for len in lens {
+            for start in [0usize, 1, 3, 7] {
+                let d = &data[start..start + len];
+                let want = reference(d);
+                assert_eq!(crc32c(d), want, "len {len} start {start}");
+                assert_eq!(crc32c_append(0, d), want, "len {len} start {start}");
+                for split in [1, 2, len / 3, len / 2, len.saturating_sub(3)] {
+                    let split = split.min(len);
+                    let (a, b) = d.split_at(split);
+                    assert_eq!(
+                        crc32c_append(crc32c(a), b),
+                        want,
+                        "len {len} start {start} split {split}"
+                    );
+                }
+            }
+        }
     }
 
     /// The first initiator FPDU of rping-srv_crc-cli_crc.pcap (frame 10):

@@ -14,10 +14,16 @@
 //! data path cannot avoid, for comparison.
 //!
 //! Run: `cargo bench -p softiwarp --bench fpdu_path` (add `-- --quick` for a short run).
+//!
+//! Fixed workload for instruction counts (no criterion, no timing): with
+//! `FPDU_PATH_COUNT=<tx|rx>:<MULPDU>:<iterations>` the binary runs that many 64 KiB
+//! Writes through the one path and exits, e.g.
+//! `FPDU_PATH_COUNT=rx:1454:200 valgrind --tool=callgrind target/release/deps/fpdu_path-*`
+//! (run it with two iteration counts and take the difference to drop the setup).
 
 use std::sync::Arc;
 
-use criterion::{criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use mpa::deframer::{Deframer, DeframerConfig};
 use mpa::fpdu::{Framer, Framing};
 use softiwarp::cq::Cq;
@@ -94,6 +100,76 @@ fn transmit(qp: &mut Qp, framer: &mut Framer, out: &mut [u8], mulpdu: usize) -> 
     (sink.emitted(), end)
 }
 
+/// Deframes `stream` (the FPDUs of one 64 KiB Write) and places each ULPDU into `qp`'s
+/// memory; returns the FPDU count.
+fn receive(qp: &mut Qp, stream: &[u8]) -> usize {
+    let mut deframer = Deframer::new(DeframerConfig::new(CRC));
+    let mut n = 0;
+    let mut input = stream;
+    while !input.is_empty() {
+        let (used, item) = deframer.decode(input);
+        input = &input[used..];
+        match item {
+            Some(Ok(fpdu)) => {
+                qp.handle_ulpdu(fpdu.ulpdu).unwrap();
+                n += 1;
+            }
+            Some(Err(e)) => panic!("{e}"),
+            None => break,
+        }
+    }
+    n
+}
+
+/// The fixed workload of `FPDU_PATH_COUNT` (see the module docs).
+fn count(spec: &str) {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [path, mulpdu, iters] = parts[..] else {
+        panic!("FPDU_PATH_COUNT={spec}: expected <tx|rx>:<MULPDU>:<iterations>");
+    };
+    let mulpdu: usize = mulpdu.parse().expect("MULPDU");
+    let iters: usize = iters.parse().expect("iterations");
+    let mut a = end(1);
+    let mut b = end(2);
+    let mut framer = Framer::new(CRC);
+    let mut out = vec![0u8; 2 * LEN];
+    let mut fpdus = 0;
+    let cpu_start = thread_cpu_ns();
+    match path {
+        "tx" => {
+            for _ in 0..iters {
+                post_write(&mut a, &b);
+                fpdus += transmit(&mut a.qp, &mut framer, &mut out, mulpdu).0;
+            }
+        }
+        "rx" => {
+            post_write(&mut a, &b);
+            let (_, len) = transmit(&mut a.qp, &mut framer, &mut out, mulpdu);
+            out.truncate(len);
+            for _ in 0..iters {
+                fpdus += receive(&mut b.qp, &out);
+            }
+            assert_eq!(b.mr.to_vec(), a.mr.to_vec());
+        }
+        _ => panic!("FPDU_PATH_COUNT={spec}: path must be tx or rx"),
+    }
+    let cpu = thread_cpu_ns()
+        .zip(cpu_start)
+        .map(|(e, s)| e.saturating_sub(s));
+    let per_write = cpu.map_or("?".to_string(), |ns| format!("{}", ns / iters as u64));
+    println!(
+        "{path} MULPDU {mulpdu}: {iters} Writes of {LEN} bytes, {fpdus} FPDUs, \
+         {per_write} ns of thread CPU time per Write (setup included)"
+    );
+}
+
+/// This thread's time on a CPU so far, in ns (`/proc/thread-self/schedstat`, first
+/// field), so that figures on a loaded machine count only this thread's running time.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 fn tx(c: &mut Criterion) {
     let mut g = c.benchmark_group("tx");
     g.throughput(Throughput::Bytes(LEN as u64));
@@ -132,21 +208,7 @@ fn rx(c: &mut Criterion) {
             &mulpdu,
             |bench, _| {
                 bench.iter(|| {
-                    let mut deframer = Deframer::new(DeframerConfig::new(CRC));
-                    let mut n = 0;
-                    let mut input = &stream[..];
-                    while !input.is_empty() {
-                        let (used, item) = deframer.decode(input);
-                        input = &input[used..];
-                        match item {
-                            Some(Ok(fpdu)) => {
-                                b.qp.handle_ulpdu(fpdu.ulpdu).unwrap();
-                                n += 1;
-                            }
-                            Some(Err(e)) => panic!("{e}"),
-                            None => break,
-                        }
-                    }
+                    let n = receive(&mut b.qp, &stream);
                     assert_eq!(n, fpdus);
                     n
                 })
@@ -189,4 +251,13 @@ mod group {
     // `criterion_group!` defines a public function; it stays inside this module.
     criterion::criterion_group!(benches, super::floor, super::tx, super::rx);
 }
-criterion_main!(group::benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("FPDU_PATH_COUNT") {
+        count(&spec);
+        return;
+    }
+    // What `criterion_main!` expands to.
+    group::benches();
+    Criterion::default().configure_from_args().final_summary();
+}
