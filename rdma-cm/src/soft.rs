@@ -7,7 +7,7 @@
 //! | `addresses`, `gateway` | the interface it was opened with ([`Device::interface`]): one IPv4 address and prefix, its gateway; nothing once the device ended | the netdev's `in_device` / FIB |
 //! | `provider` | one [`SoftProvider`] per `SoftDevice` (its provider thread `iwp-<name>`) | siw's `iw_cm_verbs` |
 //! | `resolve_neighbor` | [`Device::resolve_neighbor`]: ARP through the device's own stack (Request at once, then every second, until the timeout) | `rdma_resolve_ip` -> `neigh_event_send` |
-//! | `create_qp` | [`Device::create_qp`], wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` |
+//! | `create_qp` | [`Device::create_qp`], moved to Init (receives can be posted before connect/accept), wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` + `cma_init_conn_qp` |
 //! | `qp_to_error` | [`Qp::modify_state`](softiwarp::Qp::modify_state)`(Error)`: every outstanding WR completes flushed, a connection is closed abortively | `ib_modify_qp(IB_QPS_ERR)` |
 //! | `destroy_qp` | [`Qp::destroy`](softiwarp::Qp::destroy) if the CM held the last handle, else to Error and drop ours (the QP goes when the last handle does) | `ib_destroy_qp` |
 //! | `attached` | removal when the device ends (TAP deleted, fd error, memory link removed: [`SoftProvider::on_device_end`], after every connection's end was reported), and when its link goes down (configurable) | `cma_remove_one` from `ib_unregister_device`; `siw_netdev_event` |
@@ -238,8 +238,17 @@ impl CmDevice for SoftDevice {
             });
     }
 
+    /// The QP is moved to Init before it is returned, as `rdma_create_qp` does
+    /// (cma.c `cma_init_conn_qp`, librdmacm `ucma_init_conn_qp`): receives can be
+    /// posted before `connect` / `accept`, so none is missing when the peer's first
+    /// Send arrives.
     fn create_qp(&self, pd: &Pd, attr: QpInitAttr<'_>) -> Result<SoftQp, VerbsError> {
-        self.device.create_qp(pd, attr).map(Arc::new)
+        let qp = self.device.create_qp(pd, attr)?;
+        if let Err(e) = qp.modify_state(QpState::Init) {
+            let _ = qp.destroy();
+            return Err(e);
+        }
+        Ok(Arc::new(qp))
     }
 
     fn qp_to_error(&self, qp: &SoftQp) {
