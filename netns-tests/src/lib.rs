@@ -58,6 +58,7 @@ pub mod capture;
 pub mod logging;
 pub mod mpa_peer;
 pub mod peer;
+pub mod removal;
 pub mod signals;
 pub mod topology;
 pub mod ulpdu;
