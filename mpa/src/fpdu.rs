@@ -317,6 +317,11 @@ impl Framer {
                 available: buf.len(),
             });
         }
+        if !self.framing.markers {
+            write_unmarked(parts, ulpdu_len, self.framing.crc, &mut buf[..len]);
+            self.stream_pos = self.stream_pos.wrapping_add(len as u64);
+            return Ok(len);
+        }
         let mut w = Writer {
             buf: &mut buf[..len],
             at: 0,
@@ -354,6 +359,25 @@ fn check_ulpdu_len(parts: &[&[u8]]) -> Result<usize, FrameError> {
         return Err(FrameError::UlpduLength { len });
     }
     Ok(len)
+}
+
+/// Writes an FPDU without Markers into `fpdu` (exactly its length: ULPDU_Length,
+/// the `parts` of `ulpdu_len` octets, PAD, CRC): straight copies, then one CRC32c
+/// pass over what was just written (hot in the cache).
+fn write_unmarked(parts: &[&[u8]], ulpdu_len: usize, crc: bool, fpdu: &mut [u8]) {
+    let (body, crc_field) = fpdu.split_at_mut(fpdu.len() - CRC_LEN);
+    let (length, mut rest) = body.split_at_mut(ULPDU_LENGTH_LEN);
+    // ULPDU_Length fits in 16 bits: checked by the caller.
+    length.copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+    for part in parts {
+        let (dst, tail) = rest.split_at_mut(part.len());
+        dst.copy_from_slice(part);
+        rest = tail;
+    }
+    // What is left is the PAD.
+    rest.fill(0);
+    let value = if crc { crc32c_append(0, body) } else { 0 };
+    crc_field.copy_from_slice(&crc_to_wire(value));
 }
 
 /// Copies FPDU content into a buffer, inserting Markers and keeping the CRC.
