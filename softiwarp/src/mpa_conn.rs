@@ -177,6 +177,15 @@ pub struct MpaConfig {
     /// (initiator), in microseconds from construction. Default
     /// [`DEFAULT_STARTUP_TIMEOUT_US`].
     pub startup_timeout_us: u64,
+    /// Initiator: how long to hold this side's first FPDU (the RTR in peer-to-peer
+    /// mode, else the first ULPDU) after the Reply validated, in microseconds; ULPDUs
+    /// sent meanwhile are held and go out in order when it ends (or at a graceful
+    /// close). 0 (the default): none, as RFC 5044 section 7.1.2 allows. A Linux siw
+    /// responder (6.1) installs its QP's receive upcall only after its Reply went out:
+    /// an FPDU arriving in that window stays unread in its socket until more data
+    /// comes, and rping-like exchanges stall (docs/ARCHITECTURE.md, "Interop with
+    /// kernel siw"); a few milliseconds of hold avoid it.
+    pub first_fpdu_delay_us: u64,
 }
 
 impl Default for MpaConfig {
@@ -189,6 +198,7 @@ impl Default for MpaConfig {
             limits: Limits::default(),
             emss: DEFAULT_EMSS,
             startup_timeout_us: DEFAULT_STARTUP_TIMEOUT_US,
+            first_fpdu_delay_us: 0,
         }
     }
 }
@@ -545,8 +555,12 @@ pub struct MpaConn {
     framer: Option<Framer>,
     deframer: Option<Deframer>,
     tx: TxQueue,
-    /// Responder: ULPDUs sent before the first FPDU arrived, unframed.
+    /// Responder: ULPDUs sent before the first FPDU arrived; initiator: ULPDUs
+    /// sent during the first-FPDU hold. Unframed.
     held: VecDeque<Vec<u8>>,
+    /// Initiator: end of the first-FPDU hold ([`MpaConfig::first_fpdu_delay_us`]),
+    /// microseconds.
+    hold_until: Option<u64>,
     /// This side may put FPDUs on the wire (startup rule satisfied).
     tx_open: bool,
     /// Responder: the first FPDU from the initiator was received.
@@ -602,6 +616,7 @@ impl MpaConn {
             deframer: None,
             tx: TxQueue::default(),
             held: VecDeque::new(),
+            hold_until: None,
             tx_open: false,
             first_fpdu_seen: false,
             read_rtr_outstanding: false,
@@ -748,7 +763,7 @@ impl MpaConn {
     fn rx(&mut self, data: &[u8], now: u64, deliver: Option<&mut InPlace<'_>>) -> usize {
         self.check_deadline(now);
         match self.state {
-            State::AwaitingRequest | State::AwaitingReply => self.rx_startup(data),
+            State::AwaitingRequest | State::AwaitingReply => self.rx_startup(data, now),
             State::AwaitingDecision | State::Closed | State::Failed => 0,
             State::AwaitingFirstFpdu | State::FullOperation => self.rx_fpdus(data, deliver),
             State::Closing => {
@@ -767,6 +782,9 @@ impl MpaConn {
     /// nothing happens.
     pub fn handle_timeout(&mut self, now: u64) {
         self.check_deadline(now);
+        if self.hold_until.is_some_and(|t| now >= t) {
+            self.end_hold();
+        }
     }
 
     /// The TCP connection ended: `graceful` for a FIN from the peer (all its
@@ -968,6 +986,9 @@ impl MpaConn {
             State::Closed | State::Failed => Err(self.wrong_state("close")),
             State::Closing => Ok(()),
             _ => {
+                // An initiator's held ULPDUs can go (ahead of the FIN); a
+                // responder's never could.
+                self.end_hold();
                 self.held.clear();
                 self.deadline = None;
                 self.llp_close = Some(LlpClose::Graceful);
@@ -1011,6 +1032,7 @@ impl MpaConn {
     pub fn poll_timeout(&self) -> Option<u64> {
         match self.state {
             State::AwaitingRequest | State::AwaitingReply => self.deadline,
+            State::FullOperation => self.hold_until,
             _ => None,
         }
     }
@@ -1059,7 +1081,10 @@ impl MpaConn {
     }
 
     fn check_deadline(&mut self, now: u64) {
-        let Some(deadline) = self.poll_timeout() else {
+        let Some(deadline) = self
+            .deadline
+            .filter(|_| matches!(self.state, State::AwaitingRequest | State::AwaitingReply))
+        else {
             return;
         };
         if now >= deadline {
@@ -1102,7 +1127,7 @@ impl MpaConn {
     }
 
     /// Startup: feeds the StartupReader; behind a Reply, the FPDU stream.
-    fn rx_startup(&mut self, data: &[u8]) -> usize {
+    fn rx_startup(&mut self, data: &[u8], now: u64) -> usize {
         match self.reader.push(data) {
             Ok(Startup::Incomplete) => data.len(),
             Ok(Startup::Complete { frame, rest }) => {
@@ -1113,7 +1138,7 @@ impl MpaConn {
                         used
                     }
                     Role::Initiator => {
-                        self.on_reply(frame);
+                        self.on_reply(frame, now);
                         match self.state {
                             State::FullOperation => used + self.rx_fpdus(rest, None),
                             State::Closing => data.len(),
@@ -1157,19 +1182,26 @@ impl MpaConn {
         self.events.push_back(MpaEvent::ConnectRequest { request });
     }
 
-    fn on_reply(&mut self, reply: Repr) {
+    fn on_reply(&mut self, reply: Repr, now: u64) {
         self.deadline = None;
         match negotiate::complete(&self.cfg.settings, &reply) {
             Ok(agreed) => {
                 self.start_full_operation(agreed.clone());
-                self.tx_open = true;
+                let delay = self.cfg.first_fpdu_delay_us;
+                self.tx_open = delay == 0;
+                if delay > 0 {
+                    self.hold_until = Some(now.saturating_add(delay));
+                    tracing::debug!(delay_us = delay, "first FPDU held");
+                }
                 self.set_state(State::FullOperation);
                 self.events.push_back(MpaEvent::Established {
                     agreed: agreed.clone(),
                 });
                 if let Some(kind) = agreed.rtr {
                     let ulpdu = rtr_ulpdu(kind);
-                    if let Err(e) = self.frame(&[&ulpdu]) {
+                    if !self.tx_open {
+                        self.held.push_front(ulpdu);
+                    } else if let Err(e) = self.frame(&[&ulpdu]) {
                         tracing::debug!(%e, "RTR not framed");
                     }
                     self.read_rtr_outstanding = kind == RtrKind::Read;
@@ -1297,6 +1329,14 @@ impl MpaConn {
             }
         }
         self.events.push_back(MpaEvent::Ulpdu(ulpdu));
+    }
+
+    /// Initiator: ends the first-FPDU hold, framing what was held.
+    fn end_hold(&mut self) {
+        if self.hold_until.take().is_some() && self.state == State::FullOperation {
+            self.tx_open = true;
+            self.release_held();
+        }
     }
 
     fn release_held(&mut self) {

@@ -185,6 +185,9 @@ pub struct MpaDefaults {
     /// How long to wait for the peer's Request (responder) or Reply (initiator), in
     /// microseconds from TCP establishment. Default 10 s, as [`MpaConfig`].
     pub startup_timeout_us: u64,
+    /// Initiator: hold of the first FPDU after the Reply, microseconds
+    /// ([`MpaConfig::first_fpdu_delay_us`]). Default 0.
+    pub first_fpdu_delay_us: u64,
 }
 
 impl Default for MpaDefaults {
@@ -193,6 +196,7 @@ impl Default for MpaDefaults {
             settings: LocalSettings::default(),
             limits: Limits::default(),
             startup_timeout_us: DEFAULT_STARTUP_TIMEOUT_US,
+            first_fpdu_delay_us: 0,
         }
     }
 }
@@ -992,6 +996,7 @@ impl Conn {
             limits: cx.cfg.mpa.limits,
             emss: self.emss,
             startup_timeout_us: cx.cfg.mpa.startup_timeout_us,
+            first_fpdu_delay_us: cx.cfg.mpa.first_fpdu_delay_us,
         };
         let made = match self.role {
             Role::Initiator => MpaConn::initiator(cfg, micros(now)),

@@ -1576,3 +1576,84 @@ fn error_while_closing_aborts() {
     ));
     assert_eq!(pair.ini.conn.llp_close(), Some(LlpClose::Abort));
 }
+
+/// The initiator's first-FPDU hold (`MpaConfig::first_fpdu_delay_us`, against the
+/// Linux siw responder's window between sending its Reply and reading FPDUs): the RTR
+/// and the ULPDUs sent during the hold stay off the wire until the deadline that
+/// `poll_timeout` reports, then go out in order (RTR first); the startup timeout does
+/// not fire on it; a graceful close during the hold sends them ahead of the FIN.
+#[test]
+fn initiator_holds_its_first_fpdu_after_the_reply() {
+    const DELAY: u64 = 20_000;
+    for rtr in [None, Some(RtrKind::Write), Some(RtrKind::Read)] {
+        for close_early in [false, true] {
+            let name = format!("rtr {rtr:?}, close during the hold {close_early}");
+            let ini = match rtr {
+                Some(kind) => p2p(kind),
+                None => s(|_| ()),
+            };
+            let rsp = s(|x| x.rtr = RtrKinds::ALL);
+            let mut pair = Pair::new(
+                MpaConfig {
+                    first_fpdu_delay_us: DELAY,
+                    ..cfg(ini)
+                },
+                cfg(rsp),
+                Chunks::Whole,
+            );
+            pair.run();
+            assert!(pair.ini.established(), "{name}");
+            let reply_at = pair.now;
+            let hold_end = pair.ini.conn.poll_timeout().expect("the hold's deadline");
+            assert!(
+                hold_end > reply_at && hold_end <= reply_at + DELAY,
+                "{name}"
+            );
+            pair.ini.conn.send_ulpdu(&[b"one"]).unwrap();
+            pair.ini.conn.send_ulpdu(&[b"two"]).unwrap();
+            let mut buf = [0u8; 256];
+            assert_eq!(
+                pair.ini.conn.frame_into(&mut buf, &[b"three"]).unwrap(),
+                None,
+                "{name}: no framing in place during the hold"
+            );
+            pair.run();
+            assert_eq!(pair.ini.wire.len(), 24, "{name}: only the Request went out");
+            // Just before the deadline nothing moves; the startup timer is not involved.
+            pair.ini.conn.handle_timeout(hold_end - 1);
+            pair.run();
+            assert_eq!(pair.ini.wire.len(), 24, "{name}");
+            assert_eq!(pair.ini.conn.state(), State::FullOperation, "{name}");
+            if close_early {
+                pair.ini.conn.close().unwrap();
+                assert_eq!(pair.ini.conn.llp_close(), Some(LlpClose::Graceful));
+            } else {
+                pair.ini.conn.handle_timeout(hold_end);
+                assert_eq!(pair.ini.conn.poll_timeout(), None, "{name}");
+            }
+            pair.run();
+            assert_eq!(
+                pair.rsp.ulpdus(),
+                vec![b"one".to_vec(), b"two".to_vec()],
+                "{name}: the held ULPDUs arrive in order, the RTR consumed"
+            );
+            let framing = Framing {
+                crc: false,
+                markers: false,
+            };
+            let sent = deframe(&pair.ini.wire[24..], framing);
+            let rtr_count = usize::from(rtr.is_some());
+            assert_eq!(sent.len(), 2 + rtr_count, "{name}");
+            if rtr.is_some() {
+                let first = Ulpdu::parse(&sent[0].0).unwrap();
+                assert!(first.payload.is_empty(), "{name}: the RTR goes first");
+            }
+            if !close_early {
+                pair.ini.conn.send_ulpdu(&[b"after"]).unwrap();
+                assert_eq!(pair.ini.conn.held_ulpdus(), 0, "{name}");
+                pair.run();
+                assert_eq!(pair.rsp.ulpdus().last().unwrap(), b"after", "{name}");
+            }
+        }
+    }
+}
