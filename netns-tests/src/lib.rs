@@ -55,11 +55,14 @@
 //! ```
 
 pub mod capture;
+pub mod iwping;
 pub mod logging;
 pub mod mpa_peer;
 pub mod peer;
 pub mod removal;
+pub mod rping;
 pub mod signals;
+pub mod siwvm;
 pub mod topology;
 pub mod ulpdu;
 

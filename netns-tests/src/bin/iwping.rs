@@ -1,0 +1,257 @@
+//! `iwping`: rping (rdma-core's `librdmacm/examples/rping.c`) on the soft iWARP device,
+//! through softiwarp's RDMA CM and verbs objects only. It speaks rping's protocol, so
+//! either side can be a real rping (e.g. on Linux's kernel siw).
+//!
+//! ```text
+//! iwping --tap TAP --ip 10.77.0.9/24 -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
+//! iwping --tap TAP --ip 10.77.0.9/24 -c [-vVd] [-S size] [-C count] -a addr [-p port]
+//!        [--mac M] [--pcap FILE] [--crc if-peer-asks|wanted|required] [--mpa-rev 1|2] [--p2p]
+//! ```
+//!
+//! Output as rping's: `ping data: rdma-ping-N: ...` (client, `-v`), `server ping data:
+//! ...` (server, `-v`), rping's debug lines with `-d`. Exit status 0 on success, 1 on
+//! failure (the reason on stderr). Logs: `RUST_LOG` (default `warn`).
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use mpa::negotiate::CrcPolicy;
+use mpa::wire::RtrKinds;
+use netns_tests::iwping::{run, PingOptions, Role};
+use netns_tests::{parse_cidr, parse_mac, rping};
+use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
+use rdma_cm::RdmaCmConfig;
+use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Crc {
+    /// Use CRC when the peer asks (Linux siw's default).
+    IfPeerAsks,
+    /// Ask for CRC.
+    Wanted,
+    /// Ask for CRC and, as initiator, fail a Reply without it (siw `mpa_crc_required`).
+    Required,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Rtr {
+    /// Zero-length RDMA Write.
+    Write,
+    /// Zero-length RDMA Read.
+    Read,
+    /// Zero-length Send.
+    Send,
+    /// Write or Read (the default).
+    WriteRead,
+}
+
+fn parse_ird_ord(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("bad IRD,ORD {s:?} (want two numbers 0..=16383, e.g. 1,1)");
+    let (a, b) = s.split_once(',').ok_or_else(bad)?;
+    let ird: u16 = a.trim().parse().map_err(|_| bad())?;
+    let ord: u16 = b.trim().parse().map_err(|_| bad())?;
+    if ird > 0x3fff || ord > 0x3fff {
+        return Err(bad());
+    }
+    Ok((ird, ord))
+}
+
+/// rping on the soft iWARP device.
+#[derive(Debug, Parser)]
+#[command(name = "iwping", disable_version_flag = true)]
+struct Cli {
+    /// Server side.
+    #[arg(
+        short = 's',
+        conflicts_with = "client",
+        required_unless_present = "client"
+    )]
+    server: bool,
+    /// Client side.
+    #[arg(short = 'c')]
+    client: bool,
+    /// Address: the server's (client), or the one to listen on (server; default all).
+    #[arg(short = 'a')]
+    addr: Option<Ipv4Addr>,
+    /// Port.
+    #[arg(short = 'p', default_value_t = rping::RPING_PORT)]
+    port: u16,
+    /// Ping count (0: until stopped).
+    #[arg(short = 'C', default_value_t = 0)]
+    count: u64,
+    /// Ping data size in bytes (26..=65535).
+    #[arg(short = 'S', default_value_t = rping::DEFAULT_SIZE)]
+    size: usize,
+    /// Display ping data.
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Validate ping data.
+    #[arg(short = 'V')]
+    validate: bool,
+    /// Debug lines.
+    #[arg(short = 'd')]
+    debug: bool,
+    /// The TAP interface the soft device opens.
+    #[arg(long)]
+    tap: String,
+    /// The device's IPv4 address and prefix, A.B.C.D/P.
+    #[arg(long)]
+    ip: String,
+    /// The device's MAC address (default 02:00 + the four address bytes).
+    #[arg(long)]
+    mac: Option<String>,
+    /// Capture every frame of the device to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// MPA CRC policy.
+    #[arg(long, value_enum, default_value = "if-peer-asks")]
+    crc: Crc,
+    /// MPA revision to speak (1: RFC 5044, no IRD/ORD exchange; 2: RFC 6581).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    mpa_rev: u8,
+    /// As client, ask for MPA peer-to-peer mode (RTR: zero-length Write or Read).
+    #[arg(long)]
+    p2p: bool,
+    /// RTR kinds: as initiator, those offered with --p2p; as responder, those accepted.
+    #[arg(long, value_enum, default_value = "write-read")]
+    rtr: Rtr,
+    /// Our IRD and ORD for rdma_connect/rdma_accept, as IRD,ORD (default: rping's: client
+    /// 1,1; server mirrors the request).
+    #[arg(long, value_parser = parse_ird_ord)]
+    ird_ord: Option<(u16, u16)>,
+    /// As client, hold the first FPDU this many milliseconds after the MPA Reply: a
+    /// Linux siw responder (6.1) may leave an FPDU that arrives right behind its Reply
+    /// unread (see docs/ARCHITECTURE.md, "Interop with kernel siw"). 0: send at once.
+    #[arg(long, default_value_t = 20)]
+    first_fpdu_delay_ms: u64,
+    /// Seconds any one step (a completion, an event, the connection) may take.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+fn main() -> ExitCode {
+    if let Err(e) = netns_tests::logging::init_peer("warn") {
+        eprintln!("iwping: {e}");
+        return ExitCode::FAILURE;
+    }
+    let cli = Cli::parse();
+    match ping(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iwping: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let (ip, prefix_len) = parse_cidr(&cli.ip)?;
+    let opts = PingOptions {
+        role: if cli.server {
+            Role::Server
+        } else {
+            Role::Client
+        },
+        addr: cli.addr,
+        port: cli.port,
+        count: cli.count,
+        size: cli.size,
+        verbose: cli.verbose,
+        validate: cli.validate,
+        debug: cli.debug,
+        ird_ord: cli.ird_ord,
+        step_timeout: Duration::from_secs(cli.timeout.max(1)),
+    };
+    opts.check()?;
+    let mut link = LinkConfig::tap(&cli.tap);
+    if let Some(p) = &cli.pcap {
+        link = link.with_pcap(p);
+    }
+    let name = "iwping";
+    let mut config = DeviceConfig::new(name, link, ip, prefix_len);
+    if let Some(m) = &cli.mac {
+        config.interface.mac = parse_mac(m)?;
+    }
+    // A fresh TCP port and ISN each run: a peer may still hold the last run's connection.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    config.interface.random_seed = now.as_nanos() as u64 ^ u64::from(std::process::id());
+    config.mpa.first_fpdu_delay_us = cli.first_fpdu_delay_ms.saturating_mul(1000);
+    let settings = &mut config.mpa.settings;
+    settings.rev = cli.mpa_rev;
+    settings.crc = match cli.crc {
+        Crc::IfPeerAsks => CrcPolicy::IfPeerAsks,
+        Crc::Wanted => CrcPolicy::Wanted,
+        Crc::Required => CrcPolicy::Required,
+    };
+    settings.p2p = cli.p2p;
+    settings.rtr = match cli.rtr {
+        Rtr::Write => RtrKinds {
+            write: true,
+            ..RtrKinds::NONE
+        },
+        Rtr::Read => RtrKinds {
+            read: true,
+            ..RtrKinds::NONE
+        },
+        Rtr::Send => RtrKinds {
+            send: true,
+            ..RtrKinds::NONE
+        },
+        Rtr::WriteRead => RtrKinds {
+            write: true,
+            read: true,
+            send: false,
+        },
+    };
+    let device = Arc::new(Device::open(config)?);
+    let cm = SoftRdmaCm::new(RdmaCmConfig {
+        name: "iwping".into(),
+        ..RdmaCmConfig::default()
+    })?;
+    cm.add_device(SoftDevice::new(device.clone())?)?;
+    let mut out = std::io::stdout();
+    let result = run(&cm, &opts, &mut out);
+    // Release the device from the CM (its iWARP CM and provider let go of it), so the
+    // engine can be stopped and the capture closed.
+    match cm.remove_device(name) {
+        Ok(removal) => {
+            if let Err(e) = removal.wait_timeout(Duration::from_secs(5)) {
+                tracing::warn!(error = %e, "device removal did not finish");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "device removal"),
+    }
+    cm.shutdown()?;
+    close_device(device);
+    let summary = result?;
+    tracing::info!(?summary, "done");
+    Ok(())
+}
+
+/// Stops the device's engine before the process ends (which flushes and closes the
+/// capture): once the CM's threads let go of the device (they check every few hundred
+/// milliseconds), the last handle is ours, and dropping it joins the engine thread.
+fn close_device(mut device: Arc<Device>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match Arc::try_unwrap(device) {
+            Ok(d) => return d.close(),
+            Err(shared) if std::time::Instant::now() < deadline => {
+                device = shared;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the device is still in use after 5 s; the capture may be cut short"
+                );
+                return;
+            }
+        }
+    }
+}
