@@ -832,6 +832,7 @@ pub struct ServerReport {
 #[derive(Debug, Default)]
 struct ServerQp {
     received: u64,
+    reposts: Vec<RecvWr>,
     unreported: u32,
     done: Option<u64>,
     acked: bool,
@@ -855,20 +856,32 @@ fn matches(got: &[u8], pattern: &[u8], seq: u64) -> bool {
 /// Server, Write tests: after `Done { wrs: n }`, checks that each slot holds the last
 /// Write aimed at it. Returns (mismatches, slots checked).
 fn check_write_slots(q: &QpBufs, n: u64) -> Result<(u64, u64), IwperfError> {
-    let s = u64::from(q.slots);
-    let src_slots = q.patterns.len() as u64;
-    if src_slots == 0 {
+    check_slots(&q.data, q.slots, q.slot_len, &q.patterns, n)
+}
+
+/// [`check_write_slots`] over `slots` slots of `slot_len` bytes in `data`, each
+/// expected to hold a pattern of `patterns` (the writer's slot `i % patterns.len()`)
+/// stamped with `i`, the last of the `n` Writes aimed at it.
+fn check_slots(
+    data: &Mr,
+    slots: u32,
+    slot_len: u32,
+    patterns: &[Vec<u8>],
+    n: u64,
+) -> Result<(u64, u64), IwperfError> {
+    let s = u64::from(slots);
+    let src_slots = patterns.len() as u64;
+    if src_slots == 0 || s == 0 {
         return Ok((0, 0));
     }
     let (mut bad, mut checked) = (0, 0);
-    let mut got = vec![0u8; q.params.size as usize];
+    let mut got = vec![0u8; patterns[0].len()];
     for k in 0..s.min(n) {
         let last = k + s * ((n - 1 - k) / s);
-        q.data
-            .read((k * u64::from(q.slot_len)) as usize, &mut got)
+        data.read((k * u64::from(slot_len)) as usize, &mut got)
             .map_err(|e| IwperfError::Setup(format!("read slot: {e}")))?;
         checked += 1;
-        if !matches(&got, &q.patterns[(last % src_slots) as usize], last) {
+        if !matches(&got, &patterns[(last % src_slots) as usize], last) {
             bad += 1;
         }
     }
@@ -941,12 +954,10 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                         }
                     }
                     s.received += 1;
-                    q.qp.post_recv(RecvWr::new(
+                    s.reposts.push(RecvWr::new(
                         wc.wr_id,
                         vec![q.data.sge(slot * u64::from(q.slot_len), q.slot_len)],
-                    ))
-                    .map_err(post_err)?;
-                    s.unreported += 1;
+                    ));
                 }
                 K_CTRL_RECV => {
                     let slot = wr_n(wc.wr_id);
@@ -961,6 +972,11 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
             }
         }
         for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+            if !s.reposts.is_empty() {
+                // One doorbell for the batch.
+                s.unreported += s.reposts.len() as u32;
+                q.qp.post_recv_list(s.reposts.drain(..)).map_err(post_err)?;
+            }
             let batch = (q.data_recvs / 4).max(1);
             if q.params.op == Op::Send && s.unreported >= batch && s.done.is_none() {
                 match send_ctrl(q, pos, Ctrl::Credit(s.unreported)) {
@@ -1272,6 +1288,59 @@ mod tests {
         assert_ne!(slot_pattern(1, 2, 100), slot_pattern(1, 3, 100));
         assert_ne!(slot_pattern(1, 2, 100), slot_pattern(2, 2, 100));
         assert_eq!(&slot_pattern(0, 0, 100)[..10], &slot_pattern(0, 0, 10)[..]);
+    }
+
+    #[test]
+    fn write_slot_check_finds_corrupt_and_stale_slots() {
+        use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+        use softiwarp::link::{MemoryConfig, MemoryLink};
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = Device::open(DeviceConfig::new(
+            "chk",
+            LinkConfig::memory(a),
+            std::net::Ipv4Addr::new(10, 9, 2, 1),
+            24,
+        ))
+        .unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let (slots, len, n) = (16u32, 100usize, 37u64);
+        let mr = pd
+            .reg_mr(
+                u64::from(slots) * len as u64,
+                0x1000,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .unwrap();
+        let patterns: Vec<Vec<u8>> = (0..slots).map(|k| slot_pattern(3, k, len)).collect();
+        // What 37 Writes from 16 source slots into 16 target slots leave behind.
+        for i in 0..n {
+            let mut m = patterns[(i % 16) as usize].clone();
+            m[..8].copy_from_slice(&i.to_le_bytes());
+            mr.write((i % 16) as usize * len, &m).unwrap();
+        }
+        assert_eq!(
+            check_slots(&mr, slots, len as u32, &patterns, n).unwrap(),
+            (0, 16)
+        );
+        // Told of only 5 Writes: 5 slots are checked, and they hold later Writes.
+        assert_eq!(
+            check_slots(&mr, slots, len as u32, &patterns, 5).unwrap(),
+            (5, 5)
+        );
+        // One flipped payload byte.
+        mr.write(3 * len + 50, &[!patterns[3][50]]).unwrap();
+        assert_eq!(
+            check_slots(&mr, slots, len as u32, &patterns, n).unwrap(),
+            (1, 16)
+        );
+        // A stale slot: slot 4 still holds Write 20, not Write 36.
+        let mut stale = patterns[4].clone();
+        stale[..8].copy_from_slice(&20u64.to_le_bytes());
+        mr.write(4 * len, &stale).unwrap();
+        assert_eq!(
+            check_slots(&mr, slots, len as u32, &patterns, n).unwrap(),
+            (2, 16)
+        );
     }
 
     #[test]

@@ -122,7 +122,11 @@ impl Default for DemoConfig {
 #[derive(Debug, Clone, Default)]
 struct RoundResult {
     tcp_gbps: f64,
+    /// Raw TCP Gbit per CPU-second of the busier peer (TAP mode).
+    tcp_cpu_gbps: Option<f64>,
     ops: Vec<BwResult>,
+    /// Per op: Gbit per CPU-second of the busier peer (TAP mode).
+    ops_cpu_gbps: Vec<(Op, f64)>,
     lat: Option<(LatStats, LatStats)>,
 }
 
@@ -300,7 +304,15 @@ fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoRepo
                     }
                 },
             );
+            let cpu_ratios: Vec<f64> = rounds
+                .iter()
+                .filter_map(|r| {
+                    let mine = r.ops_cpu_gbps.iter().find(|(o, _)| *o == op)?.1;
+                    r.tcp_cpu_gbps.filter(|t| *t > 0.0).map(|t| mine / t)
+                })
+                .collect();
             DemoRow {
+                cpu_ratio: median(&cpu_ratios),
                 op,
                 size: cfg.size,
                 gbps: median(&g).unwrap_or(0.0),
@@ -639,7 +651,9 @@ fn run_pair(
     let seen = client.wait_for_line(
         |l| {
             if let Some(p) = l.strip_prefix("PROGRESS ") {
-                ticker.set(format!(", {p}"));
+                // "PROGRESS <seconds> s <rate>": the ticker shows its own seconds.
+                let rate = p.split_once(" s ").map_or(p, |(_, r)| r);
+                ticker.set(format!(", {rate}"));
             }
             l.starts_with('{')
         },
@@ -689,7 +703,12 @@ fn tap_round(
         }
     }
     let server: TransferReport = json_line(&so)?;
+    let client: TransferReport = json_line(&co)?;
     out.tcp_gbps = server.gbit_per_s;
+    out.tcp_cpu_gbps = Some(TransferReport::rate(
+        server.bytes,
+        (server.cpu_user + server.cpu_sys).max(client.cpu_user + client.cpu_sys),
+    ));
     // iWARP.
     let iwarp = |op: Op, lat: bool, pcap: Option<PathBuf>, label: &str| {
         let mut s = vec!["server".into()];
@@ -745,14 +764,18 @@ fn tap_round(
                 return Err(side_error(&format!("{label} {who}"), rep_code, rep_err));
             }
         }
-        Ok::<ClientReport, IwperfError>(creport)
+        let cpu = creport.cpu_seconds.max(sreport.cpu_seconds);
+        Ok::<(ClientReport, f64), IwperfError>((creport, cpu))
     };
     for &op in &cfg.ops {
         let pcap = cfg.pcap.as_ref().map(|p| pcap_path(p, op.name(), round));
-        let rep = iwarp(op, false, pcap.clone(), &format!("iWARP {op}"))?;
+        let (rep, cpu) = iwarp(op, false, pcap.clone(), &format!("iWARP {op}"))?;
         pcaps.extend(pcap);
-        out.ops
-            .extend(rep.bandwidth.into_iter().filter(|r| r.op == op));
+        for r in rep.bandwidth.into_iter().filter(|r| r.op == op) {
+            out.ops_cpu_gbps
+                .push((op, TransferReport::rate(r.bytes, cpu)));
+            out.ops.push(r);
+        }
     }
     if cfg.latency {
         let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
@@ -776,7 +799,7 @@ fn tap_round(
             )));
         }
         let tcp: LatStats = json_line(&co)?;
-        let rep = iwarp(Op::Send, true, None, "iWARP send ping-pong")?;
+        let (rep, _) = iwarp(Op::Send, true, None, "iWARP send ping-pong")?;
         if let Some(i) = rep.latency {
             out.lat = Some((i, tcp));
         }

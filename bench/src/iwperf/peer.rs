@@ -104,6 +104,9 @@ pub struct ClientReport {
     pub error: Option<String>,
     /// The exit status this run stands for.
     pub exit_code: u8,
+    /// CPU time (user + system) of this process at the end, in seconds.
+    #[serde(default)]
+    pub cpu_seconds: f64,
 }
 
 /// What a server run saw (also what `iwperf server --json` prints).
@@ -123,6 +126,9 @@ pub struct ServerSummary {
     pub error: Option<String>,
     /// The exit status this run stands for.
     pub exit_code: u8,
+    /// CPU time (user + system) of this process at the end, in seconds.
+    #[serde(default)]
+    pub cpu_seconds: f64,
 }
 
 /// Ends a side: disconnect (or wait for the peer's), destroy, release, close the
@@ -203,6 +209,7 @@ pub fn run_server(
         ids_leaked: 0,
         error: None,
         exit_code: 0,
+        cpu_seconds: 0.0,
     };
     let fail = |mut s: ServerSummary, e: IwperfError| {
         s.error = Some(e.to_string());
@@ -256,6 +263,8 @@ pub fn run_server(
     let (disconnected, alive) = teardown(cm, conns, side, removed, device);
     summary.disconnected = disconnected;
     summary.ids_leaked = alive;
+    let (u, sys) = crate::cpu_time();
+    summary.cpu_seconds = u + sys;
     match err {
         Some(e) => fail(summary, e),
         None => (summary, None),
@@ -281,6 +290,7 @@ pub fn run_client(
         connect_seconds: 0.0,
         error: None,
         exit_code: 0,
+        cpu_seconds: 0.0,
     };
     let fail = |mut r: ClientReport, e: IwperfError| {
         r.error = Some(e.to_string());
@@ -332,6 +342,8 @@ pub fn run_client(
     let (disconnected, alive) = teardown(cm, conns, side, true, device);
     report.disconnected = disconnected;
     report.ids_leaked = alive;
+    let (u, sys) = crate::cpu_time();
+    report.cpu_seconds = u + sys;
     match err {
         Some(e) => fail(report, e),
         None => (report, None),

@@ -171,6 +171,11 @@ pub struct DemoRow {
     pub ratio: f64,
     /// What the receiver's check found (the worst over the rounds).
     pub verify: VerifyStatus,
+    /// Median over rounds of the same ratio with each side's throughput per CPU-second
+    /// of its busier process (each peer is pinned to a core: what the run reaches when
+    /// that core is its own; robust when other jobs share the machine). TAP mode only.
+    #[serde(default)]
+    pub cpu_ratio: Option<f64>,
 }
 
 /// The demo's latency row: 8-byte (by default) Send ping-pong beside raw TCP
@@ -217,6 +222,7 @@ impl DemoReport {
                 serde_json::json!({
                     "op": r.op, "size": r.size, "gbps": r.gbps, "mpps": r.mpps,
                     "ratio": r.ratio, "baseline_gbps": r.baseline_gbps, "verify": r.verify,
+                    "cpu_ratio": r.cpu_ratio,
                 })
             })
             .collect();
@@ -260,22 +266,26 @@ impl DemoReport {
         );
         let _ = writeln!(
             s,
-            "| op    |    size | Gbit/s |   Mpps | baseline Gbit/s | ratio  | verify |"
+            "| op    |    size | Gbit/s |   Mpps | baseline Gbit/s | ratio  | ratio, CPU-normalized | verify |"
         );
         let _ = writeln!(
             s,
-            "|-------|--------:|-------:|-------:|----------------:|-------:|--------|"
+            "|-------|--------:|-------:|-------:|----------------:|-------:|----------------------:|--------|"
         );
         for r in &self.results {
+            let cpu = r
+                .cpu_ratio
+                .map_or("-".to_owned(), |c| format!("{:.1}%", c * 100.0));
             let _ = writeln!(
                 s,
-                "| {:<5} | {:>7} | {:>6.2} | {:>6.4} | {:>15.2} | {:>5.1}% | {:<6} |",
+                "| {:<5} | {:>7} | {:>6.2} | {:>6.4} | {:>15.2} | {:>5.1}% | {:>21} | {:<6} |",
                 r.op.name(),
                 r.size,
                 r.gbps,
                 r.mpps,
                 r.baseline_gbps,
                 r.ratio * 100.0,
+                cpu,
                 verify_name(r.verify)
             );
         }
@@ -404,6 +414,7 @@ mod tests {
                 baseline_gbps: 4.0,
                 ratio: 0.75,
                 verify: VerifyStatus::Off,
+                cpu_ratio: None,
             }],
             latency: Some(DemoLatency {
                 ratio: 11.0 / 9.0,
@@ -424,7 +435,7 @@ mod tests {
         assert_eq!(j["latency_us"]["baseline_tcp_typical"], 9.0);
         let t = r.table();
         assert!(
-            t.contains("| read  |   65536 |   3.00 | 0.0057 |            4.00 |  75.0% | off    |"),
+            t.contains("| read  |   65536 |   3.00 | 0.0057 |            4.00 |  75.0% |                     - | off    |"),
             "{t}"
         );
         assert!(t.contains("latency 11.00 us typical"), "{t}");

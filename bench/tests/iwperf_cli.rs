@@ -1,0 +1,137 @@
+//! `iwperf` without privileges: the demo over the in-memory link (`--memory`, what a
+//! non-root user gets) with every operation verified, and the exit statuses of usage
+//! and setup errors. Short runs: a few seconds in all.
+
+use std::process::{Command, Output};
+
+fn iwperf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iwperf"))
+        .args(args)
+        .output()
+        .expect("run iwperf")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn memory_demo_json_every_op_verified() {
+    let o = iwperf(&[
+        "demo",
+        "--memory",
+        "--json",
+        "--mtu",
+        "9000",
+        "--duration",
+        "0.3",
+        "--verify",
+        "--lat-iters",
+        "200",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout.lines().last().expect("a JSON line");
+    let j: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(j["link"], "memory", "{j}");
+    assert_eq!(j["mtu"], 9000);
+    assert_eq!(j["namespaces"], serde_json::json!([]));
+    assert!(j["baseline_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
+    let results = j["results"].as_array().unwrap();
+    let ops: Vec<&str> = results.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["write", "read", "send"]);
+    for r in results {
+        assert!(r["gbps"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["verify"], "passed", "{r}");
+        // No CPU-normalized ratio in one process.
+        assert!(r["cpu_ratio"].is_null(), "{r}");
+    }
+    assert_eq!(j["latency_us"]["iterations"], 200, "{j}");
+    assert!(j["latency_us"]["t_typical"].as_f64().unwrap() > 0.0, "{j}");
+}
+
+#[test]
+fn memory_demo_table_and_one_line_note() {
+    let o = iwperf(&[
+        "demo",
+        "--memory",
+        "--op",
+        "write",
+        "--duration",
+        "0.2",
+        "--no-lat",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("| op    |    size | Gbit/s |"), "{out}");
+    assert!(out.contains("| write |   65536 |"), "{out}");
+    assert!(out.contains("an in-memory link in one process"), "{out}");
+}
+
+#[test]
+fn usage_and_setup_errors_have_their_statuses() {
+    // Usage: clap's own errors and our checks are 2.
+    for args in [
+        &[
+            "client",
+            "--tap",
+            "t",
+            "--ip",
+            "10.0.0.2/24",
+            "--peer",
+            "10.0.0.1",
+            "--op",
+            "atomic",
+        ][..],
+        &[
+            "client",
+            "--tap",
+            "t",
+            "--ip",
+            "10.0.0.2/24",
+            "--peer",
+            "10.0.0.1",
+            "--lat",
+            "--qps",
+            "2",
+        ],
+        &[
+            "client", "--tap", "t", "--ip", "10.0.0.2", "--peer", "10.0.0.1",
+        ],
+        &["demo", "--memory", "--rounds", "0"],
+        &[
+            "server",
+            "--mpa-rev",
+            "3",
+            "--tap",
+            "t",
+            "--ip",
+            "10.0.0.1/24",
+        ],
+        &["frobnicate"],
+    ] {
+        let o = iwperf(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    }
+    // A TAP that does not exist (or no permission to open one): setup failure, 1.
+    let o = iwperf(&[
+        "client",
+        "--tap",
+        "iwpnosuchtap0",
+        "--ip",
+        "10.0.0.2/24",
+        "--peer",
+        "10.0.0.1",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("iwpnosuchtap0"),
+        "{}",
+        text(&o)
+    );
+}

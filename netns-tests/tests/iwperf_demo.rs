@@ -1,0 +1,140 @@
+//! Root-only: `iwperf demo --json` as README runs it, short: two namespaces with a TAP
+//! each, the raw TCP baseline, iWARP Write, Read and Send with `--verify`, the latency
+//! pair, and a capture of every iWARP run. Checks: exit 0; every operation present
+//! with Gbit/s > 0 and verify `passed`; the latency row; nothing left behind (the
+//! namespaces it reports, and no TAP, bridge or veth of its naming scheme anywhere);
+//! every capture decodes with `iwdump` with zero errors and holds the run's MPA
+//! connection and its FPDUs.
+
+mod iwperf_support;
+
+use std::time::Duration;
+
+use iwperf_support::*;
+use netns_tests::leftover_namespaces;
+
+/// Interfaces in this (the root) namespace whose names use the harness's scheme
+/// (`swt`/`swb`/`swv` + the pid of `pid`'s tag).
+fn interfaces_of(pid: u32) -> Vec<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    let tag = format!("{pid}x");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_owned()))
+        .filter(|n| {
+            ["swt", "swb", "swv"]
+                .iter()
+                .any(|p| n.starts_with(&format!("{p}{tag}")))
+        })
+        .collect()
+}
+
+#[test]
+fn demo_json_verified_clean_and_its_captures_decode() {
+    if skip_unless_root("demo_json_verified_clean_and_its_captures_decode") {
+        return;
+    }
+    let Some(bin) = iwperf() else { return };
+    let dir = std::env::temp_dir().join(format!("iwperf-demo-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let prefix = dir.join("run");
+    let prefix_s = prefix.display().to_string();
+    let out = run(
+        &bin,
+        "iwperf demo",
+        &[
+            "demo",
+            "--json",
+            "--duration",
+            "0.5",
+            "--verify",
+            "--lat-iters",
+            "300",
+            "--pcap",
+            &prefix_s,
+            "--pcap-limit",
+            "3000000",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(
+        out.status.success(),
+        "iwperf demo failed ({}):\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    let j = json(&out);
+    assert_eq!(j["link"], "tap", "{j}");
+    assert_eq!(j["mtu"], 65000);
+    assert!(j["baseline_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
+    let results = j["results"].as_array().expect("results");
+    let ops: Vec<&str> = results.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["write", "read", "send"], "{j}");
+    for r in results {
+        assert!(r["gbps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["mpps"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["size"], 65536, "{r}");
+        assert_eq!(r["verify"], "passed", "{r}");
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let lat = &j["latency_us"];
+    assert_eq!(lat["op"], "send", "{j}");
+    assert_eq!(lat["size"], 8);
+    assert_eq!(lat["iterations"], 300);
+    let (t_min, t_typ, t_max) = (
+        lat["t_min"].as_f64().unwrap(),
+        lat["t_typical"].as_f64().unwrap(),
+        lat["t_max"].as_f64().unwrap(),
+    );
+    assert!(0.0 < t_min && t_min <= t_typ && t_typ <= t_max, "{lat}");
+    assert!(lat["baseline_tcp_typical"].as_f64().unwrap() > 0.0, "{lat}");
+
+    // Nothing left behind.
+    let names: Vec<String> = j["namespaces"]
+        .as_array()
+        .expect("namespaces")
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{j}");
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
+    assert_eq!(interfaces_of(out_pid(&names)), Vec::<String>::new());
+
+    // Every capture decodes cleanly and holds the run.
+    let pcaps: Vec<String> = j["pcaps"]
+        .as_array()
+        .expect("pcaps")
+        .iter()
+        .map(|p| p.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(pcaps.len(), 3, "{j}");
+    for (p, op) in pcaps.iter().zip(["Write", "ReadResponse", "Send"]) {
+        let report = iwdump::dissect_file(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+        assert!(
+            report.errors.is_empty(),
+            "{p}: iwdump errors: {:?}",
+            &report.errors[..report.errors.len().min(5)]
+        );
+        assert_eq!(report.connections.len(), 1, "{p}: {:?}", report.connections);
+        assert!(report.fpdus > 20, "{p}: {} FPDUs", report.fpdus);
+        assert!(
+            report.opcodes.get(op).copied().unwrap_or(0) > 0,
+            "{p}: no {op} FPDUs: {:?}",
+            report.opcodes
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pid in the harness's namespace names (`swns<pid>x<n>a`).
+fn out_pid(names: &[String]) -> u32 {
+    names[0]
+        .strip_prefix("swns")
+        .and_then(|r| r.split_once('x'))
+        .and_then(|(p, _)| p.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected namespace name {}", names[0]))
+}
