@@ -9,7 +9,7 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::{leftover_namespaces, wait_all, Side, Topology};
+use netns_tests::{leftover_namespaces, wait_all, Topology};
 
 #[test]
 fn sixty_four_connections_to_one_listener() {
@@ -21,25 +21,18 @@ fn sixty_four_connections_to_one_listener() {
     const ITERS: u64 = 20;
     let topo = Topology::create(1500).expect("topology");
     let names = topo.namespaces();
-    let (a, b) = (topo.a().clone(), topo.b().clone());
-    let mut server = topo
-        .peer(Side::A, "iwperf-server", &bin)
-        .arg("server")
-        .args(endpoint_args(&a))
-        .args(["--json", "--timeout", "60", "--rx-depth", "16"])
-        .spawn()
-        .expect("server");
-    server
-        .wait_for_line(|l| l == "READY", Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let client = topo
-        .peer(Side::B, "iwperf-client", &bin)
-        .arg("client")
-        .args(endpoint_args(&b))
-        .args(["--peer", &a.ip.to_string()])
-        .args([
+    let server = start_server(
+        &topo,
+        &bin,
+        &["--json", "--timeout", "60", "--rx-depth", "16"],
+    );
+    let (qps, iters) = (QPS.to_string(), ITERS.to_string());
+    let client = start_client(
+        &topo,
+        &bin,
+        &[
             "--qps",
-            &QPS.to_string(),
+            &qps,
             "--op",
             "send",
             "--size",
@@ -47,12 +40,11 @@ fn sixty_four_connections_to_one_listener() {
             "--tx-depth",
             "4",
             "--iters",
-            &ITERS.to_string(),
+            &iters,
             "--verify",
             "--json",
-        ])
-        .spawn()
-        .expect("client");
+        ],
+    );
     let outs =
         wait_all(vec![server, client], Duration::from_secs(180)).unwrap_or_else(|e| panic!("{e}"));
     drop(topo);

@@ -8,7 +8,7 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::{leftover_namespaces, wait_all, Side, Topology};
+use netns_tests::{leftover_namespaces, wait_all, Topology};
 
 #[test]
 fn eight_qps_write_and_read_at_once_verified() {
@@ -18,23 +18,11 @@ fn eight_qps_write_and_read_at_once_verified() {
     let Some(bin) = iwperf() else { return };
     let topo = Topology::create(9000).expect("topology");
     let names = topo.namespaces();
-    let (a, b) = (topo.a().clone(), topo.b().clone());
-    let mut server = topo
-        .peer(Side::A, "iwperf-server", &bin)
-        .arg("server")
-        .args(endpoint_args(&a))
-        .args(["--json", "--timeout", "60"])
-        .spawn()
-        .expect("server");
-    server
-        .wait_for_line(|l| l == "READY", Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let client = topo
-        .peer(Side::B, "iwperf-client", &bin)
-        .arg("client")
-        .args(endpoint_args(&b))
-        .args(["--peer", &a.ip.to_string()])
-        .args([
+    let server = start_server(&topo, &bin, &["--json", "--timeout", "60"]);
+    let client = start_client(
+        &topo,
+        &bin,
+        &[
             "--qps",
             "8",
             "--op",
@@ -47,9 +35,8 @@ fn eight_qps_write_and_read_at_once_verified() {
             "0.5",
             "--verify",
             "--json",
-        ])
-        .spawn()
-        .expect("client");
+        ],
+    );
     let outs =
         wait_all(vec![server, client], Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}"));
     drop(topo);
@@ -91,25 +78,9 @@ fn a_refused_connection_exits_with_the_connection_status() {
     }
     let Some(bin) = iwperf() else { return };
     let topo = Topology::create(1500).expect("topology");
-    let (a, b) = (topo.a().clone(), topo.b().clone());
     // A server on another port answers ARP; the client's SYN gets a RST.
-    let mut server = topo
-        .peer(Side::A, "iwperf-server", &bin)
-        .arg("server")
-        .args(endpoint_args(&a))
-        .args(["--port", "18600", "--timeout", "20"])
-        .spawn()
-        .expect("server");
-    server
-        .wait_for_line(|l| l == "READY", Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let client = topo
-        .peer(Side::B, "iwperf-client", &bin)
-        .arg("client")
-        .args(endpoint_args(&b))
-        .args(["--peer", &a.ip.to_string(), "--port", "18601", "--json"])
-        .spawn()
-        .expect("client")
+    let server = start_server(&topo, &bin, &["--port", "18600", "--timeout", "20"]);
+    let client = start_client(&topo, &bin, &["--port", "18601", "--json"])
         .wait(Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{e}"));
     drop(server);

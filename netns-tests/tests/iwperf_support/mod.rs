@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use netns_tests::{PeerOutput, PeerSpec};
+use netns_tests::{Peer, PeerOutput, PeerSpec, Side, Topology};
 
 /// The `iwperf` binary, or `None` (with a note) when it is not built outside CI.
 pub fn iwperf() -> Option<PathBuf> {
@@ -78,4 +78,32 @@ pub fn cidr(e: &netns_tests::Endpoint) -> String {
 /// The `--tap T --ip A/P --mac M` arguments of an endpoint.
 pub fn endpoint_args(e: &netns_tests::Endpoint) -> Vec<String> {
     e.peer_args()
+}
+
+/// Starts `iwperf server` (with `extra` arguments) in namespace A of `topo` and waits
+/// for its READY line.
+pub fn start_server(topo: &Topology, bin: &PathBuf, extra: &[&str]) -> Peer {
+    let mut server = topo
+        .peer(Side::A, "iwperf-server", bin)
+        .arg("server")
+        .args(endpoint_args(topo.a()))
+        .args(extra.iter().copied())
+        .spawn()
+        .expect("server");
+    server
+        .wait_for_line(|l| l == "READY", Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}"));
+    server
+}
+
+/// Starts `iwperf client` (with `extra` arguments) in namespace B of `topo`, aimed at
+/// the server in A.
+pub fn start_client(topo: &Topology, bin: &PathBuf, extra: &[&str]) -> Peer {
+    topo.peer(Side::B, "iwperf-client", bin)
+        .arg("client")
+        .args(endpoint_args(topo.b()))
+        .args(["--peer".to_owned(), topo.a().ip.to_string()])
+        .args(extra.iter().copied())
+        .spawn()
+        .expect("client")
 }
