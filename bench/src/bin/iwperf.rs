@@ -78,10 +78,13 @@ struct MpaArgs {
     /// Engine busy-poll time after activity, in microseconds.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
-    /// How long the application polls its CQ (yielding) before it blocks, in
-    /// microseconds.
-    #[arg(long, default_value_t = 200)]
+    /// Bandwidth runs: how long the application polls its CQ (yielding) before it
+    /// blocks, in microseconds.
+    #[arg(long, default_value_t = 0)]
     poll_spin_us: u64,
+    /// Latency runs: the same.
+    #[arg(long, default_value_t = 200)]
+    lat_poll_spin_us: u64,
     /// TCP send and receive buffer, bytes.
     #[arg(long, default_value_t = 256 * 1024)]
     tcp_buffer: usize,
@@ -285,6 +288,7 @@ fn parse_ops(list: &[String]) -> Result<Vec<Op>, IwperfError> {
 fn tuning(m: &MpaArgs, rx_depth: u32) -> Tuning {
     Tuning {
         spin: Duration::from_micros(m.poll_spin_us),
+        lat_spin: Duration::from_micros(m.lat_poll_spin_us),
         rx_depth,
     }
 }

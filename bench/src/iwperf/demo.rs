@@ -818,6 +818,8 @@ fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
         cfg.mpa_rev.to_string(),
         "--poll-spin-us".into(),
         cfg.tuning.spin.as_micros().to_string(),
+        "--lat-poll-spin-us".into(),
+        cfg.tuning.lat_spin.as_micros().to_string(),
     ];
     v.extend(common_args(cfg));
     v
