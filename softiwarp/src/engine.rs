@@ -409,7 +409,7 @@ impl<L: Link> Engine<L> {
                 return;
             }
             // Receivers waiting for ULPDUs queued in this pass are woken in batches:
-            // a quarter of the receive queue, `RX_WAKE_DELAY`, or before the engine
+            // half the receive queue, `RX_WAKE_DELAY`, or before the engine
             // sleeps.
             for end in self.conns.values() {
                 end.flush_wakeups(false, t);
