@@ -246,6 +246,16 @@ pub enum ProviderError {
     /// The device is gone (`-ENODEV`).
     #[error("device removed")]
     DeviceRemoved,
+    /// The private data does not fit in what the device's MPA exchange carries
+    /// (`-EINVAL`; Linux siw refuses more than 512 octets, 508 with the MPA Rev 2
+    /// IRD/ORD word).
+    #[error("private data of {len} bytes over the device's limit of {max}")]
+    PrivateDataTooLong {
+        /// The private data's length, in bytes.
+        len: usize,
+        /// The most the device takes, in bytes.
+        max: usize,
+    },
     /// Anything else, described.
     #[error("{0}")]
     Other(String),
@@ -261,6 +271,7 @@ impl ProviderError {
             ProviderError::InvalidQp(_) => 22,
             ProviderError::NoResources => 12,
             ProviderError::DeviceRemoved => 19,
+            ProviderError::PrivateDataTooLong { .. } => 22,
             ProviderError::Other(_) => 5,
         }
     }

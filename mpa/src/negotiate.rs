@@ -145,12 +145,16 @@ pub enum SettingsError {
     /// Peer-to-peer mode asked for with no RTR kind to offer.
     #[error("peer-to-peer mode with no RTR kind to offer")]
     NoRtrKinds,
-    /// The private data (plus the IRD/ORD word) is over 512 octets.
-    #[error("private data of {len} octets (IRD/ORD word included) over the limit of {limit}")]
+    /// The ULP's private data does not fit: MPA carries at most 512 octets of
+    /// private data (RFC 5044 section 7.1, PD_Length), and with Rev 2's enhanced
+    /// connection setup the IRD/ORD word takes 4 of them (RFC 6581 section 5), which
+    /// leaves 508 for the ULP (Linux siw: `MPA_MAX_PRIVDATA - sizeof(mpa_v2_data)`).
+    #[error("private data of {len} octets over the limit of {limit} (MPA allows 512 octets, of which the Rev 2 IRD/ORD word takes 4)")]
     PrivateDataTooLong {
-        /// Length, in octets.
+        /// The ULP's private data length, in octets.
         len: usize,
-        /// The limit, in octets.
+        /// What is left for the ULP's private data, in octets: 512, or 508 with the
+        /// Rev 2 IRD/ORD word.
         limit: usize,
     },
 }
@@ -179,12 +183,9 @@ impl LocalSettings {
 }
 
 fn check_private_data(len: usize, with_word: bool) -> Result<(), SettingsError> {
-    let total = len + if with_word { REV2_PARAMS_LEN } else { 0 };
-    if total > MAX_PRIVATE_DATA_LEN {
-        return Err(SettingsError::PrivateDataTooLong {
-            len: total,
-            limit: MAX_PRIVATE_DATA_LEN,
-        });
+    let limit = MAX_PRIVATE_DATA_LEN - if with_word { REV2_PARAMS_LEN } else { 0 };
+    if len > limit {
+        return Err(SettingsError::PrivateDataTooLong { len, limit });
     }
     Ok(())
 }
@@ -495,8 +496,8 @@ fn decide(local: &LocalSettings, req: &Repr) -> Result<(Agreed, Repr), Negotiati
 /// `C` echoed from the Request; with Rev 2 and the enhanced bit in the
 /// Request, the IRD/ORD word holds `local`'s IRD and ORD and no P2P flags.
 ///
-/// Errors: [`SettingsError::PrivateDataTooLong`] if `private_data` (plus the
-/// word) is over 512 octets.
+/// Errors: [`SettingsError::PrivateDataTooLong`] if `private_data` is over 512
+/// octets (508 with the IRD/ORD word).
 pub fn reject_reply(
     local: &LocalSettings,
     request: &Repr,
@@ -1242,8 +1243,8 @@ mod tests {
         assert_eq!(
             reject_reply(&rsp, &req, &[0; 509]),
             Err(SettingsError::PrivateDataTooLong {
-                len: 513,
-                limit: 512
+                len: 509,
+                limit: 508
             })
         );
     }
@@ -1395,8 +1396,8 @@ mod tests {
         assert_eq!(
             request(&s(|x| x.private_data = vec![0; 509])),
             Err(SettingsError::PrivateDataTooLong {
-                len: 513,
-                limit: 512
+                len: 509,
+                limit: 508
             })
         );
         assert!(request(&s(|x| {

@@ -100,7 +100,8 @@ use verbs::VerbsError;
 
 use crate::device::{ConnectRequest, Device, DeviceError, Listener, QpConnection};
 use crate::engine::DeviceEnd;
-use crate::mpa_conn::MpaError;
+use crate::mpa_conn::{CallError, MpaError};
+use mpa::negotiate::SettingsError;
 use crate::stack::{CloseMode, ConnError, ConnEvent, MpaParams, StackError, MAX_BACKLOG};
 use crate::verbs_api::Qp;
 
@@ -147,6 +148,11 @@ pub fn provider_error(error: DeviceError) -> ProviderError {
             | StackError::NoSuchListener(_)
             | StackError::WrongState { .. } => ProviderError::NotConnected,
             StackError::Gone(_) => ProviderError::DeviceRemoved,
+            StackError::Settings(SettingsError::PrivateDataTooLong { len, limit })
+            | StackError::Mpa(CallError::Settings(SettingsError::PrivateDataTooLong {
+                len,
+                limit,
+            })) => ProviderError::PrivateDataTooLong { len, max: limit },
             other => ProviderError::Other(other.to_string()),
         },
         other => ProviderError::Other(other.to_string()),

@@ -1603,8 +1603,8 @@ mod tests {
         assert!(matches!(
             MpaConn::initiator(cfg.clone(), 0),
             Err(ConfigError::Settings(SettingsError::PrivateDataTooLong {
-                len: 513,
-                limit: 512
+                len: 509,
+                limit: 508
             }))
         ));
         assert!(matches!(

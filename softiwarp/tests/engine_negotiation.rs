@@ -416,8 +416,8 @@ fn private_data_too_long() {
     };
     match p.a.connect(2, PORT, long, now) {
         Err(StackError::Settings(SettingsError::PrivateDataTooLong {
-            len: 513,
-            limit: 512,
+            len: 509,
+            limit: 508,
         })) => {}
         other => panic!("{:?}", other.map(|(c, _)| c)),
     }

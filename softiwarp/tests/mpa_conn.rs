@@ -953,8 +953,8 @@ fn private_data_too_long() {
     rsp.handle_rx(&unhex(RPING_REQUEST), 1);
     rsp.poll_event();
     let too_long = SettingsError::PrivateDataTooLong {
-        len: 513,
-        limit: 512,
+        len: 509,
+        limit: 508,
     };
     assert_eq!(
         rsp.accept(&[0; 509], 1, 1),
