@@ -2712,8 +2712,11 @@ pub fn check_outcome(
         ));
     }
     // The survivor's long-lived connections end within its TCP timeout (plus the
-    // keep-alive probe's wait and a loaded machine's slack).
-    let bound = (TCP_TIMEOUT_MS + 2000) as f64;
+    // keep-alive probe's wait and a loaded machine's slack: in a 500-iteration run at
+    // load 7-9 on 2 cores, one survivor of 500 heard of it after 3.8 s, its three
+    // connections ending within 5 ms of each other, i.e. its engine thread was not
+    // scheduled; the median was 1.9 s).
+    let bound = (TCP_TIMEOUT_MS + 3000) as f64;
     if let Some(d) = o.survivor_disconnected_ms {
         if d > bound {
             return Err(format!(
