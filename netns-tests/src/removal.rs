@@ -1644,7 +1644,9 @@ fn load_worker(
             return (acct, c);
         }
     };
-    let rbase = c.remote.0 + slot * 64 * 1024;
+    // 64 KiB per slot within the server's MR: more than 16 load QPs share slots (a
+    // slot past the MR's end was a base-or-bounds Terminate from the server).
+    let rbase = c.remote.0 + (slot % (SERVER_MR / (64 * 1024))) * 64 * 1024;
     for i in 0..CLIENT_RQ {
         if c.qp
             .post_recv(RecvWr::new(
