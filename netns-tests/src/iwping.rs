@@ -211,7 +211,16 @@ pub enum IwpingError {
     /// Writing the output failed.
     #[error("output: {0}")]
     Output(#[from] std::io::Error),
+    /// SIGINT, SIGTERM or SIGHUP arrived (with [`crate::signals::install_handler`]):
+    /// the run stops, and its ids are destroyed so that the peer hears of it at once
+    /// (as the kernel closes a killed rping's connection) instead of after its TCP
+    /// timeout.
+    #[error("interrupted by a signal")]
+    Interrupted,
 }
+
+/// How often blocking waits look at [`crate::signals::interrupted`].
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 fn cm(op: &'static str) -> impl FnOnce(CmError) -> IwpingError {
     move |source| IwpingError::Cm { op, source }
@@ -274,9 +283,19 @@ fn expect_event(
     timeout: Duration,
     waiting_for: &'static str,
 ) -> Result<(u16, u16, Option<CmId<SoftDevice>>), IwpingError> {
-    let mut ev = channel
-        .get_event_timeout(timeout)
-        .map_err(|_| IwpingError::Timeout(timeout, waiting_for))?;
+    let deadline = Instant::now() + timeout;
+    let mut ev = loop {
+        if crate::signals::interrupted() {
+            return Err(IwpingError::Interrupted);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(IwpingError::Timeout(timeout, waiting_for));
+        }
+        if let Ok(ev) = channel.get_event_timeout(left.min(SIGNAL_CHECK)) {
+            break ev;
+        }
+    };
     if ev.kind != want {
         return Err(IwpingError::Event {
             kind: ev.kind,
@@ -401,6 +420,9 @@ impl Session {
     ) -> Result<Step, IwpingError> {
         let deadline = Instant::now() + timeout;
         loop {
+            if crate::signals::interrupted() {
+                return Err(IwpingError::Interrupted);
+            }
             if let Some(wc) = self.cq.poll(1)?.pop() {
                 match wc.status {
                     WcStatus::Success => return Ok(Step::Wc(wc)),

@@ -134,6 +134,12 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // First, before any thread starts: SIGINT/SIGTERM/SIGHUP end the run through its
+    // destroy path, so the peer sees the connection end at once.
+    if let Err(e) = netns_tests::signals::install_handler() {
+        eprintln!("iwping: {e}");
+        return ExitCode::FAILURE;
+    }
     if let Err(e) = netns_tests::logging::init_peer("warn") {
         eprintln!("iwping: {e}");
         return ExitCode::FAILURE;
@@ -143,7 +149,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("iwping: {e}");
-            ExitCode::FAILURE
+            if netns_tests::signals::interrupted() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
