@@ -85,6 +85,10 @@ struct MpaArgs {
     /// Latency runs: the same.
     #[arg(long, default_value_t = 200)]
     lat_poll_spin_us: u64,
+    /// Bandwidth runs: when idle, sleep this many microseconds instead of waiting on
+    /// the CQ (0: wait on the CQ).
+    #[arg(long, default_value_t = 0)]
+    poll_nap_us: u64,
     /// TCP send and receive buffer, bytes.
     #[arg(long, default_value_t = 256 * 1024)]
     tcp_buffer: usize,
@@ -289,6 +293,7 @@ fn tuning(m: &MpaArgs, rx_depth: u32) -> Tuning {
     Tuning {
         spin: Duration::from_micros(m.poll_spin_us),
         lat_spin: Duration::from_micros(m.lat_poll_spin_us),
+        nap: Duration::from_micros(m.poll_nap_us),
         rx_depth,
     }
 }

@@ -73,6 +73,9 @@ pub struct Tuning {
     /// Latency runs: the same (default 200 us: one round trip is shorter, and a
     /// blocked waiter's wake-up doubles it: 10.5 -> 19 us at 8 bytes).
     pub lat_spin: Duration,
+    /// Bandwidth runs: when idle, sleep this long instead of waiting on the CQ (0:
+    /// wait on the CQ).
+    pub nap: Duration,
     /// Server, Send tests: receives to post per connection (perftest's `--rx-depth`).
     pub rx_depth: u32,
 }
@@ -82,6 +85,7 @@ impl Default for Tuning {
         Tuning {
             spin: Duration::ZERO,
             lat_spin: Duration::from_micros(200),
+            nap: Duration::ZERO,
             rx_depth: 512,
         }
     }
@@ -425,12 +429,17 @@ impl VerbsSetup for Side {
 /// blocks on the CQ for at most 1 ms at a time.
 struct Idle {
     spin: Duration,
+    nap: Duration,
     since: Option<Instant>,
 }
 
 impl Idle {
-    fn new(spin: Duration) -> Idle {
-        Idle { spin, since: None }
+    fn new(spin: Duration, nap: Duration) -> Idle {
+        Idle {
+            spin,
+            nap,
+            since: None,
+        }
     }
 
     fn progressed(&mut self) {
@@ -442,6 +451,10 @@ impl Idle {
         let since = *self.since.get_or_insert(now);
         if now.duration_since(since) < self.spin {
             std::thread::yield_now();
+        } else if !self.nap.is_zero() {
+            // Sleep instead of waiting on the CQ: the engine then never has to wake
+            // this thread (a context switch per completion on a shared core).
+            std::thread::sleep(self.nap);
         } else {
             match cq {
                 Some(cq) => {
@@ -679,7 +692,7 @@ fn client_bw_loop(
         RunLength::Time(d) => (u64::MAX, Some(start + d)),
     };
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
-    let mut idle = Idle::new(side.tuning.spin);
+    let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
     let mut batch: Vec<SendWr> = Vec::with_capacity(64);
     let mut last_report = start;
     let mut report_bytes = 0u64;
@@ -950,7 +963,7 @@ pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option
 fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result<(), IwperfError> {
     let cq = side.cq();
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
-    let mut idle = Idle::new(side.tuning.spin);
+    let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
     let mut buf = Vec::new();
     loop {
         if status.removed() {
@@ -1114,7 +1127,7 @@ fn client_lat_loop(
     };
     samples.reserve(iters.min(1 << 20) as usize);
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
-    let mut idle = Idle::new(side.tuning.lat_spin);
+    let mut idle = Idle::new(side.tuning.lat_spin, Duration::ZERO);
     let mut last_report = start;
     let remote_in = q.accept.mr.iova + u64::from(q.accept.slot_len);
     let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
@@ -1220,7 +1233,7 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
     let size = q.params.size;
     let inline = size <= MAX_INLINE;
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
-    let mut idle = Idle::new(side.tuning.lat_spin);
+    let mut idle = Idle::new(side.tuning.lat_spin, Duration::ZERO);
     let remote_in = q.params.client_mr.iova + u64::from(size);
     let rkey = verbs::Stag::from_raw(q.params.client_mr.rkey);
     let my_in = q.slot_len as usize + size as usize - 1;

@@ -820,6 +820,8 @@ fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
         cfg.tuning.spin.as_micros().to_string(),
         "--lat-poll-spin-us".into(),
         cfg.tuning.lat_spin.as_micros().to_string(),
+        "--poll-nap-us".into(),
+        cfg.tuning.nap.as_micros().to_string(),
     ];
     v.extend(common_args(cfg));
     v
