@@ -38,9 +38,10 @@ fn demo_json_verified_clean_and_its_captures_decode() {
         return;
     }
     let Some(bin) = iwperf() else { return };
-    let dir = std::env::temp_dir().join(format!("iwperf-demo-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let prefix = dir.join("run");
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("iwperf-demo-test-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let prefix = dir.0.join("run");
     let prefix_s = prefix.display().to_string();
     let out = run(
         &bin,
@@ -127,7 +128,15 @@ fn demo_json_verified_clean_and_its_captures_decode() {
             report.opcodes
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A directory removed when dropped (also when the test fails).
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The pid in the harness's namespace names (`swns<pid>x<n>a`).
