@@ -101,9 +101,9 @@ use verbs::VerbsError;
 use crate::device::{ConnectRequest, Device, DeviceError, Listener, QpConnection};
 use crate::engine::DeviceEnd;
 use crate::mpa_conn::{CallError, MpaError};
-use mpa::negotiate::SettingsError;
 use crate::stack::{CloseMode, ConnError, ConnEvent, MpaParams, StackError, MAX_BACKLOG};
 use crate::verbs_api::Qp;
+use mpa::negotiate::SettingsError;
 
 /// The provider's QP handle: a shared [`Qp`] (create it with [`Device::create_qp`] and
 /// wrap it in an `Arc`). The CM keeps a clone while the QP is bound to a cm_id, and the
