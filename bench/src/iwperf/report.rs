@@ -302,6 +302,16 @@ impl DemoReport {
                 l.ratio
             );
         }
+        let _ = writeln!(
+            s,
+            "ratio: Gbit/s over the baseline's; CPU-normalized: the same, each divided by the CPU seconds its peers used."
+        );
+        if self.results.iter().any(|r| r.ratio > 1.0) {
+            let _ = writeln!(
+                s,
+                "note: a wall-clock ratio above 100% means the one-threaded baseline was short of CPU (other load on this machine); read the CPU-normalized column, or rerun under `chrt -f 10` (docs/PERFORMANCE.md)."
+            );
+        }
         s
     }
 }
@@ -440,5 +450,11 @@ mod tests {
         );
         assert!(t.contains("latency 11.00 us typical"), "{t}");
         assert!(t.contains("1.22x"), "{t}");
+        assert!(!t.contains("note: a wall-clock ratio above 100%"), "{t}");
+        let mut starved = r;
+        starved.results[0].ratio = 2.5;
+        let t = starved.table();
+        assert!(t.contains("| 250.0% |"), "{t}");
+        assert!(t.contains("note: a wall-clock ratio above 100% means the one-threaded baseline was short of CPU"), "{t}");
     }
 }
