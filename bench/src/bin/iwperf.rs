@@ -157,9 +157,10 @@ struct ClientArgs {
     /// Operation(s), comma-separated; QP i runs op i mod the list (e.g. write,read).
     #[arg(long, value_delimiter = ',', default_value = "write")]
     op: Vec<String>,
-    /// Message size in bytes.
-    #[arg(long, default_value_t = 65536)]
-    size: u32,
+    /// Message size in bytes; default 65536 (bandwidth) / 2 (latency, as perftest's
+    /// `ib_send_lat`).
+    #[arg(long)]
+    size: Option<u32>,
     /// Iterations (WRs per QP, or round trips); default 5000 (bandwidth) / 1000 (latency).
     #[arg(long, conflicts_with = "duration")]
     iters: Option<u64>,
@@ -391,7 +392,7 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         server: SocketAddrV4::new(a.peer, a.port),
         ops,
         mode,
-        size: a.size,
+        size: a.size.unwrap_or(if a.lat { 2 } else { 65536 }),
         qps: a.qps,
         tx_depth: a.tx_depth,
         verify: a.verify,

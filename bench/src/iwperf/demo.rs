@@ -194,10 +194,11 @@ fn progress_text(p: &Progress) -> String {
     }
 }
 
-/// The pcap path of a run: `PREFIX-NAME-rROUND.pcap`.
+/// The pcap path of a run: `PREFIX-NAME-rROUND.pcap`, `ROUND` counted from 1 as the
+/// progress lines count them (`round` is the 0-based index).
 pub fn pcap_path(prefix: &Path, name: &str, round: usize) -> PathBuf {
     let mut s = prefix.as_os_str().to_owned();
-    s.push(format!("-{name}-r{round}.pcap"));
+    s.push(format!("-{name}-r{}.pcap", round + 1));
     PathBuf::from(s)
 }
 
@@ -825,4 +826,15 @@ fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
     ];
     v.extend(common_args(cfg));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pcap_paths_count_rounds_from_one() {
+        assert_eq!(
+            super::pcap_path(std::path::Path::new("/tmp/x/demo"), "write", 0),
+            std::path::PathBuf::from("/tmp/x/demo-write-r1.pcap")
+        );
+    }
 }
