@@ -140,7 +140,13 @@ fn server(ctx: &Arc<Ctx>) -> (CmId<SoftDevice>, Table) {
                             ctx.n.accepts.fetch_add(1, SeqCst);
                             t2.lock().unwrap().insert(child.serial(), (child, v));
                         }
-                        None => drop(child),
+                        None => {
+                            // Refused (e.g. its device is being removed): `id` is the
+                            // new id; destroyed as the callback returns, so no
+                            // DeviceRemoval is owed to it (as in tests/stress.rs).
+                            destroy = true;
+                            drop(child);
+                        }
                     }
                 }
                 K::Disconnected | K::DeviceRemoval => {
