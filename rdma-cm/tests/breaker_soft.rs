@@ -10,10 +10,8 @@
 mod soft_support;
 
 use iw_cm::ProviderError;
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
-use rdma_cm::{
-    CmError, CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind, RdmaCmConfig,
-};
+use rdma_cm::soft::SoftDevice;
+use rdma_cm::{CmError, CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind};
 use soft_support::*;
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -25,44 +23,15 @@ use verbs::{QpState, WcStatus};
 const WAIT: Duration = Duration::from_secs(10);
 const PORT: u16 = 7600;
 
-struct Hosts {
-    pair: SoftPair,
-    client: SoftRdmaCm,
-    server: SoftRdmaCm,
-    cch: EventChannel<SoftDevice>,
-    sch: EventChannel<SoftDevice>,
-    sub: u8,
+/// Devices `bc<sub>` / `bs<sub>` in 10.73.`sub`.0/24.
+fn hosts(sub: u8) -> Hosts {
+    Hosts::new("b", 73, sub)
 }
 
+/// The breaker's calls on [`Hosts`].
 impl Hosts {
-    fn new(sub: u8) -> Hosts {
-        let pair = soft_pair(&format!("bc{sub}"), &format!("bs{sub}"), 73, sub);
-        let client = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
-        let server = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
-        client
-            .add_device(SoftDevice::new(pair.a.clone()).unwrap())
-            .unwrap();
-        server
-            .add_device(SoftDevice::new(pair.b.clone()).unwrap())
-            .unwrap();
-        let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
-        Hosts {
-            pair,
-            client,
-            server,
-            cch,
-            sch,
-            sub,
-        }
-    }
     fn server_addr(&self) -> SocketAddr {
         SocketAddr::new(pair_ip(73, self.sub, 2).into(), PORT)
-    }
-    fn client_dev(&self) -> String {
-        format!("bc{}", self.sub)
-    }
-    fn server_dev(&self) -> String {
-        format!("bs{}", self.sub)
     }
     /// A client id in channel mode with its route resolved to `dst`.
     fn routed(&self, dst: SocketAddr) -> CmId<SoftDevice> {
@@ -167,7 +136,7 @@ fn connected(
 #[test]
 fn calls_without_a_device_or_in_the_wrong_state_are_typed_errors() {
     let _w = Watchdog::arm("wrong_calls", Duration::from_secs(60), String::new);
-    let h = Hosts::new(1);
+    let h = hosts(1);
     let pd = h.pair.a.alloc_pd().unwrap();
     let cq = h.pair.a.create_cq(4).unwrap();
     let attr = || softiwarp::QpInitAttr {
@@ -252,7 +221,7 @@ fn calls_without_a_device_or_in_the_wrong_state_are_typed_errors() {
 #[test]
 fn connecting_to_nothing_gives_one_error_event_and_flushes_the_qp() {
     let _w = Watchdog::arm("nothing", Duration::from_secs(90), String::new);
-    let h = Hosts::new(2);
+    let h = hosts(2);
     // No host at .9: ARP times out.
     let id = h.client.create_id_with_channel(&h.cch);
     let nobody = SocketAddr::new(pair_ip(73, 2, 9).into(), PORT);
@@ -286,7 +255,7 @@ fn connecting_to_nothing_gives_one_error_event_and_flushes_the_qp() {
 #[test]
 fn private_data_of_509_to_512_bytes_does_not_fit_mpa_rev2() {
     let _w = Watchdog::arm("pdata", Duration::from_secs(60), String::new);
-    let h = Hosts::new(3);
+    let h = hosts(3);
     let listener = h.listener();
     let id = h.routed(h.server_addr());
     let _v = verbs_init(&id);
@@ -340,7 +309,7 @@ fn private_data_of_509_to_512_bytes_does_not_fit_mpa_rev2() {
 #[test]
 fn destroy_return_from_device_removal_destroys_the_id_and_releases_the_device() {
     let _w = Watchdog::arm("removal_return", Duration::from_secs(60), String::new);
-    let h = Hosts::new(4);
+    let h = hosts(4);
     let (tx, rx) = mpsc::channel();
     let tx = Mutex::new(tx);
     let id = h
@@ -379,7 +348,7 @@ fn destroy_return_from_device_removal_destroys_the_id_and_releases_the_device() 
 #[test]
 fn self_destroy_and_unacked_destroy_are_refused_on_soft_devices() {
     let _w = Watchdog::arm("self_destroy", Duration::from_secs(60), String::new);
-    let h = Hosts::new(5);
+    let h = hosts(5);
     let slot: Arc<Mutex<Option<CmId<SoftDevice>>>> = Arc::default();
     let (tx, rx) = mpsc::channel();
     let tx = Mutex::new(tx);
@@ -428,7 +397,7 @@ fn self_destroy_and_unacked_destroy_are_refused_on_soft_devices() {
 #[test]
 fn removal_during_address_resolution_gives_exactly_one_event() {
     let _w = Watchdog::arm("removal_resolve", Duration::from_secs(60), String::new);
-    let h = Hosts::new(6);
+    let h = hosts(6);
     let id = h.client.create_id_with_channel(&h.cch);
     let nobody = SocketAddr::new(pair_ip(73, 6, 9).into(), PORT);
     id.resolve_addr(None, nobody, Duration::from_secs(5))
@@ -454,7 +423,7 @@ fn removal_during_address_resolution_gives_exactly_one_event() {
 #[test]
 fn removal_before_the_mpa_reply_flushes_and_delivers_one_device_removal() {
     let _w = Watchdog::arm("removal_connect", Duration::from_secs(90), String::new);
-    let h = Hosts::new(7);
+    let h = hosts(7);
     let listener = h.listener();
     let id = h.routed(h.server_addr());
     let mut v = verbs_init(&id);
@@ -499,7 +468,7 @@ fn removal_before_the_mpa_reply_flushes_and_delivers_one_device_removal() {
 fn removal_racing_accept_disconnect_and_destroy() {
     let _w = Watchdog::arm("removal_races", Duration::from_secs(180), String::new);
     for round in 0..6u8 {
-        let h = Hosts::new(20 + round);
+        let h = hosts(20 + round);
         let listener = h.listener();
         let id = h.routed(h.server_addr());
         let mut cv = verbs_init(&id);
@@ -563,7 +532,7 @@ fn removal_while_destroy_waits_for_a_callback_delivers_nothing() {
         Duration::from_secs(60),
         String::new,
     );
-    let h = Hosts::new(8);
+    let h = hosts(8);
     let (entered_tx, entered) = mpsc::channel();
     let (release, release_rx) = mpsc::channel::<()>();
     let (seen_tx, seen) = mpsc::channel();
@@ -609,7 +578,7 @@ fn removal_while_destroy_waits_for_a_callback_delivers_nothing() {
 #[test]
 fn destroying_connected_ids_flushes_every_posted_wr() {
     let _w = Watchdog::arm("destroy_flush", Duration::from_secs(60), String::new);
-    let h = Hosts::new(9);
+    let h = hosts(9);
     let (id, mut cv, conn, mut sv, listener) = connected(&h, 5);
     // Sends the peer has no receive for beyond its 5, and more receives.
     for _ in 0..3 {
@@ -636,7 +605,7 @@ fn destroying_connected_ids_flushes_every_posted_wr() {
 #[test]
 fn a_thousand_ids() {
     let _w = Watchdog::arm("many_ids", Duration::from_secs(120), String::new);
-    let h = Hosts::new(10);
+    let h = hosts(10);
     let ids: Vec<_> = (0..1000)
         .map(|_| h.client.create_id_with_channel(&h.cch))
         .collect();

@@ -7,8 +7,8 @@
 
 mod soft_support;
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
-use rdma_cm::{CmId, ConnParam, EventChannel, EventKind, RdmaCmConfig};
+use rdma_cm::soft::SoftDevice;
+use rdma_cm::{CmId, ConnParam, EventChannel, EventKind};
 use soft_support::*;
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -19,33 +19,8 @@ use verbs::{AccessFlags, RecvWr, SendFlags, SendWr, Stag, WcStatus};
 const WAIT: Duration = Duration::from_secs(10);
 const PORT: u16 = 7471;
 
-/// Two hosts: a pair of soft devices, each registered with its own RDMA CM.
-struct Hosts {
-    pair: SoftPair,
-    client: SoftRdmaCm,
-    server: SoftRdmaCm,
-    cch: EventChannel<SoftDevice>,
-    sch: EventChannel<SoftDevice>,
-}
-
 fn hosts(sub: u8) -> Hosts {
-    let pair = soft_pair(&format!("pc{sub}"), &format!("ps{sub}"), 61, sub);
-    let client = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
-    let server = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
-    client
-        .add_device(SoftDevice::new(pair.a.clone()).unwrap())
-        .unwrap();
-    server
-        .add_device(SoftDevice::new(pair.b.clone()).unwrap())
-        .unwrap();
-    let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
-    Hosts {
-        pair,
-        client,
-        server,
-        cch,
-        sch,
-    }
+    Hosts::new("p", 61, sub)
 }
 
 fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEvent<SoftDevice> {

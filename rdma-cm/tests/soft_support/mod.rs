@@ -2,8 +2,8 @@
 //! memory links, verbs objects on an id's device, WR accounting.
 #![allow(dead_code)] // each test binary uses a subset
 
-use rdma_cm::soft::SoftDevice;
-use rdma_cm::CmIdRef;
+use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
+use rdma_cm::{CmIdRef, EventChannel, RdmaCmConfig};
 use softiwarp::device::{Device, DeviceConfig, LinkConfig};
 use softiwarp::iwcm_provider::SoftQp;
 use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
@@ -142,4 +142,58 @@ pub fn on_device_thread() -> bool {
     let t = std::thread::current();
     let name = t.name().unwrap_or("");
     name.starts_with("sw-") || name.starts_with("iwp-")
+}
+
+/// Two hosts: a [`SoftPair`] (`a` named `{prefix}c{sub}`, `b` `{prefix}s{sub}`, in
+/// 10.`net`.`sub`.0/24), each device registered with its own RDMA CM, and one event
+/// channel per CM.
+pub struct Hosts {
+    pub pair: SoftPair,
+    pub client: SoftRdmaCm,
+    pub server: SoftRdmaCm,
+    pub cch: EventChannel<SoftDevice>,
+    pub sch: EventChannel<SoftDevice>,
+    pub prefix: &'static str,
+    pub net: u8,
+    pub sub: u8,
+}
+
+impl Hosts {
+    pub fn new(prefix: &'static str, net: u8, sub: u8) -> Hosts {
+        let pair = soft_pair(
+            &format!("{prefix}c{sub}"),
+            &format!("{prefix}s{sub}"),
+            net,
+            sub,
+        );
+        let client = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
+        let server = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
+        client
+            .add_device(SoftDevice::new(pair.a.clone()).unwrap())
+            .unwrap();
+        server
+            .add_device(SoftDevice::new(pair.b.clone()).unwrap())
+            .unwrap();
+        let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
+        Hosts {
+            pair,
+            client,
+            server,
+            cch,
+            sch,
+            prefix,
+            net,
+            sub,
+        }
+    }
+
+    /// The client device's name.
+    pub fn client_dev(&self) -> String {
+        format!("{}c{}", self.prefix, self.sub)
+    }
+
+    /// The server device's name.
+    pub fn server_dev(&self) -> String {
+        format!("{}s{}", self.prefix, self.sub)
+    }
 }
