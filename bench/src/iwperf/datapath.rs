@@ -694,6 +694,8 @@ fn client_bw_loop(
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
     let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
     let mut batch: Vec<SendWr> = Vec::with_capacity(64);
+    // `--verify` of Reads: one read-back buffer for the whole run.
+    let mut got = Vec::new();
     let mut last_report = start;
     let mut report_bytes = 0u64;
     let mut last_sample = start;
@@ -778,7 +780,7 @@ fn client_bw_loop(
                     if q.params.verify && q.params.op == Op::Read && !q.patterns.is_empty() {
                         let slot = (seq % u64::from(q.slots)) as usize * q.slot_len as usize;
                         let want = &q.patterns[(seq % q.patterns.len() as u64) as usize];
-                        let mut got = vec![0u8; want.len()];
+                        got.resize(want.len(), 0);
                         q.data
                             .read(slot, &mut got)
                             .map_err(|e| IwperfError::Setup(format!("read back: {e}")))?;
