@@ -233,7 +233,17 @@ impl<D: CmDevice> fmt::Debug for DeviceNotifier<D> {
 impl<D: CmDevice> DeviceNotifier<D> {
     /// The device is going away (its link is gone): start device removal on the RDMA
     /// CM's worker (cma.c's `cma_remove_one` -> `cma_process_remove`). Idempotent.
+    ///
+    /// Before it returns, every user id bound to the device whose destroy was not asked
+    /// is marked `DEVICE_REMOVAL` (a brief lock per id, no waiting): from then on no
+    /// other event reaches it, so connection ends that the device reports after this
+    /// call (its QPs failing, TCP gone) are dropped and the id's next event is its one
+    /// `DeviceRemoval`. This is the kernel's order: `ib_unregister_device` runs
+    /// `cma_remove_one` before the driver tears its connections down.
     pub fn removed(&self) {
+        for id in self.entry.user_ids() {
+            id.mark_device_removal();
+        }
         self.shared.push_job(Job::Remove(self.entry.clone()));
     }
 

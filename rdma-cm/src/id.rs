@@ -258,6 +258,18 @@ impl<D: CmDevice> IdInner<D> {
         }
     }
 
+    /// The first half of device removal, done as soon as the device reports it
+    /// ([`crate::device::DeviceNotifier::removed`]): mark `DEVICE_REMOVAL` unless
+    /// destroy was asked, so that no event but the `DeviceRemoval` that
+    /// [`Self::remove_id_dev`] delivers reaches the id. Never waits.
+    pub(crate) fn mark_device_removal(&self) {
+        let mut st = lock(&self.st);
+        if !matches!(st.state, IdState::Destroying | IdState::DeviceRemoval) {
+            tracing::debug!(parent: &self.span, from = %st.state, "-> RDMA_CM_DEVICE_REMOVAL (device reported removal)");
+            st.state = IdState::DeviceRemoval;
+        }
+    }
+
     fn take_destroy_on_return(&self) -> bool {
         core::mem::take(&mut lock(&self.st).destroy_on_return)
     }

@@ -185,6 +185,16 @@ impl<D: CmDevice> DevEntry<D> {
             .map(|cm| cm.create_id_shared(handler))
     }
 
+    /// The user ids bound to the device now (internal listeners left out).
+    pub(crate) fn user_ids(&self) -> Vec<Arc<IdInner<D>>> {
+        lock(&self.st)
+            .ids
+            .iter()
+            .filter(|i| matches!(i.role, Role::User))
+            .cloned()
+            .collect()
+    }
+
     /// Bind an id to the device (cma.c's `cma_attach_to_dev`); refused once removal
     /// started.
     pub(crate) fn attach(&self, id: &Arc<IdInner<D>>) -> Result<(), CmError> {

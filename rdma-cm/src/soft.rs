@@ -10,7 +10,7 @@
 //! | `create_qp` | [`Device::create_qp`], moved to Init (receives can be posted before connect/accept), wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` + `cma_init_conn_qp` |
 //! | `qp_to_error` | [`Qp::modify_state`](softiwarp::Qp::modify_state)`(Error)`: every outstanding WR completes flushed, a connection is closed abortively | `ib_modify_qp(IB_QPS_ERR)` |
 //! | `destroy_qp` | [`Qp::destroy`](softiwarp::Qp::destroy) if the CM held the last handle, else to Error and drop ours (the QP goes when the last handle does) | `ib_destroy_qp` |
-//! | `attached` | removal when the device ends (TAP deleted, fd error, memory link removed: [`SoftProvider::on_device_end`], after every connection's end was reported), and when its link goes down (configurable) | `cma_remove_one` from `ib_unregister_device`; `siw_netdev_event` |
+//! | `attached` | removal when the device ends (TAP deleted, fd error, memory link removed: [`SoftProvider::on_device_end`], before the connections' ends are reported, which then reach no id), and when its link goes down (configurable) | `cma_remove_one` from `ib_unregister_device`; `siw_netdev_event` |
 //!
 //! Address changes are not reported: a soft device's address is fixed when it is
 //! opened.

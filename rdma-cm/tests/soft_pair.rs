@@ -182,8 +182,8 @@ fn write_and_send_through_the_rdma_cm_with_the_bytes_checked() {
 }
 
 /// Cutting the client's link (its memory link end removed, as `ip link del` on a TAP):
-/// the connected id hears exactly one `DeviceRemoval` (maybe after `Disconnected`: the
-/// connection died with the device); every WR posted on its QP completes flushed; the
+/// the connected id hears exactly one `DeviceRemoval` and no `Disconnected` (the
+/// connection died with the device, after the removal marked the id); every WR posted on its QP completes flushed; the
 /// device leaves the registry and is released once the id is destroyed.
 #[test]
 fn a_cut_link_delivers_one_device_removal_and_flushes_every_posted_wr() {
@@ -192,13 +192,9 @@ fn a_cut_link_delivers_one_device_removal_and_flushes_every_posted_wr() {
     let mut c = connect(&h, 3);
     c.cv.post_recvs(5).unwrap();
     h.pair.a_link.remove();
-    // The connection's end (iw-cm's worker) and the removal (the RDMA CM's worker) race:
-    // Disconnected comes first, or not at all (nothing follows DeviceRemoval).
-    let mut ev = h.cch.get_event_timeout(WAIT).unwrap();
-    if ev.kind == EventKind::Disconnected {
-        ev.ack();
-        ev = h.cch.get_event_timeout(WAIT).unwrap();
-    }
+    // The kernel's order: the removal marks the id before the connection's end is
+    // reported, so the id hears DeviceRemoval and never Disconnected.
+    let ev = h.cch.get_event_timeout(WAIT).unwrap();
     assert_eq!(ev.kind, EventKind::DeviceRemoval);
     assert_eq!(ev.id().serial(), c.id.serial());
     ev.ack();

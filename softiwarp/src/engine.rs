@@ -400,6 +400,12 @@ impl<L: Link> Engine<L> {
             let deadline = self.stack.poll(now);
             active |= self.stack.progressed();
             active |= self.shared.kick.swap(false, Ordering::AcqRel);
+            if let Some(reason) = self.stack.gone() {
+                // Recorded before the connections' failures are routed, so that whoever
+                // drains one of them sees the end already (the iw-cm provider then runs
+                // its end hook, rdma-cm's device removal, before reporting them).
+                self.shared.set_ended(DeviceEnd::Gone(reason));
+            }
             self.route();
             if self.qp_errored.swap(false, Ordering::AcqRel) {
                 active |= self.abort_orphaned();

@@ -440,6 +440,12 @@ impl Inner {
             };
             (sink, spent)
         };
+        if !events.is_empty() && self.device.ended().is_some() {
+            // These may be the device end's own failures: the end hook (rdma-cm's
+            // device removal) goes first, as the kernel's cma_remove_one precedes the
+            // driver tearing its connections down.
+            self.run_end_hook();
+        }
         if let Some(sink) = &sink {
             for ev in events {
                 self.report(sink, ev);
@@ -449,6 +455,17 @@ impl Inner {
         // outside every lock.
         drop(sink);
         spent.is_some()
+    }
+
+    /// Run the end hook if it is still there (once per hook).
+    fn run_end_hook(&self) {
+        let hook = lock(&self.end_hook).take();
+        if let Some(hook) = hook {
+            if let Some(end) = self.device.ended() {
+                tracing::debug!(?end, "device ended: end hook");
+                hook(end);
+            }
+        }
     }
 
     /// One pass over everything watched.
@@ -526,22 +543,17 @@ fn translate(
 
 fn provider_thread(inner: Arc<Inner>) {
     let signal = inner.device.activity();
-    let mut end_seen = false;
     loop {
         let seen = signal.current();
         if inner.stop.load(Relaxed) {
             break;
         }
         let ended = inner.device.ended();
-        inner.pump(ended.is_some());
-        if let (Some(end), false) = (ended, end_seen) {
-            end_seen = true;
-            tracing::debug!(?end, "device ended; every connection was ended");
-            let hook = lock(&inner.end_hook).take();
-            if let Some(hook) = hook {
-                hook(end);
-            }
+        if ended.is_some() {
+            // Before any connection's end is reported (see `pump_conn`).
+            inner.run_end_hook();
         }
+        inner.pump(ended.is_some());
         signal.wait_past(seen, RESCAN);
     }
 }
@@ -643,12 +655,16 @@ impl SoftProvider {
             .map_or(0, |(_, n)| *n)
     }
 
-    /// Run `hook` once the device has ended (gone or shut down) and every connection
-    /// the provider watched has had its end reported (`Close`, or `ConnectReply(Reset)`
-    /// while connecting): the point where rdma-cm's device removal starts (design.md
-    /// section 5). It runs on the provider thread, so it must only enqueue (never call
-    /// a CM user or wait for a CM worker). Replaces an earlier hook; runs at once (on
-    /// the provider thread's next pass) if the device has already ended.
+    /// Run `hook` once the device has ended (gone or shut down), *before* the provider
+    /// reports any connection end that it drains after the end was recorded (`Close`,
+    /// or `ConnectReply(Reset)` while connecting): the point where rdma-cm's device
+    /// removal starts (design.md section 5), ahead of the connections' ends as in the
+    /// kernel (`ib_unregister_device` calls `cma_remove_one` before the driver tears
+    /// its connections down), so that rdma-cm can mark its ids first and deliver
+    /// `DeviceRemoval` instead of `Disconnected`. It runs on the provider thread, so it
+    /// must not block (never call a CM user or wait for a CM worker; brief locks are
+    /// fine). Replaces an earlier hook; runs at once (on the provider thread's next
+    /// pass) if the device has already ended.
     pub fn on_device_end(&self, hook: impl FnOnce(DeviceEnd) + Send + 'static) {
         *lock(&self.inner.end_hook) = Some(Box::new(hook));
         self.inner.device.activity().notify();
