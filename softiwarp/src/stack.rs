@@ -106,7 +106,9 @@
 //! [`Ulp::on_ulpdu`].
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ddp_rdmap::ddp::BufferModel;
@@ -549,7 +551,7 @@ struct Track {
 
 #[derive(Debug, Default)]
 struct SegTracker {
-    map: HashMap<u64, Track>,
+    map: FxHashMap<u64, Track>,
     listen_ports: Vec<u16>,
     /// Senders of the ARP frames received since the last poll (`crate::neighbor`).
     arp_seen: Vec<(Ipv4Addr, [u8; 6])>,
@@ -2364,7 +2366,7 @@ impl<L: Link> Stack<L> {
         });
         // Entries of SYNs that never became connections (refused, reset in SYN-RECEIVED).
         if tracker.map.len() > 2 * conns.len() + 64 {
-            let mut keep: std::collections::HashSet<u64> = conns.values().map(|c| c.key).collect();
+            let mut keep: FxHashSet<u64> = conns.values().map(|c| c.key).collect();
             for l in listeners.values() {
                 for &h in &l.armed {
                     let s = sockets.get::<tcp::Socket>(h);
