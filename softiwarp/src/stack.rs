@@ -20,7 +20,7 @@
 //!
 //! 1. link events ([`LinkEvent`]): reported as [`StackEvent::Link`]; `Gone` fails every
 //!    connection with [`ConnError::DeviceGone`] and removes every listener;
-//! 2. smoltcp `Interface::poll` (ingress, then egress);
+//! 2. smoltcp ingress (every frame the link has), without egress yet;
 //! 3. listeners: harvest listen sockets that became connections, re-arm the pool;
 //! 4. rounds over the connections: TCP state changes, the receive path (socket bytes into
 //!    [`MpaConn::handle_rx`], events out, ULPDUs to the upper while it has room), MPA
@@ -28,7 +28,13 @@
 //!    round** into the socket, see below), then `Interface::poll_egress` so each FPDU
 //!    leaves as its own segment; repeated while any connection wrote something (at most
 //!    [`MAX_ROUNDS`] rounds per call);
-//! 5. the next deadline: the earliest of smoltcp's `poll_at`, the MPA startup timers, TCP
+//! 5. egress until smoltcp has nothing left to send. The ACKs for what came in at step 2
+//!    leave here or in step 4's egress passes, after step 4 consumed it, so they
+//!    advertise the reopened window: a sender's window edge then seldom falls inside a
+//!    full-sized FPDU (at MTU 65000 with 256 KiB buffers, ACKs sent before the
+//!    consumption split 43% of such FPDUs in two: `engine_pair.rs`
+//!    `full_sized_fpdus_leave_whole_at_a_large_mtu`);
+//! 6. the next deadline: the earliest of smoltcp's `poll_at`, the MPA startup timers, TCP
 //!    connect deadlines and Terminate linger deadlines, or `now` when work was left over.
 //!
 //! # One FPDU per TCP segment (RFC 5044 section 4.5, design.md section 4)
@@ -117,7 +123,7 @@ use ddp_rdmap::terminate::ErrorCause;
 use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
 use mpa::negotiate::{Agreed, LocalSettings, SettingsError};
 use mpa::wire::{Limits, Repr};
-use smoltcp::iface::{Interface, SocketHandle, SocketSet};
+use smoltcp::iface::{Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet};
 use smoltcp::phy::{Device, DeviceCapabilities, RxToken, TxToken};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
@@ -2112,7 +2118,16 @@ impl<L: Link> Stack<L> {
             return None;
         }
         let before = self.dev.inner.stats();
-        self.iface.poll(now, &mut self.dev, &mut self.sockets);
+        // Ingress only: the ACKs for what came in leave after the rounds below have
+        // handed the bytes to MPA and the upper, so they advertise the window that
+        // consumption reopened (with `Interface::poll` they advertised it one batch
+        // late, and at large MTUs the sender's window edge then fell inside FPDUs).
+        self.iface.poll_maintenance(now);
+        while self
+            .iface
+            .poll_ingress_single(now, &mut self.dev, &mut self.sockets)
+            != PollIngressSingleResult::None
+        {}
         let arp_next = self.poll_neighbors(now);
         self.harvest(now);
         let mut more = false;
@@ -2135,11 +2150,13 @@ impl<L: Link> Stack<L> {
                 break;
             }
         }
-        if rounds > 0 {
-            // Let closes and aborts decided in the last round reach the wire.
-            self.iface
-                .poll_egress(now, &mut self.dev, &mut self.sockets);
-        }
+        // Everything left to send: ACKs and window updates, closes and aborts decided
+        // in the last round, SYNs, retransmissions, ARP.
+        while self
+            .iface
+            .poll_egress(now, &mut self.dev, &mut self.sockets)
+            != PollResult::None
+        {}
         self.reap(now);
         self.rearm();
         if self.dev.inner.stats() != before {

@@ -310,6 +310,8 @@ pub struct UlpduSeq {
     max_len: usize,
     ddp: bool,
     to: u64,
+    /// Every ULPDU `max_len` bytes long.
+    fixed: bool,
 }
 
 /// Length of the tagged DDP/RDMAP header of an RDMA Write (RFC 5041 4.2).
@@ -322,6 +324,7 @@ impl UlpduSeq {
             max_len,
             ddp: false,
             to: 0,
+            fixed: false,
         }
     }
     pub fn ddp(seed: u64, max_len: usize) -> Self {
@@ -333,7 +336,7 @@ impl UlpduSeq {
     pub fn next_ulpdu(&mut self) -> Vec<u8> {
         let min = if self.ddp { TAGGED_HEADER_LEN } else { 1 };
         // A third of them full-sized, the rest anywhere in min..=max.
-        let len = if self.rng.next_u64().is_multiple_of(3) {
+        let len = if self.fixed || self.rng.next_u64().is_multiple_of(3) {
             self.max_len
         } else {
             self.rng.range(min, self.max_len)
@@ -375,6 +378,18 @@ impl Flow {
     /// ULPDUs that are valid DDP segments (see [`UlpduSeq::ddp`]).
     pub fn ddp(seed: u64, max_len: usize, count: u64) -> Self {
         Self::with(UlpduSeq::ddp(seed, max_len), count)
+    }
+
+    /// DDP segments all `len` bytes long (bulk data at MULPDU).
+    #[allow(dead_code)]
+    pub fn ddp_fixed(seed: u64, len: usize, count: u64) -> Self {
+        Self::with(
+            UlpduSeq {
+                fixed: true,
+                ..UlpduSeq::ddp(seed, len)
+            },
+            count,
+        )
     }
 
     fn with(seq: UlpduSeq, count: u64) -> Self {
