@@ -302,6 +302,9 @@ pub fn send_stream(
     })
 }
 
+/// ULPDUs [`recv_stream`] takes from the receive queue at a time.
+const RECV_BATCH: usize = 64;
+
 /// Receives the stream on an established `conn` until the peer closes.
 ///
 /// Errors: [`TransferError`]: not established, the connection failed or stalled for
@@ -317,21 +320,24 @@ pub fn recv_stream(
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();
     let mut size = 0usize;
+    let mut batch = Vec::new();
     loop {
-        match conn.recv_ulpdu(STALL_TIMEOUT) {
-            Ok(u) => {
+        match conn.recv_ulpdus(&mut batch, RECV_BATCH, STALL_TIMEOUT) {
+            Ok(_) => {
                 last = Instant::now();
                 first.get_or_insert(last);
-                if cfg.verify {
-                    let n = check_ulpdu(&u, &pat, to)
-                        .map_err(|detail| TransferError::Corrupt { index, detail })?;
-                    to += n as u64;
-                    crc = crc32c::crc32c_append(crc, &u);
+                for u in &batch {
+                    if cfg.verify {
+                        let n = check_ulpdu(u, &pat, to)
+                            .map_err(|detail| TransferError::Corrupt { index, detail })?;
+                        to += n as u64;
+                        crc = crc32c::crc32c_append(crc, u);
+                    }
+                    size = size.max(u.len());
+                    bytes += u.len() as u64;
+                    index += 1;
                 }
-                size = size.max(u.len());
-                bytes += u.len() as u64;
-                index += 1;
-                conn.recycle(u);
+                conn.recycle_all(&mut batch);
             }
             Err(RecvError::Closed) => break,
             Err(source) => {

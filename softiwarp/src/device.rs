@@ -1127,6 +1127,26 @@ impl Connection {
         self.end.recv(timeout)
     }
 
+    /// Every received ULPDU queued now, up to `max`, appended to `out` in order, waiting
+    /// up to `timeout` for the first; returns how many (at least 1). One lock for the
+    /// batch instead of one per ULPDU (the receive side of a bulk stream); give the
+    /// buffers back with [`Connection::recycle_all`].
+    ///
+    /// Errors: as [`Connection::recv_ulpdu`].
+    pub fn recv_ulpdus(
+        &self,
+        out: &mut Vec<Vec<u8>>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize, RecvError> {
+        self.end.recv_batch(out, max, timeout)
+    }
+
+    /// [`Connection::recycle`] for every buffer in `bufs` (left empty), under one lock.
+    pub fn recycle_all(&self, bufs: &mut Vec<Vec<u8>>) {
+        self.end.recycle_all(bufs);
+    }
+
     /// The next received ULPDU if one is queued.
     ///
     /// Errors: [`RecvError::WouldBlock`], and as [`Connection::recv_ulpdu`].

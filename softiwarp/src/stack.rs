@@ -20,7 +20,7 @@
 //!
 //! 1. link events ([`LinkEvent`]): reported as [`StackEvent::Link`]; `Gone` fails every
 //!    connection with [`ConnError::DeviceGone`] and removes every listener;
-//! 2. smoltcp ingress (every frame the link has), without egress yet;
+//! 2. smoltcp `Interface::poll` (ingress, then egress: ACKs go out at once);
 //! 3. listeners: harvest listen sockets that became connections, re-arm the pool;
 //! 4. rounds over the connections: TCP state changes, the receive path (socket bytes into
 //!    [`MpaConn::handle_rx`], events out, ULPDUs to the upper while it has room), MPA
@@ -28,12 +28,11 @@
 //!    round** into the socket, see below), then `Interface::poll_egress` so each FPDU
 //!    leaves as its own segment; repeated while any connection wrote something (at most
 //!    [`MAX_ROUNDS`] rounds per call);
-//! 5. egress until smoltcp has nothing left to send. The ACKs for what came in at step 2
-//!    leave here or in step 4's egress passes, after step 4 consumed it, so they
-//!    advertise the reopened window: a sender's window edge then seldom falls inside a
-//!    full-sized FPDU (at MTU 65000 with 256 KiB buffers, ACKs sent before the
-//!    consumption split 43% of such FPDUs in two: `engine_pair.rs`
-//!    `full_sized_fpdus_leave_whole_at_a_large_mtu`);
+//! 5. egress until smoltcp has nothing left to send, which includes the window update
+//!    for what step 4 consumed (the ACKs of step 2 advertised the window before it): a
+//!    sender's window edge then seldom falls inside a full-sized FPDU (at MTU 65000 with
+//!    256 KiB buffers, without this pass 170 of 400 such FPDUs left as two segments:
+//!    `engine_pair.rs` `full_sized_fpdus_leave_whole_at_a_large_mtu`);
 //! 6. the next deadline: the earliest of smoltcp's `poll_at`, the MPA startup timers, TCP
 //!    connect deadlines and Terminate linger deadlines, or `now` when work was left over.
 //!
@@ -123,7 +122,7 @@ use ddp_rdmap::terminate::ErrorCause;
 use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
 use mpa::negotiate::{Agreed, LocalSettings, SettingsError};
 use mpa::wire::{Limits, Repr};
-use smoltcp::iface::{Interface, PollIngressSingleResult, PollResult, SocketHandle, SocketSet};
+use smoltcp::iface::{Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::phy::{Device, DeviceCapabilities, RxToken, TxToken};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
@@ -504,6 +503,12 @@ pub trait Ulp: Send {
         let _ = ulpdu;
         false
     }
+
+    /// The receive path handed over everything it will in this pass (called after every
+    /// pass over the socket's bytes, before the pass's events are reported): an upper
+    /// that stages ULPDUs taken by [`Ulp::on_ulpdu_in_place`] makes them visible now.
+    /// Default: nothing.
+    fn rx_done(&mut self) {}
 
     /// The peer's Terminate ULPDU (RFC 5040 5.3), shown before the connection fails
     /// with [`ConnError::TerminateReceived`] (no further ULPDU follows). Default:
@@ -1129,8 +1134,16 @@ impl Conn {
         }
     }
 
-    /// The receive path: socket bytes into MPA while the upper has room.
+    /// The receive path: socket bytes into MPA while the upper has room; then the upper
+    /// is told the pass is over ([`Ulp::rx_done`]).
     fn rx(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
+        self.rx_pass(sock, cx, now_us);
+        if let Some(u) = self.upper.as_mut() {
+            u.rx_done();
+        }
+    }
+
+    fn rx_pass(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
         loop {
             if self.rx_stopped || !sock.can_recv() {
                 return;
@@ -2118,16 +2131,7 @@ impl<L: Link> Stack<L> {
             return None;
         }
         let before = self.dev.inner.stats();
-        // Ingress only: the ACKs for what came in leave after the rounds below have
-        // handed the bytes to MPA and the upper, so they advertise the window that
-        // consumption reopened (with `Interface::poll` they advertised it one batch
-        // late, and at large MTUs the sender's window edge then fell inside FPDUs).
-        self.iface.poll_maintenance(now);
-        while self
-            .iface
-            .poll_ingress_single(now, &mut self.dev, &mut self.sockets)
-            != PollIngressSingleResult::None
-        {}
+        self.iface.poll(now, &mut self.dev, &mut self.sockets);
         let arp_next = self.poll_neighbors(now);
         self.harvest(now);
         let mut more = false;
@@ -2150,8 +2154,11 @@ impl<L: Link> Stack<L> {
                 break;
             }
         }
-        // Everything left to send: ACKs and window updates, closes and aborts decided
-        // in the last round, SYNs, retransmissions, ARP.
+        // Everything left to send: closes and aborts decided in the last round, and the
+        // window updates of what the rounds consumed (smoltcp sends one once the window
+        // doubled since the last ACK, which went out in `poll` above, before the
+        // consumption; without this pass it would wait for the next poll, and at large
+        // MTUs the sender's window edge then fell inside FPDUs).
         while self
             .iface
             .poll_egress(now, &mut self.dev, &mut self.sockets)

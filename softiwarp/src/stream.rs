@@ -31,6 +31,12 @@
 //! receiving process's context switches by a third at MTU 65000). Without a batched
 //! waker every received ULPDU wakes the receiver (a test loop driving the stack itself).
 //!
+//! The stack side touches the shared state once per batch, not per ULPDU (see
+//! [`StreamUlp`]): received ULPDUs are staged and queued at the end of each receive pass
+//! ([`Ulp::rx_done`]); ULPDUs to send are taken up to an eighth of the send queue's bound
+//! at a time. The user side can do the same with [`StreamEnd::recv_batch`] and
+//! [`StreamEnd::recycle_all`].
+//!
 //! Buffers are recycled: the stack side copies received ULPDUs into buffers the user gave
 //! back with [`StreamEnd::recycle`] and returns sent ULPDUs' buffers to the same pool,
 //! where [`StreamEnd::buffer`] takes them, so a steady stream allocates nothing per ULPDU.
@@ -266,12 +272,34 @@ impl Shared {
     }
 }
 
+/// ULPDUs the stack side takes from the send queue under one lock: at most this share of
+/// the queue's bound (and at least one ULPDU).
+const TX_BATCH_DIVISOR: usize = 8;
+
+/// Recycled buffers the stack side takes from the pool at a time for staging received
+/// ULPDUs (one receive chunk of [`crate::stack::RX_CHUNK`] bytes holds at most 45
+/// ULPDUs at MTU 1500).
+const STAGING_BUFFERS: usize = 64;
+
 /// The stack side of a stream connection: an [`Ulp`]. See the [module docs](self).
-#[derive(Debug)]
+///
+/// It touches the shared queues once per batch, not per ULPDU: received ULPDUs are
+/// staged (copied into buffers from a local pool) and queued for the user at the end of
+/// each receive pass ([`Ulp::rx_done`]) or when the room is asked; ULPDUs to send are
+/// taken up to an eighth of the send queue's bound at a time, and the buffers of those
+/// sent go back to the pool with the next batch.
+#[derive(Debug, Default)]
 pub struct StreamUlp {
-    shared: Arc<Shared>,
-    /// The buffer of the last ULPDU sent, returned to the pool at the next pop.
-    spare: Option<Vec<u8>>,
+    shared: Option<Arc<Shared>>,
+    /// Received ULPDUs not yet queued for the user, and their bytes.
+    staged: Vec<Vec<u8>>,
+    staged_bytes: usize,
+    /// Empty buffers taken from the pool for staging.
+    free: Vec<Vec<u8>>,
+    /// ULPDUs taken from the send queue, not yet framed.
+    tx: VecDeque<TxItem>,
+    /// Buffers of ULPDUs sent, for the pool.
+    spent: Vec<Vec<u8>>,
 }
 
 /// The user side of a stream connection. See the [module docs](self). Cloning gives
@@ -291,23 +319,14 @@ pub fn pair(cfg: StreamConfig, waker: Waker) -> (StreamUlp, StreamEnd) {
         waker,
         rx_wake_pending: AtomicBool::new(false),
     });
-    (
-        StreamUlp {
-            shared: shared.clone(),
-            spare: None,
-        },
-        StreamEnd { shared },
-    )
+    (StreamUlp::new(shared.clone()), StreamEnd { shared })
 }
 
 impl StreamEnd {
     /// Another [`StreamUlp`] on the same queues (the responder's upper is made at
     /// accept time, after the end was handed to the user).
     pub fn ulp(&self) -> StreamUlp {
-        StreamUlp {
-            shared: self.shared.clone(),
-            spare: None,
-        }
+        StreamUlp::new(self.shared.clone())
     }
 
     /// For the driver of a batched stream ([`Waker::engine`]), after a pass: wakes a
@@ -600,7 +619,14 @@ impl StreamEnd {
         let Some(u) = g.rx.pop_front() else {
             return Err(g);
         };
-        g.rx_bytes -= u.len();
+        self.taken(g, u.len());
+        Ok(u)
+    }
+
+    /// `bytes` of ULPDUs were taken from the receive queue: releases the lock and wakes
+    /// the driver if it waits for room and the queue is down to half its bound.
+    fn taken(&self, mut g: MutexGuard<'_, Inner>, bytes: usize) {
+        g.rx_bytes -= bytes;
         let wake = g.driver_wants_room && g.rx_bytes <= self.shared.cfg.rx_queue_bytes / 2;
         if wake {
             g.driver_wants_room = false;
@@ -609,7 +635,6 @@ impl StreamEnd {
         if wake {
             self.shared.waker.wake();
         }
-        Ok(u)
     }
 
     fn end_error(g: &Inner) -> Option<RecvError> {
@@ -654,6 +679,52 @@ impl StreamEnd {
         }
     }
 
+    /// Every received ULPDU queued now, up to `max`, appended to `out` in order under
+    /// one lock, waiting up to `timeout` for the first; returns how many were taken
+    /// (at least 1). The batch form of [`StreamEnd::recv`] (give the buffers back with
+    /// [`StreamEnd::recycle_all`]).
+    ///
+    /// Errors: as [`StreamEnd::recv`].
+    pub fn recv_batch(
+        &self,
+        out: &mut Vec<Vec<u8>>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize, RecvError> {
+        let mut deadline = None;
+        let mut g = self.shared.lock();
+        loop {
+            let n = g.rx.len().min(max);
+            if n > 0 {
+                let mut bytes = 0;
+                for u in g.rx.drain(..n) {
+                    bytes += u.len();
+                    out.push(u);
+                }
+                self.taken(g, bytes);
+                return Ok(n);
+            }
+            if let Some(e) = Self::end_error(&g) {
+                return Err(e);
+            }
+            if max == 0 {
+                return Ok(0);
+            }
+            g = self
+                .wait(g, *deadline.get_or_insert_with(|| Instant::now() + timeout))
+                .ok_or(RecvError::Timeout)?;
+        }
+    }
+
+    /// [`StreamEnd::recycle`] for many buffers under one lock (`bufs` is left empty).
+    pub fn recycle_all(&self, bufs: &mut Vec<Vec<u8>>) {
+        let limit = self.shared.pool_limit();
+        let mut g = self.shared.lock();
+        for b in bufs.drain(..) {
+            g.give_buffer(b, limit);
+        }
+    }
+
     /// Bytes of ULPDUs waiting in the send queue.
     pub fn tx_queued_bytes(&self) -> usize {
         self.shared.lock().tx_bytes
@@ -665,66 +736,138 @@ impl StreamEnd {
     }
 }
 
+impl StreamUlp {
+    fn new(shared: Arc<Shared>) -> Self {
+        StreamUlp {
+            shared: Some(shared),
+            ..StreamUlp::default()
+        }
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        // Always set: `Default` only serves `new`.
+        self.shared.as_ref().expect("a StreamUlp has its queues")
+    }
+
+    /// Queues the staged ULPDUs for the user (lock held); returns whether to wake a
+    /// waiting receiver once the lock is released.
+    fn flush_staged(&mut self, g: &mut Inner) -> bool {
+        if self.staged.is_empty() {
+            return false;
+        }
+        g.rx_bytes += self.staged_bytes;
+        g.rx.extend(self.staged.drain(..));
+        self.staged_bytes = 0;
+        self.shared().rx_queued(g)
+    }
+
+    fn flush_staged_now(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let shared = self.shared().clone();
+        let mut g = shared.lock();
+        let wake = self.flush_staged(&mut g);
+        drop(g);
+        if wake {
+            shared.cond.notify_all();
+        }
+    }
+}
+
 impl Ulp for StreamUlp {
     // The user-visible state (established, peer closed, ended) follows the events the
     // driver routes to [`StreamEnd::deliver_event`], so that it never runs ahead of the
-    // event queue (a `wait_ended` that returns has the final event queued).
+    // event queue (a `wait_ended` that returns has the final event queued). Staged
+    // ULPDUs are queued at the end of every receive pass, before its events are routed.
     fn on_established(&mut self, _info: &Established) {}
 
     fn rx_room(&mut self) -> usize {
-        let mut g = self.shared.lock();
-        let room = self.shared.cfg.rx_queue_bytes.saturating_sub(g.rx_bytes);
+        let shared = self.shared().clone();
+        let mut g = shared.lock();
+        let wake = self.flush_staged(&mut g);
+        let room = shared.cfg.rx_queue_bytes.saturating_sub(g.rx_bytes);
         if room == 0 {
             g.driver_wants_room = true;
+        }
+        if self.free.is_empty() {
+            // Buffers for the next chunk's ULPDUs, one lock for all of them.
+            let inner = &mut *g;
+            let at = inner.free.len().saturating_sub(STAGING_BUFFERS);
+            for b in inner.free.drain(at..) {
+                inner.free_bytes -= b.capacity();
+                self.free.push(b);
+            }
+        }
+        drop(g);
+        if wake {
+            shared.cond.notify_all();
         }
         room
     }
 
     fn on_ulpdu(&mut self, ulpdu: Vec<u8>) {
-        let mut g = self.shared.lock();
+        let shared = self.shared().clone();
+        let mut g = shared.lock();
+        // Behind the staged ones: order is kept.
+        let mut wake = self.flush_staged(&mut g);
         g.rx_bytes += ulpdu.len();
         g.rx.push_back(ulpdu);
-        let wake = self.shared.rx_queued(&mut g);
+        wake |= shared.rx_queued(&mut g);
         drop(g);
         if wake {
-            self.shared.cond.notify_all();
+            shared.cond.notify_all();
         }
     }
 
     fn on_ulpdu_in_place(&mut self, ulpdu: &[u8]) -> bool {
-        let mut g = self.shared.lock();
-        let mut buf = g.take_buffer(ulpdu.len());
+        let mut buf = match self.free.pop() {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(ulpdu.len()),
+        };
         buf.extend_from_slice(ulpdu);
-        g.rx_bytes += buf.len();
-        g.rx.push_back(buf);
-        let wake = self.shared.rx_queued(&mut g);
-        drop(g);
-        if wake {
-            self.shared.cond.notify_all();
-        }
+        self.staged_bytes += buf.len();
+        self.staged.push(buf);
         true
     }
 
+    fn rx_done(&mut self) {
+        self.flush_staged_now();
+    }
+
     fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError> {
-        let ulpdu = {
-            let mut g = self.shared.lock();
-            if let Some(b) = self.spare.take() {
-                let limit = self.shared.pool_limit();
+        if self.tx.is_empty() {
+            let shared = self.shared().clone();
+            let mut g = shared.lock();
+            let limit = shared.pool_limit();
+            for b in self.spent.drain(..) {
                 g.give_buffer(b, limit);
             }
-            let Some(u) = g.tx.pop_front() else {
-                return Ok(false);
-            };
-            g.tx_bytes -= u.len();
+            let batch = (shared.cfg.tx_queue_bytes / TX_BATCH_DIVISOR).max(1);
+            let mut took = 0;
+            while let Some(u) = g.tx.pop_front() {
+                took += u.len();
+                self.tx.push_back(u);
+                if took >= batch {
+                    break;
+                }
+            }
+            g.tx_bytes -= took;
             // A blocked sender is woken once the queue has drained to half (or is
             // empty), not for every ULPDU's room.
-            let wake = g.waiters > 0
-                && (g.tx.is_empty() || g.tx_bytes <= self.shared.cfg.tx_queue_bytes / 2);
+            let wake = took > 0
+                && g.waiters > 0
+                && (g.tx.is_empty() || g.tx_bytes <= shared.cfg.tx_queue_bytes / 2);
             drop(g);
             if wake {
-                self.shared.cond.notify_all();
+                shared.cond.notify_all();
             }
-            u
+        }
+        let Some(ulpdu) = self.tx.pop_front() else {
+            return Ok(false);
         };
         if ulpdu.len() > mulpdu {
             return Err(CallError::UlpduTooLong {
@@ -736,11 +879,52 @@ impl Ulp for StreamUlp {
             None => emit(&[&ulpdu.head])?,
             Some((body, range)) => emit(&[&ulpdu.head, &body[range.clone()]])?,
         }
-        self.spare = Some(ulpdu.head);
+        self.spent.push(ulpdu.head);
         Ok(true)
     }
 
     fn on_closed(&mut self) {}
 
     fn on_error(&mut self, _error: &ConnError) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_ulpdus_are_queued_in_order_at_the_end_of_a_receive_pass() {
+        let (mut ulp, end) = pair(StreamConfig::default(), Waker::none());
+        assert!(ulp.on_ulpdu_in_place(b"one"));
+        assert!(ulp.on_ulpdu_in_place(b"two"));
+        // Staged: not visible until the pass ends (or the room is asked).
+        assert_eq!(end.try_recv(), Err(RecvError::WouldBlock));
+        assert_eq!(end.rx_queued_bytes(), 0);
+        // A ULPDU handed over by copy goes behind the staged ones.
+        ulp.on_ulpdu(b"three".to_vec());
+        assert!(ulp.on_ulpdu_in_place(b"four"));
+        ulp.rx_done();
+        assert_eq!(end.rx_queued_bytes(), 3 + 3 + 5 + 4);
+        let mut out = Vec::new();
+        assert_eq!(end.recv_batch(&mut out, 3, Duration::ZERO), Ok(3));
+        assert_eq!(out, [&b"one"[..], b"two", b"three"]);
+        assert_eq!(end.recv_batch(&mut out, 10, Duration::ZERO), Ok(1));
+        assert_eq!(out.last().map(Vec::as_slice), Some(&b"four"[..]));
+        assert_eq!(end.rx_queued_bytes(), 0);
+        assert_eq!(
+            end.recv_batch(&mut out, 10, Duration::ZERO),
+            Err(RecvError::Timeout)
+        );
+        // The buffers go back to the pool; the next pass stages into them.
+        end.recycle_all(&mut out);
+        assert!(out.is_empty());
+        assert!(ulp.rx_room() > 0);
+        assert_eq!(ulp.free.len(), 4);
+        assert!(ulp.on_ulpdu_in_place(b"five"));
+        assert_eq!(ulp.free.len(), 3);
+        // Asking for room queues what was staged.
+        let room = ulp.rx_room();
+        assert_eq!(room, StreamConfig::default().rx_queue_bytes - 4);
+        assert_eq!(end.try_recv().as_deref(), Ok(&b"five"[..]));
+    }
 }
