@@ -68,15 +68,7 @@ impl Hosts {
 }
 
 fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEvent<SoftDevice> {
-    let ev = ch.get_event_timeout(WAIT).expect("an event");
-    assert_eq!(
-        ev.kind,
-        kind,
-        "status {} of #{}",
-        ev.status,
-        ev.id().serial()
-    );
-    ev
+    expect_within(ch, kind, WAIT)
 }
 
 /// Every event left on `ch` within a short pause, as (id, kind).

@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses a subset
 
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
-use rdma_cm::{CmIdRef, EventChannel, RdmaCmConfig};
+use rdma_cm::{ChannelEvent, CmIdRef, EventChannel, EventKind, RdmaCmConfig};
 use softiwarp::device::{Device, DeviceConfig, LinkConfig};
 use softiwarp::iwcm_provider::SoftQp;
 use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
@@ -196,4 +196,22 @@ impl Hosts {
     pub fn server_dev(&self) -> String {
         format!("{}s{}", self.prefix, self.sub)
     }
+}
+
+/// The next event on `ch` within `wait`, which must be of `kind` (panics naming the
+/// event's status and id otherwise).
+pub fn expect_within(
+    ch: &EventChannel<SoftDevice>,
+    kind: EventKind,
+    wait: Duration,
+) -> ChannelEvent<SoftDevice> {
+    let ev = ch.get_event_timeout(wait).expect("an event");
+    assert_eq!(
+        ev.kind,
+        kind,
+        "status {} of #{}",
+        ev.status,
+        ev.id().serial()
+    );
+    ev
 }
