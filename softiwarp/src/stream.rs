@@ -288,9 +288,9 @@ const STAGING_BUFFERS: usize = 64;
 /// each receive pass ([`Ulp::rx_done`]) or when the room is asked; ULPDUs to send are
 /// taken up to an eighth of the send queue's bound at a time, and the buffers of those
 /// sent go back to the pool with the next batch.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamUlp {
-    shared: Option<Arc<Shared>>,
+    shared: Arc<Shared>,
     /// Received ULPDUs not yet queued for the user, and their bytes.
     staged: Vec<Vec<u8>>,
     staged_bytes: usize,
@@ -681,7 +681,7 @@ impl StreamEnd {
 
     /// Every received ULPDU queued now, up to `max`, appended to `out` in order under
     /// one lock, waiting up to `timeout` for the first; returns how many were taken
-    /// (at least 1). The batch form of [`StreamEnd::recv`] (give the buffers back with
+    /// (at least 1; 0 only when `max` is 0). The batch form of [`StreamEnd::recv`] (give the buffers back with
     /// [`StreamEnd::recycle_all`]).
     ///
     /// Errors: as [`StreamEnd::recv`].
@@ -739,14 +739,13 @@ impl StreamEnd {
 impl StreamUlp {
     fn new(shared: Arc<Shared>) -> Self {
         StreamUlp {
-            shared: Some(shared),
-            ..StreamUlp::default()
+            shared,
+            staged: Vec::new(),
+            staged_bytes: 0,
+            free: Vec::new(),
+            tx: VecDeque::new(),
+            spent: Vec::new(),
         }
-    }
-
-    fn shared(&self) -> &Arc<Shared> {
-        // Always set: `Default` only serves `new`.
-        self.shared.as_ref().expect("a StreamUlp has its queues")
     }
 
     /// Queues the staged ULPDUs for the user (lock held); returns whether to wake a
@@ -758,14 +757,14 @@ impl StreamUlp {
         g.rx_bytes += self.staged_bytes;
         g.rx.extend(self.staged.drain(..));
         self.staged_bytes = 0;
-        self.shared().rx_queued(g)
+        self.shared.rx_queued(g)
     }
 
     fn flush_staged_now(&mut self) {
         if self.staged.is_empty() {
             return;
         }
-        let shared = self.shared().clone();
+        let shared = self.shared.clone();
         let mut g = shared.lock();
         let wake = self.flush_staged(&mut g);
         drop(g);
@@ -783,7 +782,7 @@ impl Ulp for StreamUlp {
     fn on_established(&mut self, _info: &Established) {}
 
     fn rx_room(&mut self) -> usize {
-        let shared = self.shared().clone();
+        let shared = self.shared.clone();
         let mut g = shared.lock();
         let wake = self.flush_staged(&mut g);
         let room = shared.cfg.rx_queue_bytes.saturating_sub(g.rx_bytes);
@@ -807,7 +806,7 @@ impl Ulp for StreamUlp {
     }
 
     fn on_ulpdu(&mut self, ulpdu: Vec<u8>) {
-        let shared = self.shared().clone();
+        let shared = self.shared.clone();
         let mut g = shared.lock();
         // Behind the staged ones: order is kept.
         let mut wake = self.flush_staged(&mut g);
@@ -840,7 +839,7 @@ impl Ulp for StreamUlp {
 
     fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError> {
         if self.tx.is_empty() {
-            let shared = self.shared().clone();
+            let shared = self.shared.clone();
             let mut g = shared.lock();
             let limit = shared.pool_limit();
             for b in self.spent.drain(..) {
