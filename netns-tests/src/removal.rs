@@ -1053,10 +1053,21 @@ impl Peer {
                 .violation("a device was still open 1 s after its release".into());
         }
         self.stop_monitor();
-        if let Err(e) = self.cm.flush() {
-            self.rec.violation(format!("flush: {e}"));
-        }
-        let s = self.cm.stats();
+        // A device's strong count drops to 0 when its `Drop` *starts*: the engine's
+        // shutdown then completes the address resolutions it held (the last references
+        // of their ids) and queues their ends for the CM's worker. So wait (at most 1 s)
+        // until the worker has taken them all.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let s = loop {
+            if let Err(e) = self.cm.flush() {
+                self.rec.violation(format!("flush: {e}"));
+            }
+            let s = self.cm.stats();
+            if s.ids_alive == 0 || Instant::now() >= deadline {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
         end.ids_alive = s.ids_alive;
         end.devices_held = s.devices_held;
         end.events_unacked = s.events_unacked;
