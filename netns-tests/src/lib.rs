@@ -54,6 +54,16 @@
 //! # }
 //! ```
 
+/// For root-only tests: true (after a note on stderr naming `test`) when this process is
+/// not root, so the test returns early and passes as skipped; false as root.
+pub fn skip_unless_root(test: &str) -> bool {
+    if softiwarp::netns::is_root() {
+        return false;
+    }
+    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
+    true
+}
+
 pub mod capture;
 pub mod iwping;
 pub mod logging;

@@ -2529,6 +2529,43 @@ pub struct Outcome {
     pub flushed: u64,
 }
 
+impl Outcome {
+    /// The outcome of `plan` from both peers' reports (`reports`: server, then client),
+    /// when each exited (`exits`, ns, same order), and when the action started and when
+    /// `ip` returned (`action`, ns); `client_phase_at_action` as [`phase_at`] reads it.
+    pub fn measure(
+        plan: Plan,
+        reports: &[PeerReport],
+        exits: &[Option<u64>],
+        action: (u64, u64),
+        client_phase_at_action: Option<String>,
+    ) -> Outcome {
+        let (t_act, t_done) = action;
+        let (ri, si) = if plan.server_side { (0, 1) } else { (1, 0) };
+        let (removed, survivor) = (&reports[ri], &reports[si]);
+        Outcome {
+            plan,
+            notice_ms: removed.first_notice_ns.map_or(f64::NAN, |n| ms(n, t_act)),
+            ip_ms: ms(t_done, t_act),
+            notice_after_ip_ms: removed.first_notice_ns.map_or(f64::NAN, |n| ms(n, t_done)),
+            removal_event_ms: removed.first_removal_ns.map(|n| ms(n, t_act)),
+            removed_exit_ms: exits[ri].map_or(f64::NAN, |t| ms(t, t_act)),
+            survivor_exit_ms: exits[si].map_or(f64::NAN, |t| ms(t, t_act)),
+            survivor_disconnected_ms: survivor
+                .load_ends
+                .iter()
+                .map(|(t, _)| ms(*t, t_act))
+                .reduce(f64::max),
+            phase_at_notice: removed.phase_at_notice.clone(),
+            client_phase_at_action,
+            device_removals: removed.device_removals,
+            destroyed_by_return: removed.destroyed_by_return,
+            wrs: reports.iter().flat_map(|r| &r.qps).map(|q| q.posted).sum(),
+            flushed: reports.iter().flat_map(|r| &r.qps).map(|q| q.flushed).sum(),
+        }
+    }
+}
+
 /// The last `PHASE <name> <t_ns>` line of `stdout` at or before `t`.
 pub fn phase_at(stdout: &str, t: u64) -> Option<String> {
     stdout
@@ -2539,7 +2576,8 @@ pub fn phase_at(stdout: &str, t: u64) -> Option<String> {
         .map(|(p, _)| p.to_owned())
 }
 
-fn ms(ns: u64, from: u64) -> f64 {
+/// Milliseconds from `from` to `ns` (both ns since the epoch; negative if `ns` is earlier).
+pub fn ms(ns: u64, from: u64) -> f64 {
     (ns as f64 - from as f64) / 1e6
 }
 
@@ -2624,26 +2662,13 @@ fn iteration(bench: &Bench, program: &std::path::Path, plan: &Plan) -> Result<Ou
         .collect::<Result<_, _>>()?;
     let (ri, si) = if plan.server_side { (0, 1) } else { (1, 0) };
     let (removed, survivor) = (&reports[ri], &reports[si]);
-    let outcome = Outcome {
-        plan: *plan,
-        notice_ms: removed.first_notice_ns.map_or(f64::NAN, |n| ms(n, t_act)),
-        ip_ms: ms(t_done, t_act),
-        notice_after_ip_ms: removed.first_notice_ns.map_or(f64::NAN, |n| ms(n, t_done)),
-        removal_event_ms: removed.first_removal_ns.map(|n| ms(n, t_act)),
-        removed_exit_ms: exits[ri].map_or(f64::NAN, |t| ms(t, t_act)),
-        survivor_exit_ms: exits[si].map_or(f64::NAN, |t| ms(t, t_act)),
-        survivor_disconnected_ms: survivor
-            .load_ends
-            .iter()
-            .map(|(t, _)| ms(*t, t_act))
-            .reduce(f64::max),
-        phase_at_notice: removed.phase_at_notice.clone(),
-        client_phase_at_action: phase_at(&outs[1].stdout, t_act),
-        device_removals: removed.device_removals,
-        destroyed_by_return: removed.destroyed_by_return,
-        wrs: reports.iter().flat_map(|r| &r.qps).map(|q| q.posted).sum(),
-        flushed: reports.iter().flat_map(|r| &r.qps).map(|q| q.flushed).sum(),
-    };
+    let outcome = Outcome::measure(
+        *plan,
+        &reports,
+        &exits,
+        (t_act, t_done),
+        phase_at(&outs[1].stdout, t_act),
+    );
     let fail = |what: String| {
         Err(format!(
             "iteration {} ({plan:?}): {what}\n{outcome:?}\nremoved side report: {removed:?}\nsurvivor report: {survivor:?}",

@@ -9,15 +9,9 @@ use std::time::{Duration, Instant};
 
 use netns_tests::{PeerOutput, Side, Topology};
 
-const IWPING: &str = env!("CARGO_BIN_EXE_iwping");
+use netns_tests::skip_unless_root;
 
-fn skip(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
+const IWPING: &str = env!("CARGO_BIN_EXE_iwping");
 
 fn spec(topo: &Topology, side: Side, name: &str) -> netns_tests::PeerSpec {
     spec_with_timeout(topo, side, name, "20")
@@ -86,7 +80,7 @@ fn pings(o: &PeerOutput) -> usize {
 
 #[test]
 fn sizes_at_rpings_limits_verify_both_ways() {
-    if skip("sizes_at_rpings_limits_verify_both_ways") {
+    if skip_unless_root("sizes_at_rpings_limits_verify_both_ways") {
         return;
     }
     for size in ["26", "65535"] {
@@ -106,7 +100,7 @@ fn sizes_at_rpings_limits_verify_both_ways() {
 
 #[test]
 fn sizes_outside_rpings_limits_are_refused_at_once() {
-    if skip("sizes_outside_rpings_limits_are_refused_at_once") {
+    if skip_unless_root("sizes_outside_rpings_limits_are_refused_at_once") {
         return;
     }
     let topo = Topology::create(1500).expect("topology");
@@ -128,7 +122,7 @@ fn sizes_outside_rpings_limits_are_refused_at_once() {
 
 #[test]
 fn one_ping() {
-    if skip("one_ping") {
+    if skip_unless_root("one_ping") {
         return;
     }
     let (s, c) = pair(&["-V", "-C", "1"], &["-v", "-V", "-C", "1"]);
@@ -139,7 +133,7 @@ fn one_ping() {
 
 #[test]
 fn mpa_and_crc_option_combinations_between_our_two_sides() {
-    if skip("mpa_and_crc_option_combinations_between_our_two_sides") {
+    if skip_unless_root("mpa_and_crc_option_combinations_between_our_two_sides") {
         return;
     }
     let v = ["-v", "-V", "-C", "2", "-S", "1000"];
@@ -179,7 +173,7 @@ fn mpa_and_crc_option_combinations_between_our_two_sides() {
 /// sides must fail, promptly and non-zero, not hang.
 #[test]
 fn mpa_rev1_without_ord_fails_on_both_sides_without_hanging() {
-    if skip("mpa_rev1_without_ord_fails_on_both_sides_without_hanging") {
+    if skip_unless_root("mpa_rev1_without_ord_fails_on_both_sides_without_hanging") {
         return;
     }
     let (s, c) = pair(
@@ -200,7 +194,7 @@ fn mpa_rev1_without_ord_fails_on_both_sides_without_hanging() {
 /// pinging forever, must exit non-zero, within the TCP user timeout (20 s) plus slack.
 #[test]
 fn client_exits_non_zero_when_the_server_dies_mid_run() {
-    if skip("client_exits_non_zero_when_the_server_dies_mid_run") {
+    if skip_unless_root("client_exits_non_zero_when_the_server_dies_mid_run") {
         return;
     }
     // (SIGKILL ends a user-space stack without a word on the wire: the client then

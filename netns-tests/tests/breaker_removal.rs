@@ -12,23 +12,13 @@
 use std::time::Duration;
 
 use netns_tests::removal::{
-    check_outcome, now_ns, wait_exits, Bench, Moment, Outcome, PeerReport, Plan, TapAction,
+    check_outcome, ms, now_ns, wait_exits, Bench, Moment, Outcome, PeerReport, Plan, TapAction,
     TCP_TIMEOUT_MS,
 };
 
+use netns_tests::skip_unless_root;
+
 const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
-
-fn skip(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
-
-fn ms(ns: u64, from: u64) -> f64 {
-    (ns as f64 - from as f64) / 1e6
-}
 
 /// One pair under load (`load_qps` long-lived connections, no churn), the action on
 /// `server_side`'s TAP 300 ms into the load, then (with `up_again`) `ip link set up` at
@@ -83,35 +73,20 @@ fn run(
             .iter()
             .map(|o| PeerReport::from_stdout(&o.stdout).map_err(|e| format!("{}: {e}", o.name)))
             .collect::<Result<_, _>>()?;
-        let (ri, si) = if server_side { (0, 1) } else { (1, 0) };
-        let (removed, survivor) = (&reports[ri], &reports[si]);
-        let o = Outcome {
-            plan: Plan {
-                iteration: 0,
-                moment: Moment::Load,
-                server_side,
-                action,
-                occurrence: 1,
-                delay_us: 300_000,
-                seed: 1,
-            },
-            notice_ms: removed.first_notice_ns.map_or(f64::NAN, |n| ms(n, t_act)),
-            ip_ms: ms(t_done, t_act),
-            notice_after_ip_ms: removed.first_notice_ns.map_or(f64::NAN, |n| ms(n, t_done)),
-            removal_event_ms: removed.first_removal_ns.map(|n| ms(n, t_act)),
-            removed_exit_ms: exits[ri].map_or(f64::NAN, |t| ms(t, t_act)),
-            survivor_exit_ms: exits[si].map_or(f64::NAN, |t| ms(t, t_act)),
-            survivor_disconnected_ms: survivor
-                .load_ends
-                .iter()
-                .map(|(t, _)| ms(*t, t_act))
-                .reduce(f64::max),
-            phase_at_notice: removed.phase_at_notice.clone(),
-            client_phase_at_action: None,
-            device_removals: removed.device_removals,
-            destroyed_by_return: removed.destroyed_by_return,
-            wrs: reports.iter().flat_map(|r| &r.qps).map(|q| q.posted).sum(),
-            flushed: reports.iter().flat_map(|r| &r.qps).map(|q| q.flushed).sum(),
+        let plan = Plan {
+            iteration: 0,
+            moment: Moment::Load,
+            server_side,
+            action,
+            occurrence: 1,
+            delay_us: 300_000,
+            seed: 1,
+        };
+        let o = Outcome::measure(plan, &reports, &exits, (t_act, t_done), None);
+        let (removed, survivor) = if server_side {
+            (&reports[0], &reports[1])
+        } else {
+            (&reports[1], &reports[0])
         };
         let o = check_outcome(&o, removed, survivor)
             .map_err(|w| format!("{w}\n{o:?}\nremoved: {removed:?}\nsurvivor: {survivor:?}"))?;
@@ -142,7 +117,7 @@ fn one_removal_per_id(removed: &PeerReport, ids: usize) {
 
 #[test]
 fn a_client_link_flap_down_then_up_removes_the_device_once() {
-    if skip("a_client_link_flap_down_then_up_removes_the_device_once") {
+    if skip_unless_root("a_client_link_flap_down_then_up_removes_the_device_once") {
         return;
     }
     let (o, removed) = run(false, TapAction::Down, true, 4);
@@ -152,7 +127,7 @@ fn a_client_link_flap_down_then_up_removes_the_device_once() {
 
 #[test]
 fn a_server_link_flap_down_then_up_removes_the_device_once() {
-    if skip("a_server_link_flap_down_then_up_removes_the_device_once") {
+    if skip_unless_root("a_server_link_flap_down_then_up_removes_the_device_once") {
         return;
     }
     let (_, removed) = run(true, TapAction::Down, true, 4);
@@ -162,7 +137,7 @@ fn a_server_link_flap_down_then_up_removes_the_device_once() {
 
 #[test]
 fn removal_under_32_loaded_qps_on_either_side() {
-    if skip("removal_under_32_loaded_qps_on_either_side") {
+    if skip_unless_root("removal_under_32_loaded_qps_on_either_side") {
         return;
     }
     let (o, removed) = run(false, TapAction::Delete, false, 32);

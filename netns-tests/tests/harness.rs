@@ -7,16 +7,9 @@
 use std::time::{Duration, Instant};
 
 use netns_tests::{
-    leftover_namespaces, wait_all_with_grace, FailureKind, HarnessError, PeerSpec, Side, Topology,
+    leftover_namespaces, skip_unless_root, wait_all_with_grace, FailureKind, HarnessError,
+    PeerSpec, Side, Topology,
 };
-
-fn skip_unless_root(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
 
 fn failure(e: HarnessError) -> Box<netns_tests::PeerFailure> {
     match e {

@@ -18,15 +18,9 @@ use netns_tests::{
     leftover_namespaces, wait_all, FailureKind, HarnessError, PeerOutput, Side, Topology,
 };
 
-const PEER: &str = env!("CARGO_BIN_EXE_iwarp-peer");
+use netns_tests::skip_unless_root;
 
-fn skip_unless_root(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
+const PEER: &str = env!("CARGO_BIN_EXE_iwarp-peer");
 
 fn result(out: &PeerOutput) -> TransferStats {
     let line = out

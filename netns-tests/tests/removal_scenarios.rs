@@ -18,15 +18,9 @@ use std::time::Duration;
 
 use netns_tests::removal::{run_pair, Bench, PairRun, PairSpec, PeerReport, TapAction, EXTRA_IP};
 
-const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
+use netns_tests::skip_unless_root;
 
-fn skip(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
+const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
 
 fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
@@ -112,7 +106,8 @@ fn client_removal(
 
 #[test]
 fn a_callback_returning_destroy_while_removal_starts_gets_no_device_removal() {
-    if skip("a_callback_returning_destroy_while_removal_starts_gets_no_device_removal") {
+    if skip_unless_root("a_callback_returning_destroy_while_removal_starts_gets_no_device_removal")
+    {
         return;
     }
     let run = client_removal(
@@ -158,7 +153,7 @@ fn a_callback_returning_destroy_while_removal_starts_gets_no_device_removal() {
 
 #[test]
 fn removal_while_a_destroy_waits_for_a_callback_in_progress() {
-    if skip("removal_while_a_destroy_waits_for_a_callback_in_progress") {
+    if skip_unless_root("removal_while_a_destroy_waits_for_a_callback_in_progress") {
         return;
     }
     let run = client_removal(
@@ -204,7 +199,7 @@ fn removal_while_a_destroy_waits_for_a_callback_in_progress() {
 
 #[test]
 fn a_wildcard_listener_loses_one_device_and_keeps_accepting_on_the_other() {
-    if skip("a_wildcard_listener_loses_one_device_and_keeps_accepting_on_the_other") {
+    if skip_unless_root("a_wildcard_listener_loses_one_device_and_keeps_accepting_on_the_other") {
         return;
     }
     let mut bench = Bench::create().expect("topology");
@@ -288,7 +283,7 @@ fn a_wildcard_listener_loses_one_device_and_keeps_accepting_on_the_other() {
 
 #[test]
 fn a_new_device_on_the_recreated_tap_serves_a_new_id() {
-    if skip("a_new_device_on_the_recreated_tap_serves_a_new_id") {
+    if skip_unless_root("a_new_device_on_the_recreated_tap_serves_a_new_id") {
         return;
     }
     let run = client_removal(
