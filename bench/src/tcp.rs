@@ -518,9 +518,10 @@ pub fn run_client<L: Link>(link: L, cfg: &TcpBenchConfig) -> Result<TransferRepo
     Ok(st.report("tcp", Role::Client, sent, secs, cfg.verify.then_some(crc)))
 }
 
-/// Host `n` on test subnet 10.9.`net`.0/24 (unit tests over memory links).
-#[cfg(test)]
-pub(crate) fn test_iface(net: u8, n: u8) -> InterfaceConfig {
+/// Host `n` on test subnet 10.9.`net`.0/24: address 10.9.`net`.`n`, MAC
+/// 02:00:00:00:`net`:`n`, no gateway (unit tests and `examples/stack_path.rs`, over memory
+/// links).
+pub fn test_iface(net: u8, n: u8) -> InterfaceConfig {
     InterfaceConfig {
         mac: [0x02, 0, 0, 0, net, n],
         address: Ipv4Addr::new(10, 9, net, n),
