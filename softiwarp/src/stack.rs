@@ -107,13 +107,14 @@
 //!
 //! # Copies
 //!
-//! Transmit: the upper hands the ULPDU parts (a header and a payload slice) to
-//! [`MpaConn::send_ulpdu`], which frames them with the CRC computed in the same pass (the
-//! one copy out of user memory) into its transmit queue (spare room kept initialised: no
-//! zero-fill per FPDU); the framed FPDU is then copied into smoltcp's send buffer.
-//! Framing straight into smoltcp's ring would save that second transmit copy; smoltcp's
-//! `send` closure hands out the ring's free space in up to two pieces, which the framer
-//! cannot write across yet.
+//! Transmit: the upper hands the ULPDU parts (a header and a payload slice) to the
+//! stack, which frames them straight into smoltcp's send buffer with the CRC computed in
+//! the same pass ([`MpaConn::frame_into`]: the one copy out of user memory). smoltcp's
+//! `send` closure hands out the ring's free space up to the ring's end, so an FPDU that
+//! would cross the end is framed into MPA's own transmit queue instead
+//! ([`MpaConn::send_ulpdu`]) and then copied into the ring (a second copy). The stack
+//! sizes the ring to a whole number of segments ([`TcpConfig::socket_for_mss`]), so a
+//! stream of EMSS-sized FPDUs never crosses it.
 //!
 //! Receive: the deframer checks each FPDU's CRC where it lies in smoltcp's receive buffer
 //! (an FPDU split across the ring's wrap, or carrying Markers, is gathered into the
@@ -588,6 +589,8 @@ struct Track {
     /// Right edge of the peer's receive window: acknowledgment number plus the scaled
     /// window of the latest ACK received (sequence space), once one arrived.
     wnd_edge: Option<u32>,
+    /// The acknowledgment number of that ACK.
+    wnd_ack: Option<u32>,
 }
 
 impl Track {
@@ -720,8 +723,10 @@ fn parse_seg(frame: &[u8], verify: bool) -> Option<SegInfo> {
 
 /// Whether an Ethernet / IPv4 (no options) / TCP frame has payload. Windows are taken
 /// from pure ACKs only (`SegTracker::on_rx`): a receiving side skips the work for every
-/// data segment, and the window of an older ACK is never larger than the current one
+/// data segment, and the window edge of an older ACK is never beyond the current one
 /// (windows do not shrink, RFC 9293 3.8.6), so missing one only writes fewer FPDUs ahead.
+/// (With traffic both ways most windows ride on data segments, and few FPDUs are written
+/// ahead.)
 fn carries_data(frame: &[u8]) -> bool {
     match (frame.get(14), frame.get(16..18), frame.get(46)) {
         (Some(0x45), Some(&[hi, lo]), Some(&off)) => {
@@ -783,6 +788,7 @@ impl SegTracker {
         if seg.syn {
             entry.wscale_sent = seg.wscale.is_some();
             entry.wnd_edge = None;
+            entry.wnd_ack = None;
         }
         let end = seg.seq.wrapping_add(seg.seg_len);
         entry.snd_max = match entry.snd_max {
@@ -797,10 +803,11 @@ impl SegTracker {
             self.arp_seen.extend(crate::neighbor::arp_sender(frame));
             return;
         }
-        // Look at the flags before verifying anything: only SYNs are verified (their
-        // options are kept); other segments give the peer's window, which is advisory
-        // (it only decides how many FPDUs `Conn::tx` writes at once), so a corrupted
-        // frame, which smoltcp drops, costs at most one split FPDU.
+        // Look at the flags before verifying anything: SYNs (their options are kept) and
+        // pure ACKs (their window decides how many FPDUs `Conn::tx` writes ahead) are
+        // verified, as smoltcp verifies them: a window from a frame smoltcp dropped would
+        // be ahead of smoltcp's, and every FPDU written ahead into it would straddle two
+        // segments (breaker_batching.rs). Data segments are not looked at.
         let Some(&flags) = frame
             .get(14)
             .map(|b| usize::from(b & 0x0f) * 4)
@@ -830,13 +837,16 @@ impl SegTracker {
             e.remote_mss = mss;
             e.peer_wscale = seg.wscale;
             e.wnd_edge = None;
+            e.wnd_ack = None;
         }
     }
 
-    /// Takes the peer's window from an ACK of a known connection (RFC 9293 3.10.7.4:
-    /// the window of a segment acknowledging nothing beyond what was sent).
+    /// Takes the peer's window from a pure ACK of a known connection, as smoltcp does
+    /// (RFC 9293 3.10.7.4): checksums right, acknowledging nothing beyond what was sent,
+    /// and not older than the ACK the current window came from (a reordered old ACK,
+    /// which smoltcp ignores).
     fn on_rx_ack(&mut self, frame: &[u8]) {
-        let Some(seg) = parse_seg(frame, false) else {
+        let Some(seg) = parse_seg(frame, true) else {
             return;
         };
         let k = tuple_key(seg.dst_port, seg.src, seg.src_port);
@@ -844,9 +854,13 @@ impl SegTracker {
             return;
         };
         let Some(snd_max) = e.snd_max else { return };
-        if (seg.ack_no.wrapping_sub(snd_max) as i32) > 0 {
+        if (seg.ack_no.wrapping_sub(snd_max) as i32) > 0
+            || e.wnd_ack
+                .is_some_and(|last| (seg.ack_no.wrapping_sub(last) as i32) < 0)
+        {
             return;
         }
+        e.wnd_ack = Some(seg.ack_no);
         let shift = match (e.wscale_sent, e.peer_wscale) {
             (true, Some(s)) => s,
             _ => 0,
@@ -1965,7 +1979,7 @@ impl<L: Link> Stack<L> {
     }
 
     fn new_socket(&self) -> Result<tcp::Socket<'static>, StackError> {
-        Ok(self.cfg.tcp.socket()?)
+        Ok(self.cfg.tcp.socket_for_mss(self.mss())?)
     }
 
     /// Listens on `port` with room for `backlog` undecided connections (see the module
@@ -2018,9 +2032,10 @@ impl<L: Link> Stack<L> {
     }
 
     fn rearm(&mut self) {
+        let mss = self.mss();
         for l in self.listeners.values_mut() {
             while l.armed.len() + l.pending < l.backlog {
-                match self.cfg.tcp.socket() {
+                match self.cfg.tcp.socket_for_mss(mss) {
                     Ok(s) => Self::arm(&mut self.sockets, l, s),
                     Err(_) => break,
                 }
@@ -2695,8 +2710,8 @@ mod tests {
         assert_eq!(t.get(mirrored).remote_mss, Some(9000));
     }
 
-    /// `frame` with the acknowledgment number and window set (checksums not redone: the
-    /// tracker does not verify segments without SYN).
+    /// `frame` with the acknowledgment number and window set (checksums not redone:
+    /// `mirrored` in the test below redoes them).
     fn with_ack(mut f: Vec<u8>, ack: u32, window: u16) -> Vec<u8> {
         f[42..46].copy_from_slice(&ack.to_be_bytes());
         f[48..50].copy_from_slice(&window.to_be_bytes());
@@ -2797,6 +2812,21 @@ mod tests {
         t.on_rx(&mirrored(&with_ack(
             frame(80, 5000, 8, TCP_ACK, None, &[]),
             1101,
+            1000,
+        )));
+        assert_eq!(t.get(key).wnd_edge, Some(1400));
+        // A pure ACK smoltcp would drop (bad checksum) or ignore (older than the last
+        // one) is not looked at either.
+        let mut bad = mirrored(&with_ack(
+            frame(80, 5000, 8, TCP_ACK, None, &[]),
+            1100,
+            1000,
+        ));
+        bad[34 + 16] ^= 0xff;
+        t.on_rx(&bad);
+        t.on_rx(&mirrored(&with_ack(
+            frame(80, 5000, 8, TCP_ACK, None, &[]),
+            599,
             1000,
         )));
         assert_eq!(t.get(key).wnd_edge, Some(1400));
