@@ -115,10 +115,19 @@ fn with_crc() -> Option<mpa::negotiate::LocalSettings> {
 
 #[test]
 fn random_ulpdus_through_loss_duplication_reordering_and_corruption() {
+    // With about 3% of the frames lost each way and a receiver whose window changes with
+    // every ACK (smoltcp counts no duplicate ACKs then, so there is no fast retransmit),
+    // every loss costs a retransmission timeout, and smoltcp doubles the RTO up to 32 s
+    // and more before a new RTT sample resets it; the default 20 s user timeout can then
+    // abort the connection before its retransmission. This test is about integrity, so
+    // both sides wait as long as the test does.
+    let patient = |c: &mut softiwarp::stack::StackConfig| {
+        c.tcp.timeout = Some(std::time::Duration::from_secs(600));
+    };
     for (seed, markers) in [(5u64, false), (6, true)] {
         let (la, lb) = links(1500);
         let la = Faults::new(la, seed, FaultConfig::none(), FaultConfig::none()).unwrap();
-        let mut p = Pair::new(Side::new(la, 1, |_| {}), Side::new(lb, 2, |_| {}));
+        let mut p = Pair::new(Side::new(la, 1, patient), Side::new(lb, 2, patient));
         p.b.stack.listen(PORT, 4, None).unwrap();
         let settings = mpa::negotiate::LocalSettings {
             markers_rx: markers,
