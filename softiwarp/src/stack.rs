@@ -67,9 +67,10 @@
 //!   FPDU may be written behind it in the same round, and so on (at most 64 KiB per
 //!   round), as long as the peer's window takes everything unsent plus one more full
 //!   segment, so that no segment is cut short by the window. The tracker takes the
-//!   peer's window from the pure ACKs it receives (acknowledgment number plus the window
-//!   scaled per RFC 7323 when both SYNs carried the option); an older window is never
-//!   larger, so a stale one only means fewer FPDUs written ahead. At MTU 1500 this is one
+//!   peer's window from the pure ACKs it receives and smoltcp accepts (checksums right,
+//!   not older than the last; acknowledgment number plus the window scaled per RFC 7323
+//!   when both SYNs carried the option); an older window edge is never further, so a
+//!   stale one only means fewer FPDUs written ahead. At MTU 1500 this is one
 //!   connection round per up to 44 FPDUs instead of one per FPDU;
 //!   [`StackStats::fpdus_batched`] counts the FPDUs written ahead.
 //! * Retransmissions are smoltcp's: after an RTO it resends from the oldest unacknowledged
