@@ -595,9 +595,8 @@ struct Track {
 }
 
 impl Track {
-    /// Octets of sequence space the peer's window still allows beyond `snd_max`, or
-    /// `None` before the first ACK. Scaling counts only when both SYNs had the option
-    /// (RFC 7323 2.2).
+    /// Octets of sequence space the peer's window, as of the last pure ACK taken
+    /// (`SegTracker::on_rx_ack`), still allows beyond `snd_max`; `None` before one.
     fn window_room(&self) -> Option<u32> {
         let room = self.wnd_edge?.wrapping_sub(self.snd_max?);
         // An edge behind what was sent (a shrunk window) leaves no room.
@@ -1151,7 +1150,14 @@ impl Conn {
     /// peer's window takes all that is unsent plus one more full segment (so no segment
     /// is cut short by the window).
     fn may_batch(&mut self, cx: &Cx, direct: usize) -> bool {
-        if direct != self.emss || self.final_sent || self.abort_now || self.close_pending {
+        // smoltcp takes an MSS option below 48 as 48 (`MIN_REMOTE_MSS`): its segments would
+        // then not end where our EMSS-sized FPDUs do.
+        if direct != self.emss
+            || self.emss < 48
+            || self.final_sent
+            || self.abort_now
+            || self.close_pending
+        {
             return false;
         }
         if !self
