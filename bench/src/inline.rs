@@ -138,7 +138,10 @@ impl Ulp for BenchUlp {
     }
 
     fn on_ulpdu(&mut self, ulpdu: Vec<u8>) {
+        // Not in place (rare: a ULPDU queued behind an MPA event), and possibly outside a
+        // receive pass: published at once.
         self.receive(&ulpdu);
+        self.rx_done();
     }
 
     fn on_ulpdu_in_place(&mut self, ulpdu: &[u8]) -> bool {
@@ -204,7 +207,11 @@ impl Ulp for BenchUlp {
         Ok(true)
     }
 
-    fn on_closed(&mut self) {}
+    fn on_closed(&mut self) {
+        self.rx_done();
+        let mut c = self.shared.lock();
+        self.publish(&mut c);
+    }
 
     fn on_error(&mut self, error: &softiwarp::stack::ConnError) {
         self.shared.lock().error = Some(error.to_string());
