@@ -92,11 +92,7 @@ fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEve
 
 /// Every event left on `ch` within a short pause, as (id, kind), acked.
 fn drain(ch: &EventChannel<SoftDevice>) -> Vec<(u64, EventKind)> {
-    let mut out = Vec::new();
-    while let Ok(ev) = ch.get_event_timeout(Duration::from_millis(300)) {
-        out.push((ev.id().serial(), ev.kind));
-    }
-    out
+    drain_within(ch, Duration::from_millis(300))
 }
 
 /// The events of id `serial` in `evs`.

@@ -73,11 +73,7 @@ fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEve
 
 /// Every event left on `ch` within a short pause, as (id, kind).
 fn drain(ch: &EventChannel<SoftDevice>) -> Vec<(u64, EventKind)> {
-    let mut out = Vec::new();
-    while let Ok(ev) = ch.get_event_timeout(Duration::from_millis(500)) {
-        out.push((ev.id().serial(), ev.kind));
-    }
-    out
+    drain_within(ch, Duration::from_millis(500))
 }
 
 fn param(private_data: Vec<u8>) -> ConnParam {

@@ -215,3 +215,13 @@ pub fn expect_within(
     );
     ev
 }
+
+/// Every event left on `ch`, each arriving within `pause` of the one before, as (id
+/// serial, kind); each is acknowledged when dropped here.
+pub fn drain_within(ch: &EventChannel<SoftDevice>, pause: Duration) -> Vec<(u64, EventKind)> {
+    let mut out = Vec::new();
+    while let Ok(ev) = ch.get_event_timeout(pause) {
+        out.push((ev.id().serial(), ev.kind));
+    }
+    out
+}
