@@ -1129,9 +1129,8 @@ impl Connection {
 
     /// Every received ULPDU queued now, up to `max`, appended to `out` in order, waiting
     /// up to `timeout` for the first; returns how many (at least 1; 0 only when `max` is
-    /// 0). One lock for the
-    /// batch instead of one per ULPDU (the receive side of a bulk stream); give the
-    /// buffers back with [`Connection::recycle_all`].
+    /// 0). One lock for the batch instead of one per ULPDU (the receive side of a bulk
+    /// stream); give the buffers back with [`Connection::recycle_all`].
     ///
     /// Errors: as [`Connection::recv_ulpdu`].
     pub fn recv_ulpdus(

@@ -1125,8 +1125,13 @@ impl Conn {
         self.emit(cx, ConnEvent::Failed(error));
     }
 
-    fn unsent(&mut self, cx: &Cx) -> usize {
-        let Some(snd_max) = cx.tracker.borrow().get(self.key).snd_max else {
+    fn unsent(&self, cx: &Cx) -> usize {
+        self.unsent_by(&cx.tracker.borrow().get(self.key))
+    }
+
+    /// Bytes written into the socket and not yet transmitted, by `track`.
+    fn unsent_by(&self, track: &Track) -> usize {
+        let Some(snd_max) = track.snd_max else {
             return 0;
         };
         let Some(base) = self.snd_base else {
@@ -1167,10 +1172,11 @@ impl Conn {
         {
             return false;
         }
-        let Some(room) = cx.tracker.borrow().get(self.key).window_room() else {
+        let track = cx.tracker.borrow().get(self.key);
+        let Some(room) = track.window_room() else {
             return false;
         };
-        self.unsent(cx) + self.emss <= room as usize
+        self.unsent_by(&track) + self.emss <= room as usize
     }
 
     /// Creates the MPA endpoint once TCP is established.

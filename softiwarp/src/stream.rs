@@ -681,8 +681,8 @@ impl StreamEnd {
 
     /// Every received ULPDU queued now, up to `max`, appended to `out` in order under
     /// one lock, waiting up to `timeout` for the first; returns how many were taken
-    /// (at least 1; 0 only when `max` is 0). The batch form of [`StreamEnd::recv`] (give the buffers back with
-    /// [`StreamEnd::recycle_all`]).
+    /// (at least 1; 0 only when `max` is 0). The batch form of [`StreamEnd::recv`] (give
+    /// the buffers back with [`StreamEnd::recycle_all`]).
     ///
     /// Errors: as [`StreamEnd::recv`].
     pub fn recv_batch(
