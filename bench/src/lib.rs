@@ -56,7 +56,7 @@ pub enum BenchError {
     Config(String),
     /// The namespace harness failed (topology or a peer process).
     #[error(transparent)]
-    Harness(#[from] netns_tests::HarnessError),
+    Harness(#[from] netlab::HarnessError),
     /// A peer's `RESULT` line was missing or unreadable.
     #[error("peer {peer}: {message}")]
     Report {

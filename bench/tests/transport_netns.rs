@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use bench::runner::{run_one, RunLength, RunnerConfig, Variant};
 use bench::tcp::{pattern, PATTERN_LEN};
-use netns_tests::{leftover_namespaces, Topology};
+use netlab::{leftover_namespaces, Topology};
 use softiwarp::phy::mss_for_mtu;
 
 fn skip_unless_root(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
+    if netlab::netns::is_root() {
         return false;
     }
     eprintln!("skipping {test}: needs root (network namespaces and TAPs)");

@@ -211,7 +211,7 @@ pub enum IwpingError {
     /// Writing the output failed.
     #[error("output: {0}")]
     Output(#[from] std::io::Error),
-    /// SIGINT, SIGTERM or SIGHUP arrived (with [`crate::signals::install_handler`]):
+    /// SIGINT, SIGTERM or SIGHUP arrived (with [`netlab::signals::install_handler`]):
     /// the run stops, and its ids are destroyed so that the peer hears of it at once
     /// (as the kernel closes a killed rping's connection) instead of after its TCP
     /// timeout.
@@ -219,7 +219,7 @@ pub enum IwpingError {
     Interrupted,
 }
 
-/// How often blocking waits look at [`crate::signals::interrupted`].
+/// How often blocking waits look at [`netlab::signals::interrupted`].
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 fn cm(op: &'static str) -> impl FnOnce(CmError) -> IwpingError {
@@ -285,7 +285,7 @@ fn expect_event(
 ) -> Result<(u16, u16, Option<CmId<SoftDevice>>), IwpingError> {
     let deadline = Instant::now() + timeout;
     let mut ev = loop {
-        if crate::signals::interrupted() {
+        if netlab::signals::interrupted() {
             return Err(IwpingError::Interrupted);
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -420,7 +420,7 @@ impl Session {
     ) -> Result<Step, IwpingError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if crate::signals::interrupted() {
+            if netlab::signals::interrupted() {
                 return Err(IwpingError::Interrupted);
             }
             if let Some(wc) = self.cq.poll(1)?.pop() {

@@ -144,15 +144,11 @@ pub struct PeerArgs {
     /// Server or client.
     #[arg(value_enum)]
     pub role: Role,
-    /// The TAP to open (in this namespace).
-    #[arg(long)]
-    pub tap: String,
-    /// This side's address and prefix, e.g. 10.234.0.1/24.
-    #[arg(long)]
-    pub ip: String,
-    /// Ignored (the MAC is derived from the address, as the harness's plan has it).
-    #[arg(long)]
-    pub mac: Option<String>,
+    /// `--tap --ip --mac --pcap`: the TAP to open (in this namespace) and this side's
+    /// address/prefix. `--mac` is ignored (the MAC is derived from the address, as the
+    /// harness's plan has it); `--pcap` is refused (the peer does not capture).
+    #[command(flatten)]
+    pub link: netlab::LinkArgs,
     /// Server, wildcard scenario: a second TAP and its address/prefix.
     #[arg(long)]
     pub extra_tap: Option<String>,
@@ -708,7 +704,7 @@ fn is_end(kind: EventKind) -> bool {
 // ------------------------------------------------------------------- devices
 
 fn parse_ip(s: &str) -> Result<(Ipv4Addr, u8), String> {
-    crate::parse_cidr(s)
+    netlab::parse_cidr(s)
 }
 
 /// Opens a soft device on `tap` with a short TCP timeout (the peer on the other side
@@ -1234,7 +1230,7 @@ struct SConn {
 fn run_server(args: &PeerArgs) -> Result<PeerReport, String> {
     let (mut p, rx) = Peer::new(args)?;
     let mut devs = Vec::new();
-    let first = p.add_device("siw_srv0", &args.tap, &args.ip)?;
+    let first = p.add_device("siw_srv0", &args.link.tap, &args.link.ip)?;
     devs.push(start_server_dev(&p.rec, &first)?);
     drop(first);
     let wildcard = args.scenario == Scenario::Wildcard;
@@ -1252,7 +1248,7 @@ fn run_server(args: &PeerArgs) -> Result<PeerReport, String> {
     let bind_ip = if wildcard {
         Ipv4Addr::UNSPECIFIED
     } else {
-        parse_ip(&args.ip)?.0
+        parse_ip(&args.link.ip)?.0
     };
     listener
         .bind_addr(SocketAddr::from((bind_ip, PORT)))
@@ -1745,7 +1741,7 @@ struct Running {
 fn run_client(args: &PeerArgs) -> Result<PeerReport, String> {
     let (mut p, _default_rx) = Peer::new(args)?;
     let first = *args.peer_ips.first().ok_or("--peer-ip is required")?;
-    p.add_device("siw_cli0", &args.tap, &args.ip)?;
+    p.add_device("siw_cli0", &args.link.tap, &args.link.ip)?;
     println!("READY");
     std::thread::sleep(Duration::from_millis(args.start_delay_ms));
     let mut running: Vec<Running> = Vec::new();
@@ -2038,7 +2034,12 @@ fn readd(p: &mut Peer, target: Ipv4Addr) -> bool {
     println!("WAITING_FOR_TAP {}", now_ns());
     let deadline = Instant::now() + Duration::from_secs(10);
     let dev = loop {
-        match open_device("siw_cli0", &p.args.tap, &p.args.ip.clone(), &p.args) {
+        match open_device(
+            "siw_cli0",
+            &p.args.link.tap,
+            &p.args.link.ip.clone(),
+            &p.args,
+        ) {
             Ok(d) => break d,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => {
@@ -2269,30 +2270,13 @@ impl Plan {
     }
 }
 
-/// Runs `ip ARGS` and returns its stdout.
-fn ip_output(args: &[&str]) -> std::io::Result<String> {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(std::io::Error::other(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
-}
-
-/// The two-namespace [`Topology`](crate::Topology) of the removal tests, plus what they
+/// The two-namespace [`Topology`](netlab::Topology) of the removal tests, plus what they
 /// do to it: tear a TAP down, re-create it, add a second TAP in namespace A. Dropping
 /// it removes everything (the extra TAP, then the topology's interfaces and
 /// namespaces), also while a failing test unwinds.
 #[derive(Debug)]
 pub struct Bench {
-    topo: crate::Topology,
+    topo: netlab::Topology,
     bridges: [String; 2],
     extra: Option<String>,
 }
@@ -2349,16 +2333,16 @@ pub const EXTRA_IP: Ipv4Addr = Ipv4Addr::new(10, 234, 0, 3);
 impl Bench {
     /// Builds the topology (MTU 1500).
     ///
-    /// Errors: as [`crate::Topology::create`]; a bridge that cannot be found.
-    pub fn create() -> Result<Bench, crate::HarnessError> {
-        let topo = crate::Topology::create(1500)?;
-        let bridge = |ns: &str| -> Result<String, crate::HarnessError> {
-            let out = ip_output(&["-n", ns, "-o", "link", "show", "type", "bridge"])
-                .map_err(crate::HarnessError::Setup)?;
+    /// Errors: as [`netlab::Topology::create`]; a bridge that cannot be found.
+    pub fn create() -> Result<Bench, netlab::HarnessError> {
+        let topo = netlab::Topology::create(1500)?;
+        let bridge = |ns: &str| -> Result<String, netlab::HarnessError> {
+            let out = netlab::netns::ip_output(&["-n", ns, "-o", "link", "show", "type", "bridge"])
+                .map_err(netlab::HarnessError::Setup)?;
             out.lines()
                 .find_map(|l| l.split(": ").nth(1).map(|n| n.trim().to_owned()))
                 .ok_or_else(|| {
-                    crate::HarnessError::Setup(std::io::Error::other(format!("no bridge in {ns}")))
+                    netlab::HarnessError::Setup(std::io::Error::other(format!("no bridge in {ns}")))
                 })
         };
         let bridges = [bridge(&topo.a().netns)?, bridge(&topo.b().netns)?];
@@ -2370,12 +2354,12 @@ impl Bench {
     }
 
     /// The topology.
-    pub fn topology(&self) -> &crate::Topology {
+    pub fn topology(&self) -> &netlab::Topology {
         &self.topo
     }
 
     /// Namespace and TAP of the server (A) or the client (B) side.
-    pub fn endpoint(&self, server_side: bool) -> &crate::Endpoint {
+    pub fn endpoint(&self, server_side: bool) -> &netlab::Endpoint {
         if server_side {
             self.topo.a()
         } else {
@@ -2390,12 +2374,7 @@ impl Bench {
     ///
     /// Errors: `ip` cannot be started.
     pub fn arm_on(&self, ns: &str, tap: &str, action: TapAction) -> std::io::Result<Armed> {
-        let child = std::process::Command::new("ip")
-            .args(["-n", ns, "-batch", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
+        let child = netlab::netns::spawn_ip_batch(ns)?;
         let cmd = match action {
             TapAction::Delete => format!("link del {tap}\n"),
             TapAction::Down => format!("link set {tap} down\n"),
@@ -2418,24 +2397,8 @@ impl Bench {
     pub fn make_tap(&self, server_side: bool, tap: &str) -> std::io::Result<()> {
         let ns = &self.endpoint(server_side).netns;
         let br = &self.bridges[usize::from(!server_side)];
-        let _ = ip_output(&["-n", ns, "link", "del", tap]);
-        let mtu = self.topo.mtu().to_string();
-        ip_output(&["-n", ns, "tuntap", "add", "dev", tap, "mode", "tap"])?;
-        ip_output(&[
-            "-n",
-            ns,
-            "link",
-            "set",
-            tap,
-            "mtu",
-            &mtu,
-            "txqueuelen",
-            "10000",
-        ])?;
-        ip_output(&["-n", ns, "link", "set", tap, "master", br])?;
-        ip_output(&["-n", ns, "link", "set", tap, "up"])?;
-        ip_output(&["-n", ns, "link", "show", "dev", tap])?;
-        Ok(())
+        let _ = netlab::netns::run_ip(&["-n", ns, "link", "del", tap]);
+        netlab::netns::add_tap_on_bridge(ns, tap, br, self.topo.mtu(), 10_000)
     }
 
     /// Re-creates the server's or the client's TAP after an iteration.
@@ -2456,15 +2419,15 @@ impl Bench {
         Ok(name)
     }
 
-    /// A [`crate::PeerSpec`] for `removal-peer` at `program` on a side, with the
+    /// A [`netlab::PeerSpec`] for `removal-peer` at `program` on a side, with the
     /// side's `--tap --ip` and, for the client, `--peer-ip` of the server; output not
     /// echoed (it is long; failures carry its tail).
-    pub fn peer(&self, program: &std::path::Path, server_side: bool) -> crate::PeerSpec {
+    pub fn peer(&self, program: &std::path::Path, server_side: bool) -> netlab::PeerSpec {
         let e = self.endpoint(server_side);
         let side = if server_side {
-            crate::Side::A
+            netlab::Side::A
         } else {
-            crate::Side::B
+            netlab::Side::B
         };
         let role = if server_side { "server" } else { "client" };
         let mut spec = self
@@ -2488,7 +2451,7 @@ impl Bench {
 impl Drop for Bench {
     fn drop(&mut self) {
         if let Some(t) = self.extra.take() {
-            let _ = ip_output(&["-n", &self.topo.a().netns, "link", "del", &t]);
+            let _ = netlab::netns::ip_output(&["-n", &self.topo.a().netns, "link", "del", &t]);
         }
     }
 }
@@ -2618,7 +2581,7 @@ fn iteration(bench: &Bench, program: &std::path::Path, plan: &Plan) -> Result<Ou
     if plan.moment == Moment::BeforeConnect {
         sspec = sspec.args(["--first-connection-ms", "2500"]);
     }
-    let e = |e: crate::HarnessError| e.to_string();
+    let e = |e: netlab::HarnessError| e.to_string();
     let mut server = sspec.spawn().map_err(e)?;
     server
         .wait_for_line(|l| l == "READY", Duration::from_secs(20))
@@ -2655,7 +2618,7 @@ fn iteration(bench: &Bench, program: &std::path::Path, plan: &Plan) -> Result<Ou
     std::thread::sleep(Duration::from_micros(plan.delay_us));
     let (t_act, t_done) = armed.fire().map_err(|e| e.to_string())?;
     let exits = wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
-    let outs = crate::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
+    let outs = netlab::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
     let reports: Vec<PeerReport> = outs
         .iter()
         .map(|o| PeerReport::from_stdout(&o.stdout).map_err(|e| format!("{}: {e}", o.name)))
@@ -2681,7 +2644,7 @@ fn iteration(bench: &Bench, program: &std::path::Path, plan: &Plan) -> Result<Ou
 /// Waits until every peer exited, or `timeout`; returns when each exit was seen
 /// ([`now_ns`], polled every millisecond). Once one peer failed, the others get 3 s.
 /// Peers still running are left to the caller (`wait_all` dumps their stacks).
-pub fn wait_exits(peers: &mut [&mut crate::Peer], timeout: Duration) -> Vec<Option<u64>> {
+pub fn wait_exits(peers: &mut [&mut netlab::Peer], timeout: Duration) -> Vec<Option<u64>> {
     let mut exits = vec![None; peers.len()];
     let mut deadline = Instant::now() + timeout;
     while exits.iter().any(Option::is_none) && Instant::now() < deadline {
@@ -2828,7 +2791,7 @@ pub fn run_pair(
     program: &std::path::Path,
     spec: &PairSpec,
     armed: Armed,
-    after_fire: impl FnOnce(&mut crate::Peer) -> Result<(), crate::HarnessError>,
+    after_fire: impl FnOnce(&mut netlab::Peer) -> Result<(), netlab::HarnessError>,
 ) -> Result<PairRun, String> {
     let PairSpec {
         server_args,
@@ -2837,7 +2800,7 @@ pub fn run_pair(
         delay,
     } = spec;
     let trigger = trigger.as_str();
-    let e = |e: crate::HarnessError| e.to_string();
+    let e = |e: netlab::HarnessError| e.to_string();
     let mut server = bench
         .peer(program, true)
         .args(server_args.iter().cloned())
@@ -2858,8 +2821,8 @@ pub fn run_pair(
     let action = armed.fire().map_err(|e| e.to_string())?;
     after_fire(&mut client).map_err(e)?;
     let exits = wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
-    let outs = crate::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
-    let report = |o: &crate::PeerOutput| {
+    let outs = netlab::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
+    let report = |o: &netlab::PeerOutput| {
         PeerReport::from_stdout(&o.stdout).map_err(|e| format!("{}: {e}", o.name))
     };
     Ok(PairRun {

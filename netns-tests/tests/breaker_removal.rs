@@ -16,7 +16,7 @@ use netns_tests::removal::{
     TCP_TIMEOUT_MS,
 };
 
-use netns_tests::skip_unless_root;
+use netlab::skip_unless_root;
 
 const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
 
@@ -32,7 +32,7 @@ fn run(
     let bench = Bench::create().expect("topology");
     let names = bench.topology().namespaces();
     let result = (|| -> Result<(Outcome, PeerReport), String> {
-        let e = |e: netns_tests::HarnessError| e.to_string();
+        let e = |e: netlab::HarnessError| e.to_string();
         let timeout = TCP_TIMEOUT_MS.to_string();
         let mut server = bench
             .peer(PEER.as_ref(), true)
@@ -67,8 +67,7 @@ fn run(
             );
         }
         let exits = wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
-        let outs =
-            netns_tests::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
+        let outs = netlab::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
         let reports: Vec<PeerReport> = outs
             .iter()
             .map(|o| PeerReport::from_stdout(&o.stdout).map_err(|e| format!("{}: {e}", o.name)))
@@ -93,10 +92,7 @@ fn run(
         Ok((o, removed.clone()))
     })();
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     let (o, removed) = result.unwrap_or_else(|e| panic!("{e}"));
     println!("{o:?}");
     (o, removed)

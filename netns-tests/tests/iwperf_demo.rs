@@ -11,7 +11,7 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::leftover_namespaces;
+use netlab::leftover_namespaces;
 
 /// Interfaces in this (the root) namespace whose names use the harness's scheme
 /// (`swt`/`swb`/`swv` + the pid of `pid`'s tag).

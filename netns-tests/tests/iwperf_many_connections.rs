@@ -9,7 +9,7 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::{leftover_namespaces, wait_all, Topology};
+use netlab::{leftover_namespaces, wait_all, Topology};
 
 #[test]
 fn sixty_four_connections_to_one_listener() {

@@ -8,7 +8,7 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::{leftover_namespaces, wait_all, Topology};
+use netlab::{leftover_namespaces, wait_all, Topology};
 
 #[test]
 fn eight_qps_write_and_read_at_once_verified() {

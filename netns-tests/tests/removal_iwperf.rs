@@ -25,7 +25,7 @@ fn iwperf() -> Option<PathBuf> {
 
 #[test]
 fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
-    if !softiwarp::netns::is_root() {
+    if !netlab::netns::is_root() {
         eprintln!(
             "skipping iwperf_reports_device_removal...: needs root (network namespaces and TAPs)"
         );
@@ -42,10 +42,10 @@ fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
     let bench = Bench::create().expect("topology");
     let names = bench.topology().namespaces();
     let (a, b) = (bench.topology().a().clone(), bench.topology().b().clone());
-    let cidr = |e: &netns_tests::Endpoint| format!("{}/{}", e.ip, e.prefix_len);
+    let cidr = |e: &netlab::Endpoint| format!("{}/{}", e.ip, e.prefix_len);
     let mut server = bench
         .topology()
-        .peer(netns_tests::Side::A, "iwperf-server", &iwperf)
+        .peer(netlab::Side::A, "iwperf-server", &iwperf)
         .args(["server", "--tap", &a.tap, "--ip", &cidr(&a)])
         .spawn()
         .expect("server");
@@ -55,7 +55,7 @@ fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
     let armed = bench.arm(false, TapAction::Delete).expect("ip");
     let mut client = bench
         .topology()
-        .peer(netns_tests::Side::B, "iwperf-client", &iwperf)
+        .peer(netlab::Side::B, "iwperf-client", &iwperf)
         .args([
             "client",
             "--tap",
@@ -86,10 +86,7 @@ fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
         .wait(Duration::from_secs(1))
         .unwrap_or_else(|e| panic!("{e}"));
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     let exit_ms = exits[0].map(|t| (t as f64 - t_act as f64) / 1e6);
     println!(
         "iwperf client: {} after {exit_ms:?} ms\n{}\n{}",

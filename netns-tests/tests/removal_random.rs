@@ -27,7 +27,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn removal_at_random_moments_under_load() {
-    if !softiwarp::netns::is_root() {
+    if !netlab::netns::is_root() {
         eprintln!("skipping removal_at_random_moments_under_load: needs root (network namespaces and TAPs)");
         return;
     }
@@ -70,10 +70,7 @@ fn removal_at_random_moments_under_load() {
         }
     }
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     let col = |f: fn(&Outcome) -> f64| outcomes.iter().map(f).collect::<Vec<f64>>();
     println!(
         "{} iterations in {:?} (seed {seed:#x})",

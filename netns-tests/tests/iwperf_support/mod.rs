@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use netns_tests::{Peer, PeerOutput, PeerSpec, Side, Topology};
+use netlab::{Peer, PeerOutput, PeerSpec, Side, Topology};
 
 /// The `iwperf` binary, or `None` (with a note) when it is not built outside CI.
 pub fn iwperf() -> Option<PathBuf> {
@@ -36,7 +36,7 @@ pub fn iwperf() -> Option<PathBuf> {
 
 /// `true` (and a note) when not root: the test then returns at once.
 pub fn skip_unless_root(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
+    if netlab::netns::is_root() {
         return false;
     }
     eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
@@ -71,12 +71,12 @@ pub fn json(out: &PeerOutput) -> serde_json::Value {
 }
 
 /// `ADDR/PREFIX` of a topology endpoint.
-pub fn cidr(e: &netns_tests::Endpoint) -> String {
+pub fn cidr(e: &netlab::Endpoint) -> String {
     format!("{}/{}", e.ip, e.prefix_len)
 }
 
 /// The `--tap T --ip A/P --mac M` arguments of an endpoint.
-pub fn endpoint_args(e: &netns_tests::Endpoint) -> Vec<String> {
+pub fn endpoint_args(e: &netlab::Endpoint) -> Vec<String> {
     e.peer_args()
 }
 

@@ -14,7 +14,7 @@
 
 use std::fs::File;
 use std::io;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 
@@ -36,7 +36,8 @@ pub fn unique_tag() -> String {
     )
 }
 
-fn run(program: &str, args: &[&str]) -> io::Result<()> {
+/// Runs `program ARGS...` and returns its stdout.
+fn run(program: &str, args: &[&str]) -> io::Result<String> {
     let out = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -48,7 +49,7 @@ fn run(program: &str, args: &[&str]) -> io::Result<()> {
             )
         })?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(io::Error::other(format!(
             "`{program} {}` failed ({}): {}",
@@ -63,7 +64,54 @@ fn run(program: &str, args: &[&str]) -> io::Result<()> {
 ///
 /// Errors: the command could not be started, or exited non-zero (message has its stderr).
 pub fn run_ip(args: &[&str]) -> io::Result<()> {
+    run("ip", args).map(drop)
+}
+
+/// Runs `ip ARGS...` in the caller's namespace and returns what it printed on stdout.
+///
+/// Errors: as [`run_ip`].
+pub fn ip_output(args: &[&str]) -> io::Result<String> {
     run("ip", args)
+}
+
+/// Starts `ip -n NS -batch -`: an `ip` that waits for its commands on stdin (piped; its
+/// stdout is discarded, its stderr piped), so that a command written later costs a pipe
+/// write rather than a process start (which can take hundreds of milliseconds on a
+/// loaded machine).
+///
+/// Errors: `ip` cannot be started.
+pub fn spawn_ip_batch(ns: &str) -> io::Result<Child> {
+    Command::new("ip")
+        .args(["-n", ns, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+/// Creates TAP `tap` in namespace `ns` (persistent, `ip tuntap add`) with `mtu` and
+/// `txqueuelen`, enslaves it to the existing bridge `bridge`, sets it up, and commits
+/// its pending link changes (`ip link show dev TAP`; see [`TapPair::create`]).
+///
+/// Errors: the first failing `ip` step (what was made is left for the caller's clean-up).
+pub fn add_tap_on_bridge(
+    ns: &str,
+    tap: &str,
+    bridge: &str,
+    mtu: usize,
+    txqueuelen: u32,
+) -> io::Result<()> {
+    let (mtu, qlen) = (mtu.to_string(), txqueuelen.to_string());
+    let ip = |args: &[&str]| {
+        let mut all = vec!["-n", ns];
+        all.extend_from_slice(args);
+        run_ip(&all)
+    };
+    ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
+    ip(&["link", "set", tap, "mtu", &mtu, "txqueuelen", &qlen])?;
+    ip(&["link", "set", tap, "master", bridge])?;
+    ip(&["link", "set", tap, "up"])?;
+    ip(&["link", "show", "dev", tap])
 }
 
 /// Deletes the namespaces this module made (`swns<pid>x...`) whose process is gone, e.g.
@@ -270,14 +318,12 @@ impl TapPair {
             (&pair.a, &pair.tap_a, &va, &ba),
             (&pair.b, &pair.tap_b, &vb, &bb),
         ] {
-            ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
             ns.ip(&["link", "add", br, "type", "bridge", "stp_state", "0"])?;
-            for dev in [tap, veth] {
-                ns.ip(&["link", "set", dev, "mtu", &mtu, "txqueuelen", &qlen])?;
-                ns.ip(&["link", "set", dev, "master", br])?;
-            }
+            add_tap_on_bridge(ns.name(), tap, br, config.mtu, config.txqueuelen)?;
+            ns.ip(&["link", "set", veth, "mtu", &mtu, "txqueuelen", &qlen])?;
+            ns.ip(&["link", "set", veth, "master", br])?;
             ns.ip(&["link", "set", br, "mtu", &mtu])?;
-            for dev in [br, veth, tap] {
+            for dev in [br, veth] {
                 ns.ip(&["link", "set", dev, "up"])?;
             }
         }
