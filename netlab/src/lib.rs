@@ -10,7 +10,7 @@
 //! The pieces:
 //!
 //! - [`netns`]: namespaces ([`netns::NetNs`]), the two-TAP topology ([`netns::TapPair`]),
-//!   the one `ip` runner ([`netns::run_ip`], [`netns::ip_output`], [`netns::spawn_ip_batch`]),
+//!   the one `ip` runner ([`netns::run_ip`], [`netns::ip_output`], [`netns::ArmedIp`]),
 //!   TAPs on a bridge ([`netns::add_tap_on_bridge`]),
 //!   [`netns::is_root`], and the removal of what a killed run left behind.
 //! - [`Topology`]: two namespaces A and B, each with a TAP on a bridge, joined by a veth
@@ -66,6 +66,15 @@ pub fn skip_unless_root(test: &str) -> bool {
     true
 }
 
+/// Nanoseconds since the Unix epoch (`CLOCK_REALTIME`): the one clock the harness and
+/// every peer share.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 pub mod capture;
 pub mod link_args;
 pub mod logging;
@@ -77,8 +86,8 @@ pub mod topology;
 
 pub use link_args::{format_mac, parse_cidr, parse_mac, LinkArgs};
 pub use peer::{
-    dump_stacks, wait_all, wait_all_with_grace, FailureKind, Peer, PeerFailure, PeerOutput,
-    PeerSpec, PEER_ENV,
+    dump_stacks, wait_all, wait_all_with_grace, wait_exits, FailureKind, Peer, PeerFailure,
+    PeerOutput, PeerSpec, PEER_ENV,
 };
 pub use topology::{host_ip, host_mac, leftover_namespaces, Endpoint, Side, Topology};
 

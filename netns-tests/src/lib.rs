@@ -2,11 +2,8 @@
 //! (namespaces, TAPs and bridges made and removed by the harness itself, peer processes
 //! run inside them under a watchdog) is the `netlab` crate.
 //!
-//! The pieces:
-//!
-//! - [`ulpdu`] and [`mpa_peer`]: a verifiable stream of ULPDUs (RDMA Write DDP segments
-//!   carrying a known pattern) over one MPA connection of the soft iWARP device's public
-//!   API, and one side of such a transfer on a TAP: what the `iwarp-peer` binary runs.
+//! The ULPDU stream the `iwarp-peer` binary moves ([`bench::ulpdu`], [`bench::mpa_peer`])
+//! is bench's.
 //!
 //! The tests (`tests/`): `harness.rs` tests the lab itself; `iwarp_two_process.rs`
 //! moves 1 GiB of ULPDUs between two `iwarp-peer` processes in two namespaces, verified
@@ -16,7 +13,5 @@
 //! `CI` is set.
 
 pub mod iwping;
-pub mod mpa_peer;
 pub mod removal;
 pub mod rping;
-pub mod ulpdu;

@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{
@@ -89,14 +89,7 @@ const CHURN_TAG: &[u8] = b"C";
 /// Private data of a connection made after the removal (wildcard, readd).
 const AFTER_TAG: &[u8] = b"A";
 
-/// Nanoseconds since the Unix epoch (`CLOCK_REALTIME`): the one clock the harness and
-/// every peer share.
-pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+pub use netlab::now_ns;
 
 /// A progress line on stdout: `STEP <name> <t_ns>` (where an exit's time went).
 fn step(name: &str) {
@@ -2281,52 +2274,6 @@ pub struct Bench {
     extra: Option<String>,
 }
 
-/// A teardown ready to go ([`Bench::arm`]); dropping it unfired kills the `ip`.
-#[derive(Debug)]
-pub struct Armed {
-    child: std::process::Child,
-    cmd: String,
-}
-
-impl Armed {
-    /// Tears the TAP down now: writes the command to the waiting `ip` and waits for it
-    /// to exit. Returns [`now_ns`] just before the write and after `ip` exited (the
-    /// kernel acted in between).
-    ///
-    /// Errors: the write failed, or `ip` failed (its stderr in the message).
-    pub fn fire(mut self) -> std::io::Result<(u64, u64)> {
-        use std::io::Write;
-        let t = now_ns();
-        let mut stdin = self
-            .child
-            .stdin
-            .take()
-            .ok_or_else(|| std::io::Error::other("no stdin"))?;
-        stdin.write_all(self.cmd.as_bytes())?;
-        drop(stdin);
-        let status = self.child.wait()?;
-        let t_done = now_ns();
-        if !status.success() {
-            let mut err = String::new();
-            if let Some(mut e) = self.child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            return Err(std::io::Error::other(format!(
-                "`ip -batch` {}: {status}: {err}",
-                self.cmd.trim()
-            )));
-        }
-        Ok((t, t_done))
-    }
-}
-
-impl Drop for Armed {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The address/prefix of the second server device (wildcard test).
 pub const EXTRA_IP: Ipv4Addr = Ipv4Addr::new(10, 234, 0, 3);
 
@@ -2368,24 +2315,32 @@ impl Bench {
     }
 
     /// Readies a teardown of `tap` in `ns`: an `ip -n NS -batch -` process is started
-    /// now and waits for its command on stdin, so that [`Armed::fire`] costs a pipe
+    /// now and waits for its command on stdin, so that [`netlab::netns::ArmedIp::fire`] costs a pipe
     /// write rather than a process start (which took up to 400 ms on a loaded 2-core
     /// machine).
     ///
     /// Errors: `ip` cannot be started.
-    pub fn arm_on(&self, ns: &str, tap: &str, action: TapAction) -> std::io::Result<Armed> {
-        let child = netlab::netns::spawn_ip_batch(ns)?;
+    pub fn arm_on(
+        &self,
+        ns: &str,
+        tap: &str,
+        action: TapAction,
+    ) -> std::io::Result<netlab::netns::ArmedIp> {
         let cmd = match action {
-            TapAction::Delete => format!("link del {tap}\n"),
-            TapAction::Down => format!("link set {tap} down\n"),
+            TapAction::Delete => format!("link del {tap}"),
+            TapAction::Down => format!("link set {tap} down"),
         };
-        Ok(Armed { child, cmd })
+        netlab::netns::ArmedIp::arm(ns, &cmd)
     }
 
     /// [`Bench::arm_on`] for the server's or the client's TAP.
     ///
     /// Errors: as [`Bench::arm_on`].
-    pub fn arm(&self, server_side: bool, action: TapAction) -> std::io::Result<Armed> {
+    pub fn arm(
+        &self,
+        server_side: bool,
+        action: TapAction,
+    ) -> std::io::Result<netlab::netns::ArmedIp> {
         let e = self.endpoint(server_side);
         self.arm_on(&e.netns, &e.tap, action)
     }
@@ -2641,27 +2596,7 @@ fn iteration(bench: &Bench, program: &std::path::Path, plan: &Plan) -> Result<Ou
     check_outcome(&outcome, removed, survivor).or_else(fail)
 }
 
-/// Waits until every peer exited, or `timeout`; returns when each exit was seen
-/// ([`now_ns`], polled every millisecond). Once one peer failed, the others get 3 s.
-/// Peers still running are left to the caller (`wait_all` dumps their stacks).
-pub fn wait_exits(peers: &mut [&mut netlab::Peer], timeout: Duration) -> Vec<Option<u64>> {
-    let mut exits = vec![None; peers.len()];
-    let mut deadline = Instant::now() + timeout;
-    while exits.iter().any(Option::is_none) && Instant::now() < deadline {
-        for (i, p) in peers.iter_mut().enumerate() {
-            if exits[i].is_none() {
-                if let Ok(Some(st)) = p.try_status() {
-                    exits[i] = Some(now_ns());
-                    if !st.success() {
-                        deadline = deadline.min(Instant::now() + Duration::from_secs(3));
-                    }
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    exits
-}
+pub use netlab::wait_exits;
 
 /// The checks of one random iteration (issue 8), on the two reports.
 ///
@@ -2790,7 +2725,7 @@ pub fn run_pair(
     bench: &Bench,
     program: &std::path::Path,
     spec: &PairSpec,
-    armed: Armed,
+    armed: netlab::netns::ArmedIp,
     after_fire: impl FnOnce(&mut netlab::Peer) -> Result<(), netlab::HarnessError>,
 ) -> Result<PairRun, String> {
     let PairSpec {

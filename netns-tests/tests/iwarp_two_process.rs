@@ -12,11 +12,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use bench::ulpdu::TransferStats;
 use netlab::capture::tshark_summary;
 use netlab::{
     leftover_namespaces, wait_all, FailureKind, HarnessError, PeerOutput, Side, Topology,
 };
-use netns_tests::ulpdu::TransferStats;
 
 use netlab::skip_unless_root;
 

@@ -9,7 +9,7 @@
 //!
 //! `tcp` is raw smoltcp TCP in one thread (`bench::tcp`). `fpdu` opens the soft iWARP
 //! device (`softiwarp::device`, its engine thread) on the TAP and moves ULPDUs of MULPDU
-//! bytes over one MPA connection (`netns_tests::ulpdu`), with MPA CRCs on or off.
+//! bytes over one MPA connection (`bench::ulpdu`), with MPA CRCs on or off.
 //!
 //! The server prints `READY` once it listens; both print `RESULT <json>` (a
 //! `bench::tcp::TransferReport`) at the end and exit 0, or print the error and exit 1.
@@ -20,12 +20,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use bench::inline::InlineConfig;
+use bench::mpa_peer::{self, MpaPeerOptions, PeerRole};
 use bench::tcp::{self, Amount, Role, TcpBenchConfig, TransferReport};
+use bench::ulpdu::Amount as UlpduAmount;
 use bench::BenchError;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mpa::negotiate::CrcPolicy;
-use netns_tests::mpa_peer::{self, MpaPeerOptions, PeerRole};
-use netns_tests::ulpdu::Amount as UlpduAmount;
 use softiwarp::link::TapLink;
 use softiwarp::phy::{InterfaceConfig, TcpConfig};
 

@@ -7,17 +7,17 @@
 //! ```
 //!
 //! The server prints `READY` once it listens; both print `RESULT <json>` (a
-//! `netns_tests::ulpdu::TransferStats`) and exit 0, or print the error and exit 1. Logs
+//! `bench::ulpdu::TransferStats`) and exit 0, or print the error and exit 1. Logs
 //! go to stderr, filtered by `RUST_LOG` (default `warn`).
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use bench::mpa_peer::{self, MpaPeerOptions, PeerRole};
+use bench::ulpdu::Amount;
 use clap::{Parser, ValueEnum};
 use mpa::negotiate::CrcPolicy;
-use netns_tests::mpa_peer::{self, MpaPeerOptions, PeerRole};
-use netns_tests::ulpdu::Amount;
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
 enum Role {
