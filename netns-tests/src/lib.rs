@@ -12,6 +12,4 @@
 //! nothing behind. They need root and skip (saying so) without it; tshark is required when
 //! `CI` is set.
 
-pub mod iwping;
 pub mod removal;
-pub mod rping;

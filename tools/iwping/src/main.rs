@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use iwping::rping;
+use iwping::{run, PingOptions, Role};
 use mpa::negotiate::CrcPolicy;
 use mpa::wire::RtrKinds;
-use netns_tests::iwping::{run, PingOptions, Role};
-use netns_tests::rping;
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::RdmaCmConfig;
 use softiwarp::device::{Device, DeviceConfig, LinkConfig};

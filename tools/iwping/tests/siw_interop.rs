@@ -23,10 +23,10 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use iwping::rping::{client_line, ping_data, server_line};
 use netlab::capture::tshark_summary;
 use netlab::siwvm::{ensure_built, SiwVm, Variant, HOST_IP, VM_IP};
 use netlab::{format_mac, PeerOutput, PeerSpec};
-use netns_tests::rping::{client_line, ping_data, server_line};
 
 const IWPING: &str = env!("CARGO_BIN_EXE_iwping");
 
