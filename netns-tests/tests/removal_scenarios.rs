@@ -16,7 +16,10 @@
 
 use std::time::Duration;
 
-use netns_tests::removal::{run_pair, Bench, PairRun, PairSpec, PeerReport, TapAction, EXTRA_IP};
+mod removal_support;
+
+use netns_tests::removal::PeerReport;
+use removal_support::{run_pair, Bench, PairRun, PairSpec, TapAction, EXTRA_IP};
 
 use netlab::skip_unless_root;
 

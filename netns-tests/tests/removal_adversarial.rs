@@ -1,4 +1,4 @@
-//! Root-only breaker tests (helper breaker89) of device removal (issue 8), at moments
+//! Root-only adversarial tests (written by helper breaker89) of device removal (issue 8), at moments
 //! the other removal tests do not cover: `ip link set down` followed at once by `up`
 //! (a link flap: the device must still be removed exactly once, not half-removed and
 //! not resurrected), and removal under many QPs (32) with deep queues, on either side.
@@ -11,10 +11,11 @@
 
 use std::time::Duration;
 
-use netns_tests::removal::{
-    check_outcome, ms, now_ns, wait_exits, Bench, Moment, Outcome, PeerReport, Plan, TapAction,
-    TCP_TIMEOUT_MS,
-};
+mod removal_support;
+
+use netlab::{now_ns, wait_exits};
+use netns_tests::removal::PeerReport;
+use removal_support::{check_outcome, ms, Bench, Moment, Outcome, Plan, TapAction, TCP_TIMEOUT_MS};
 
 use netlab::skip_unless_root;
 
