@@ -57,11 +57,8 @@ fn run(
         let (t_act, t_done) = armed.fire().map_err(|e| e.to_string())?;
         if up_again {
             let ep = bench.endpoint(server_side);
-            let st = std::process::Command::new("ip")
-                .args(["-n", &ep.netns, "link", "set", &ep.tap, "up"])
-                .status()
-                .map_err(|e| e.to_string())?;
-            assert!(st.success(), "ip link set up");
+            let st = netlab::netns::run_ip(&["-n", &ep.netns, "link", "set", &ep.tap, "up"]);
+            assert!(st.is_ok(), "ip link set up: {st:?}");
             println!(
                 "link up again {:.1} ms after the down",
                 ms(now_ns(), t_done)

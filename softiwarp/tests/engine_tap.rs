@@ -69,11 +69,7 @@ fn tap_64mib_across_namespaces_with_clean_pcap() {
     drop(topo);
     let _ = std::fs::remove_file(&pcap);
     // Nothing of the topology survives it.
-    let list = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
+    let list = netlab::netns::ip_output(&["netns", "list"]).unwrap();
     for n in &names {
         assert!(!list.contains(n.as_str()), "namespace {n} left behind");
     }

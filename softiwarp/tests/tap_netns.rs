@@ -100,11 +100,7 @@ fn test_frame(seq: u32, len: usize) -> Vec<u8> {
 
 /// Asserts that no namespace or interface of `topo` survives it.
 fn assert_cleaned(ns_names: &[String], if_names: &[String]) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&out.stdout);
+    let list = netlab::netns::ip_output(&["netns", "list"]).unwrap();
     for n in ns_names {
         assert!(
             !list.contains(n.as_str()),
