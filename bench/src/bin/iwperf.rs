@@ -102,9 +102,6 @@ struct SideArgs {
     /// Set the TAP's MTU first (`ip link set TAP mtu N`).
     #[arg(long)]
     mtu: Option<usize>,
-    /// Capture this side's link to a pcap file.
-    #[arg(long)]
-    pcap: Option<PathBuf>,
     /// Keep at most this many bytes of capture (whole frames).
     #[arg(long, default_value_t = 64 << 20)]
     pcap_limit: u64,
