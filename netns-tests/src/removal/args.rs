@@ -11,7 +11,7 @@ pub enum Role {
     Client,
 }
 
-/// What the peer does (see the [module docs](self)).
+/// What the peer does (see the [module docs](crate::removal)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 pub enum Scenario {
     /// Load and churn; removal at a random moment.
@@ -31,7 +31,7 @@ pub enum Scenario {
     Wildcard,
 }
 
-/// Command line of `removal-peer` (see the [module docs](self)).
+/// Command line of `removal-peer` (see the [module docs](crate::removal)).
 #[derive(Debug, Clone, clap::Args)]
 pub struct PeerArgs {
     /// Server or client.

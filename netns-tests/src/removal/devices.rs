@@ -439,7 +439,7 @@ impl Peer {
     }
 }
 
-/// Runs the peer: the role's work, then [`Peer::finish`]. Prints `READY`, `PHASE`,
+/// Runs the peer: the role's work, then `Peer::finish`. Prints `READY`, `PHASE`,
 /// `EVENT`, `NOTICE` lines as it goes; the caller prints the report.
 ///
 /// Errors: set-up failures before anything ran (the TAP cannot be opened, bad
