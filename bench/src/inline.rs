@@ -7,7 +7,7 @@
 //! copies out of the socket, and as RDMA placement copies into a memory region).
 //!
 //! This is the `fpdu-inline-*` variants of the benchmark: the same wire bytes as the
-//! device variants (the same ULPDUs as `netns_tests::ulpdu`), but no threads, no queues
+//! device variants (the same ULPDUs as `crate::ulpdu`), but no threads, no queues
 //! and no per-ULPDU allocation, so the difference between the two tells what the
 //! engine-thread hand-off costs, and the difference to raw TCP what the MPA path itself
 //! (framing, CRC, the stack's one-FPDU-per-segment discipline) costs.
@@ -16,8 +16,8 @@ use std::net::SocketAddrV4;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant as StdInstant};
 
+use crate::ulpdu::{HEADER_LEN, PATTERN_LEN, STAG};
 use mpa::negotiate::CrcPolicy;
-use netns_tests::ulpdu::{HEADER_LEN, PATTERN_LEN, STAG};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use softiwarp::link::Link;
 use softiwarp::mpa_conn::CallError;
@@ -242,7 +242,7 @@ pub fn run<L: Link>(
     // poll; the TCP baseline looks at them only when idle).
     stack.set_link_check_interval(1000);
     let shared = Shared::default();
-    let mut pattern = netns_tests::ulpdu::pattern();
+    let mut pattern = crate::ulpdu::pattern();
     pattern.extend_from_within(..65536);
     let make_ulp = |sender: bool| {
         Box::new(BenchUlp {

@@ -1,17 +1,26 @@
-//! Benchmarks of the soft device's transport.
+//! iwperf and the benchmarks of the soft device's transport.
+//!
+//! Its room: the measuring tools (iwperf, the raw TCP baselines, the transport benchmark)
+//! and the verifiable ULPDU stream they and the two-process tests move. It touches
+//! softiwarp, rdma-cm and netlab (the lab: namespaces, peers, captures); never
+//! netns-tests, which may use it.
 //!
 //! - [`tcp`]: raw smoltcp TCP bulk transfer over any [`Link`](softiwarp::link::Link), one
 //!   process per side: the baseline every iWARP figure is compared with.
 //! - [`inline`]: the MPA FPDU stream over softiwarp's sans-IO stack in one thread (no
 //!   engine thread), to split the device's cost into hand-off and MPA path.
 //! - [`runner`]: the transport benchmark: builds the two-namespace TAP topology
-//!   (`netns-tests`), runs the `bench-peer` binary as server in namespace A and client in
+//!   (`netlab`), runs the `bench-peer` binary as server in namespace A and client in
 //!   namespace B for each variant and MTU, alternating variants run by run (A B A B), and
 //!   reports medians and ratios.
 //! - [`stats`]: medians and the result table.
 //! - [`iwperf`]: perftest for the soft device through rdma-cm and verbs, and the demo
 //!   (`iwperf demo`: two namespaces, the raw TCP baseline, Write, Read, Send, latency).
 //! - [`tcp_lat`]: raw smoltcp TCP ping-pong, the latency baseline.
+//! - [`ulpdu`] and [`mpa_peer`]: a verifiable stream of ULPDUs (RDMA Write DDP segments
+//!   carrying a known pattern) over one MPA connection of the soft iWARP device's public
+//!   API, and one side of such a transfer on a TAP: what `bench-peer fpdu` and
+//!   netns-tests' `iwarp-peer` run.
 //!
 //! Binaries: `iwperf` (see [`iwperf`]), `bench-peer` (one side of one transfer; prints `READY` when listening and
 //! `RESULT <json>` at the end) and `transport-bench` (the runner; needs root).
@@ -21,10 +30,12 @@ use std::time::Duration;
 
 pub mod inline;
 pub mod iwperf;
+pub mod mpa_peer;
 pub mod runner;
 pub mod stats;
 pub mod tcp;
 pub mod tcp_lat;
+pub mod ulpdu;
 
 /// Errors of the benchmarks.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +67,7 @@ pub enum BenchError {
     Config(String),
     /// The namespace harness failed (topology or a peer process).
     #[error(transparent)]
-    Harness(#[from] netns_tests::HarnessError),
+    Harness(#[from] netlab::HarnessError),
     /// A peer's `RESULT` line was missing or unreadable.
     #[error("peer {peer}: {message}")]
     Report {

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use netns_tests::{wait_all, PeerOutput, Side, Topology};
+use netlab::{wait_all, PeerOutput, Side, Topology};
 
 use crate::stats::Measurement;
 use crate::tcp::TransferReport;

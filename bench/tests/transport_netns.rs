@@ -11,16 +11,8 @@ use std::time::{Duration, Instant};
 
 use bench::runner::{run_one, RunLength, RunnerConfig, Variant};
 use bench::tcp::{pattern, PATTERN_LEN};
-use netns_tests::{leftover_namespaces, Topology};
+use netlab::{leftover_namespaces, skip_unless_root, Topology};
 use softiwarp::phy::mss_for_mtu;
-
-fn skip_unless_root(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
 
 /// CRC32c of the first `n` bytes of the client's repeating pattern.
 fn expected_crc(n: u64) -> u32 {

@@ -6,12 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use netns_tests::{
+use netlab::{
     leftover_namespaces, skip_unless_root, wait_all_with_grace, FailureKind, HarnessError,
     PeerSpec, Side, Topology,
 };
 
-fn failure(e: HarnessError) -> Box<netns_tests::PeerFailure> {
+fn failure(e: HarnessError) -> Box<netlab::PeerFailure> {
     match e {
         HarnessError::Peer(f) => f,
         other => panic!("expected a peer failure, got {other}"),

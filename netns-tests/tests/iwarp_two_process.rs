@@ -12,13 +12,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use netns_tests::capture::tshark_summary;
-use netns_tests::ulpdu::TransferStats;
-use netns_tests::{
+use bench::ulpdu::TransferStats;
+use netlab::capture::tshark_summary;
+use netlab::{
     leftover_namespaces, wait_all, FailureKind, HarnessError, PeerOutput, Side, Topology,
 };
 
-use netns_tests::skip_unless_root;
+use netlab::skip_unless_root;
 
 const PEER: &str = env!("CARGO_BIN_EXE_iwarp-peer");
 
@@ -81,10 +81,10 @@ fn one_gib_of_ulpdus_between_two_namespaces_verified_and_captured() {
     const BYTES: u64 = 1 << 30;
     const PCAP_LIMIT: u64 = 20 << 20;
     // Captures of killed earlier runs; this run's is removed by its guard.
-    netns_tests::capture::remove_stale_files(&std::env::temp_dir(), "iwarp-two-process-");
+    netlab::capture::remove_stale_files(&std::env::temp_dir(), "iwarp-two-process-");
     let pcap = TempFile(std::env::temp_dir().join(format!(
         "iwarp-two-process-{}.pcap",
-        softiwarp::netns::unique_tag()
+        netlab::netns::unique_tag()
     )));
     let topo = Topology::create(1500).expect("topology");
     let names = topo.namespaces();

@@ -5,7 +5,7 @@
 //! (`ip link del` or `ip link set down`) at the iteration's moment — before connect,
 //! during address resolution, during the MPA exchange, under full load, during
 //! disconnect, during destroy —, waits for both to exit, checks what issue 8 asks
-//! (`netns_tests::removal::check_outcome` and each peer's own invariants), and
+//! (`removal_support::check_outcome` and each peer's own invariants), and
 //! re-creates the TAP.
 //!
 //! `REMOVAL_ITERATIONS` (default 50), `REMOVAL_SEED` (default: fixed) change the run;
@@ -14,7 +14,9 @@
 
 use std::time::Instant;
 
-use netns_tests::removal::{distribution, run_iteration, Bench, Moment, Outcome, Plan};
+mod removal_support;
+
+use removal_support::{distribution, run_iteration, Bench, Moment, Outcome, Plan};
 
 const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
 
@@ -27,7 +29,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn removal_at_random_moments_under_load() {
-    if !softiwarp::netns::is_root() {
+    if !netlab::netns::is_root() {
         eprintln!("skipping removal_at_random_moments_under_load: needs root (network namespaces and TAPs)");
         return;
     }
@@ -70,10 +72,7 @@ fn removal_at_random_moments_under_load() {
         }
     }
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     let col = |f: fn(&Outcome) -> f64| outcomes.iter().map(f).collect::<Vec<f64>>();
     println!(
         "{} iterations in {:?} (seed {seed:#x})",

@@ -16,9 +16,12 @@
 
 use std::time::Duration;
 
-use netns_tests::removal::{run_pair, Bench, PairRun, PairSpec, PeerReport, TapAction, EXTRA_IP};
+mod removal_support;
 
-use netns_tests::skip_unless_root;
+use netns_tests::removal::PeerReport;
+use removal_support::{run_pair, Bench, PairRun, PairSpec, TapAction, EXTRA_IP};
+
+use netlab::skip_unless_root;
 
 const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
 
@@ -79,7 +82,7 @@ fn client_removal(
     client_args: &[&str],
     trigger: &str,
     delay: Duration,
-    after_fire: impl FnOnce(&Bench, &mut netns_tests::Peer) -> Result<(), netns_tests::HarnessError>,
+    after_fire: impl FnOnce(&Bench, &mut netlab::Peer) -> Result<(), netlab::HarnessError>,
 ) -> PairRun {
     let bench = Bench::create().expect("topology");
     let names = bench.topology().namespaces();
@@ -95,10 +98,7 @@ fn client_removal(
     })
     .unwrap_or_else(|e| panic!("{e}"));
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     clean(&run.client);
     clean(&run.server);
     run
@@ -240,10 +240,7 @@ fn a_wildcard_listener_loses_one_device_and_keeps_accepting_on_the_other() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     clean(&run.client);
     clean(&run.server);
     let s = &run.server;
@@ -296,9 +293,7 @@ fn a_new_device_on_the_recreated_tap_serves_a_new_id() {
                 |l| l.starts_with("WAITING_FOR_TAP"),
                 Duration::from_secs(10),
             )?;
-            bench
-                .restore(false)
-                .map_err(netns_tests::HarnessError::Setup)
+            bench.restore(false).map_err(netlab::HarnessError::Setup)
         },
     );
     let c = &run.client;

@@ -54,7 +54,6 @@
 //!   ([`link::MemoryLink`]), with stackable middlewares ([`link::Pcap`],
 //!   [`link::Faults`]) and link failure as events ([`link::LinkEvent`]).
 //! - [`phy`]: the smoltcp `Device` over any link, the `Interface` and TCP socket builders.
-//! - [`netns`]: network namespaces and the two-TAP topology for root-only tests.
 //! - [`mpa_conn`]: the sans-IO MPA endpoint of one connection (RFC 5044, RFC 6581).
 //! - [`stack`]: the sans-IO transport core (smoltcp interface, TCP sockets, an
 //!   [`mpa_conn::MpaConn`] and an upper layer per connection, listeners with a backlog).
@@ -86,7 +85,6 @@ pub mod link;
 pub mod mpa_conn;
 pub mod mr;
 pub mod neighbor;
-pub mod netns;
 pub mod phy;
 pub mod qp;
 pub mod qp_ulp;

@@ -1,5 +1,5 @@
 //! Root-only: two devices on real TAPs in two network namespaces made by the test
-//! (`softiwarp::netns::TapPair`); each engine thread enters its namespace with `setns(2)`
+//! (`netlab::netns::TapPair`); each engine thread enters its namespace with `setns(2)`
 //! before opening its TAP. Connect, move 64 MiB of ULPDUs (valid DDP segments) verified
 //! by checksum, close, and decode the pcap written by one side with `iwdump`: zero errors.
 //!
@@ -10,8 +10,8 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use netlab::netns::{is_root, unique_tag, TapPair, TapPairConfig};
 use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::netns::{is_root, unique_tag, TapPair, TapPairConfig};
 use softiwarp::stack::{CloseMode, ConnEvent, MpaParams};
 
 const PORT: u16 = 4791;
@@ -69,11 +69,7 @@ fn tap_64mib_across_namespaces_with_clean_pcap() {
     drop(topo);
     let _ = std::fs::remove_file(&pcap);
     // Nothing of the topology survives it.
-    let list = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
+    let list = netlab::netns::ip_output(&["netns", "list"]).unwrap();
     for n in &names {
         assert!(!list.contains(n.as_str()), "namespace {n} left behind");
     }

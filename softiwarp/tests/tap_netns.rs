@@ -1,5 +1,5 @@
 //! Root-only: real TAPs in network namespaces made by the test (topology of
-//! transport-notes.md, via `softiwarp::netns`), opened from threads that `setns` into them.
+//! transport-notes.md, via `netlab::netns`), opened from threads that `setns` into them.
 //!
 //! - frames and a 1 MiB smoltcp TCP echo cross from a TAP in one namespace to a TAP in the
 //!   other (bridge, veth, bridge), with a pcap of one side;
@@ -17,12 +17,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant as StdInstant};
 
 use common::{Client, Host, Server, Side};
+use netlab::netns::{is_root, run_ip, unique_tag, NetNs, TapPair, TapPairConfig};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use smoltcp::time::Instant;
 use softiwarp::link::{
     DownReason, GoneReason, Link, LinkError, LinkEvent, Pcap, TapLink, TapOptions,
 };
-use softiwarp::netns::{is_root, run_ip, unique_tag, NetNs, TapPair, TapPairConfig};
 use softiwarp::phy::TcpConfig;
 
 /// The spec: a link failure is noticed within this.
@@ -100,11 +100,7 @@ fn test_frame(seq: u32, len: usize) -> Vec<u8> {
 
 /// Asserts that no namespace or interface of `topo` survives it.
 fn assert_cleaned(ns_names: &[String], if_names: &[String]) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&out.stdout);
+    let list = netlab::netns::ip_output(&["netns", "list"]).unwrap();
     for n in ns_names {
         assert!(
             !list.contains(n.as_str()),

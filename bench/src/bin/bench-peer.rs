@@ -9,7 +9,7 @@
 //!
 //! `tcp` is raw smoltcp TCP in one thread (`bench::tcp`). `fpdu` opens the soft iWARP
 //! device (`softiwarp::device`, its engine thread) on the TAP and moves ULPDUs of MULPDU
-//! bytes over one MPA connection (`netns_tests::ulpdu`), with MPA CRCs on or off.
+//! bytes over one MPA connection (`bench::ulpdu`), with MPA CRCs on or off.
 //!
 //! The server prints `READY` once it listens; both print `RESULT <json>` (a
 //! `bench::tcp::TransferReport`) at the end and exit 0, or print the error and exit 1.
@@ -20,12 +20,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use bench::inline::InlineConfig;
+use bench::mpa_peer::{self, MpaPeerOptions, PeerRole};
 use bench::tcp::{self, Amount, Role, TcpBenchConfig, TransferReport};
+use bench::ulpdu::Amount as UlpduAmount;
 use bench::BenchError;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mpa::negotiate::CrcPolicy;
-use netns_tests::mpa_peer::{self, MpaPeerOptions, PeerRole};
-use netns_tests::ulpdu::Amount as UlpduAmount;
 use softiwarp::link::TapLink;
 use softiwarp::phy::{InterfaceConfig, TcpConfig};
 
@@ -73,15 +73,10 @@ struct Common {
     /// Server (listens, receives) or client (connects, sends).
     #[arg(long, value_enum)]
     role: RoleArg,
-    /// The TAP interface to open (in this namespace).
-    #[arg(long)]
-    tap: String,
-    /// This side's address and prefix, e.g. 10.234.0.1/24.
-    #[arg(long)]
-    ip: String,
-    /// This side's MAC, e.g. 02:00:0a:ea:00:01.
-    #[arg(long)]
-    mac: String,
+    /// `--tap --ip --mac` (`--mac` is required here; `--pcap` is refused: a capture
+    /// would skew the measurement).
+    #[command(flatten)]
+    link: netlab::LinkArgs,
     /// The server's address (the client connects to it).
     #[arg(long)]
     peer_ip: Ipv4Addr,
@@ -116,9 +111,18 @@ struct Common {
 }
 
 fn parse_iface(c: &Common) -> Result<InterfaceConfig, BenchError> {
-    let (address, prefix_len) = netns_tests::parse_cidr(&c.ip).map_err(BenchError::Config)?;
+    let (address, prefix_len) = c.link.cidr().map_err(BenchError::Config)?;
+    if c.link.pcap.is_some() {
+        return Err(BenchError::Config(
+            "bench-peer does not capture (--pcap)".into(),
+        ));
+    }
     Ok(InterfaceConfig {
-        mac: netns_tests::parse_mac(&c.mac).map_err(BenchError::Config)?,
+        mac: c
+            .link
+            .mac()
+            .map_err(BenchError::Config)?
+            .ok_or_else(|| BenchError::Config("--mac is required".into()))?,
         address,
         prefix_len,
         gateway: None,
@@ -145,7 +149,7 @@ fn run_fpdu(f: &FpduArgs) -> Result<(), BenchError> {
         RoleArg::Server => PeerRole::Server,
         RoleArg::Client => PeerRole::Client,
     };
-    let mut opts = MpaPeerOptions::new(role, &c.tap, iface.address, iface.mac, c.peer_ip);
+    let mut opts = MpaPeerOptions::new(role, &c.link.tap, iface.address, iface.mac, c.peer_ip);
     opts.prefix_len = iface.prefix_len;
     opts.port = c.port;
     opts.crc = match f.crc {
@@ -229,7 +233,7 @@ fn run_inline(f: &FpduArgs) -> Result<(), BenchError> {
         spin: Duration::from_micros(c.spin_us),
         timeout: Duration::from_secs(c.timeout),
     };
-    let mut link = TapLink::open(&c.tap)?;
+    let mut link = TapLink::open(&c.link.tap)?;
     tcp::wait_link_up(&mut link, Duration::from_secs(5))?;
     let report = bench::inline::run(link, &cfg, || println!("READY"))?;
     let want = if f.crc == OnOff::On {
@@ -268,7 +272,7 @@ fn run_tcp(c: &Common) -> Result<(), BenchError> {
     cfg.verify = c.verify;
     cfg.spin = Duration::from_micros(c.spin_us);
     cfg.timeout = Duration::from_secs(c.timeout);
-    let mut link = TapLink::open(&c.tap)?;
+    let mut link = TapLink::open(&c.link.tap)?;
     tcp::wait_link_up(&mut link, Duration::from_secs(5))?;
     let report = match role {
         Role::Server => tcp::run_server(link, &cfg, || println!("READY"))?,
@@ -278,7 +282,7 @@ fn run_tcp(c: &Common) -> Result<(), BenchError> {
 }
 
 fn main() -> ExitCode {
-    if let Err(e) = netns_tests::logging::init_peer("warn") {
+    if let Err(e) = netlab::logging::init_peer("warn") {
         eprintln!("bench-peer: {e}");
         return ExitCode::FAILURE;
     }

@@ -94,23 +94,14 @@ struct MpaArgs {
     tcp_buffer: usize,
 }
 
+/// One side's link: netlab's shared `--tap --ip --mac --pcap`, and iwperf's own extras.
 #[derive(Args, Debug, Clone)]
-struct LinkArgs {
-    /// The TAP interface to open (in this namespace).
-    #[arg(long)]
-    tap: String,
-    /// This side's address and prefix, e.g. 10.234.0.1/24 (owned by the soft device).
-    #[arg(long)]
-    ip: String,
-    /// This side's MAC address (default 02:00 + the address bytes).
-    #[arg(long)]
-    mac: Option<String>,
+struct SideArgs {
+    #[command(flatten)]
+    link: netlab::LinkArgs,
     /// Set the TAP's MTU first (`ip link set TAP mtu N`).
     #[arg(long)]
     mtu: Option<usize>,
-    /// Capture this side's link to a pcap file.
-    #[arg(long)]
-    pcap: Option<PathBuf>,
     /// Keep at most this many bytes of capture (whole frames).
     #[arg(long, default_value_t = 64 << 20)]
     pcap_limit: u64,
@@ -125,7 +116,7 @@ struct LinkArgs {
 #[derive(Args, Debug)]
 struct ServerArgs {
     #[command(flatten)]
-    link: LinkArgs,
+    side: SideArgs,
     #[command(flatten)]
     mpa: MpaArgs,
     /// Port to listen on.
@@ -145,7 +136,7 @@ struct ServerArgs {
 #[derive(Args, Debug)]
 struct ClientArgs {
     #[command(flatten)]
-    link: LinkArgs,
+    side: SideArgs,
     #[command(flatten)]
     mpa: MpaArgs,
     /// The server's address.
@@ -306,28 +297,23 @@ fn pin(cpu: Option<usize>) -> Result<(), IwperfError> {
     Ok(())
 }
 
-fn device_options(name: &str, l: &LinkArgs, m: &MpaArgs) -> Result<DeviceOptions, IwperfError> {
-    let (ip, prefix_len) = netns_tests::parse_cidr(&l.ip).map_err(usage)?;
-    let mac = l
-        .mac
-        .as_deref()
-        .map(netns_tests::parse_mac)
-        .transpose()
-        .map_err(usage)?;
+fn device_options(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<DeviceOptions, IwperfError> {
+    let (ip, prefix_len) = l.link.cidr().map_err(usage)?;
+    let mac = l.link.mac().map_err(usage)?;
     if let Some(mtu) = l.mtu {
-        softiwarp::netns::run_ip(&["link", "set", "dev", &l.tap, "mtu", &mtu.to_string()])
+        netlab::netns::run_ip(&["link", "set", "dev", &l.link.tap, "mtu", &mtu.to_string()])
             .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
     }
     Ok(DeviceOptions {
         name: name.into(),
-        link: LinkChoice::Tap(l.tap.clone()),
+        link: LinkChoice::Tap(l.link.tap.clone()),
         ip,
         prefix_len,
         mac,
         crc: m.crc == OnOff::On,
         markers: m.markers == OnOff::On,
         mpa_rev: m.mpa_rev,
-        pcap: l.pcap.clone().map(|p| (p, l.pcap_limit)),
+        pcap: l.link.pcap.clone().map(|p| (p, l.pcap_limit)),
         engine_spin: Duration::from_micros(m.spin_us),
         tcp_buffer: m.tcp_buffer,
     })
@@ -341,10 +327,10 @@ fn print_json(v: &impl serde::Serialize) {
 }
 
 fn server(a: &ServerArgs) -> Result<(), IwperfError> {
-    pin(a.link.cpu)?;
-    let dev = device_options("iwps", &a.link, &a.mpa)?;
-    let json = a.link.json;
-    let where_ = format!("{}:{}", a.link.ip, a.port);
+    pin(a.side.cpu)?;
+    let dev = device_options("iwps", &a.side, &a.mpa)?;
+    let json = a.side.json;
+    let where_ = format!("{}:{}", a.side.link.ip, a.port);
     let (summary, err) = run_server(
         dev,
         a.port,
@@ -375,7 +361,7 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
 }
 
 fn client(a: &ClientArgs) -> Result<(), IwperfError> {
-    pin(a.link.cpu)?;
+    pin(a.side.cpu)?;
     let ops = parse_ops(&a.op)?;
     let mode = if a.lat {
         Mode::Latency
@@ -400,8 +386,8 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         connect_timeout: Duration::from_secs(30),
     };
     test.validate()?;
-    let dev = device_options("iwpc", &a.link, &a.mpa)?;
-    let json = a.link.json;
+    let dev = device_options("iwpc", &a.side, &a.mpa)?;
+    let json = a.side.json;
     let show = a.progress;
     let mut progress = |p: &Progress| {
         if show {
@@ -452,9 +438,9 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
 
 fn tcp_peer(a: &TcpPeerArgs) -> Result<(), IwperfError> {
     pin(a.cpu)?;
-    let (address, prefix_len) = netns_tests::parse_cidr(&a.ip).map_err(usage)?;
+    let (address, prefix_len) = netlab::parse_cidr(&a.ip).map_err(usage)?;
     let iface = InterfaceConfig {
-        mac: netns_tests::parse_mac(&a.mac).map_err(usage)?,
+        mac: netlab::parse_mac(&a.mac).map_err(usage)?,
         address,
         prefix_len,
         gateway: None,
@@ -550,12 +536,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(cli.cmd, Cmd::Demo(_)) {
         // The demo makes namespaces and starts peers: clean up on Ctrl-C.
-        if let Err(e) = netns_tests::signals::install_handler() {
+        if let Err(e) = netlab::signals::install_handler() {
             eprintln!("iwperf: {e}");
             return ExitCode::FAILURE;
         }
-        netns_tests::logging::init_tracing("warn");
-    } else if let Err(e) = netns_tests::logging::init_peer("warn") {
+        netlab::logging::init_tracing("warn");
+    } else if let Err(e) = netlab::logging::init_peer("warn") {
         eprintln!("iwperf: {e}");
         return ExitCode::FAILURE;
     }
@@ -568,7 +554,7 @@ fn main() -> ExitCode {
     match res {
         Ok(()) => ExitCode::from(EXIT_OK),
         Err(e) => {
-            let e = if netns_tests::signals::interrupted() {
+            let e = if netlab::signals::interrupted() {
                 IwperfError::Interrupted
             } else {
                 e

@@ -121,8 +121,8 @@ fn run(cli: &Cli) -> Result<(), BenchError> {
 }
 
 fn main() -> ExitCode {
-    netns_tests::logging::init_tracing("info");
-    if let Err(e) = netns_tests::signals::install_handler() {
+    netlab::logging::init_tracing("info");
+    if let Err(e) = netlab::signals::install_handler() {
         eprintln!("transport-bench: {e}");
         return ExitCode::FAILURE;
     }
@@ -131,7 +131,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("transport-bench: {e}");
-            if netns_tests::signals::interrupted() {
+            if netlab::signals::interrupted() {
                 ExitCode::from(130)
             } else {
                 ExitCode::FAILURE

@@ -67,7 +67,7 @@ pub struct DeviceOptions {
     /// MPA revision, 1 or 2.
     pub mpa_rev: u8,
     /// Capture the link to this pcap file, keeping at most this many bytes (whole
-    /// records, [`netns_tests::capture::CappedPcap`]).
+    /// records, [`netlab::capture::CappedPcap`]).
     pub pcap: Option<(PathBuf, u64)>,
     /// Engine busy-poll time after activity.
     pub engine_spin: Duration,
@@ -103,7 +103,7 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
         Some((path, limit)) => {
             let file = std::fs::File::create(path)
                 .map_err(|e| setup(&format!("create {}", path.display()), &e))?;
-            let out = netns_tests::capture::CappedPcap::new(
+            let out = netlab::capture::CappedPcap::new(
                 std::io::BufWriter::with_capacity(1 << 16, file),
                 *limit,
             );

@@ -1,7 +1,7 @@
 //! `iwperf demo`: the main job in one command.
 //!
 //! As root: two network namespaces with a TAP each, joined by bridges and a veth
-//! ([`netns_tests::Topology`], removed afterwards also on failure and Ctrl-C); in each
+//! ([`netlab::Topology`], removed afterwards also on failure and Ctrl-C); in each
 //! round the raw smoltcp TCP bulk transfer (the baseline, [`crate::tcp`]), then iWARP
 //! Write, Read and Send (an `iwperf server` process in namespace A, an `iwperf client`
 //! in namespace B, pinned to CPUs 1 and 0 like `transport-bench`), then the latency
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use netns_tests::{format_mac, Endpoint, Peer, PeerOutput, Side, Topology};
+use netlab::{format_mac, Endpoint, Peer, PeerOutput, Side, Topology};
 use softiwarp::link::{MemoryConfig, MemoryLink};
 use softiwarp::phy::InterfaceConfig;
 
@@ -215,7 +215,7 @@ pub fn run(cfg: &DemoConfig, say: Say<'_>, to_stderr: bool) -> Result<DemoOutcom
             "--rounds and --duration must be positive".into(),
         ));
     }
-    let root = softiwarp::netns::is_root();
+    let root = netlab::netns::is_root();
     let memory = cfg.memory || !root;
     if !root && !cfg.memory {
         say("iwperf demo: not running as root (network namespaces and TAPs need it): measuring over an in-memory link in one process instead");
@@ -596,9 +596,9 @@ fn common_args(cfg: &DemoConfig) -> Vec<String> {
     ]
 }
 
-fn harness(e: netns_tests::HarnessError) -> IwperfError {
+fn harness(e: netlab::HarnessError) -> IwperfError {
     match e {
-        netns_tests::HarnessError::Interrupted => IwperfError::Interrupted,
+        netlab::HarnessError::Interrupted => IwperfError::Interrupted,
         e => IwperfError::Bench(BenchError::Harness(e)),
     }
 }
@@ -662,7 +662,7 @@ fn run_pair(
     );
     if let Err(e) = seen {
         // The client exited without a result: collect both outputs for the message.
-        if !matches!(e, netns_tests::HarnessError::Peer(ref f) if f.kind == netns_tests::FailureKind::ExitedEarly)
+        if !matches!(e, netlab::HarnessError::Peer(ref f) if f.kind == netlab::FailureKind::ExitedEarly)
         {
             return Err(harness(e));
         }

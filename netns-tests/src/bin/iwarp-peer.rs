@@ -7,19 +7,17 @@
 //! ```
 //!
 //! The server prints `READY` once it listens; both print `RESULT <json>` (a
-//! `netns_tests::ulpdu::TransferStats`) and exit 0, or print the error and exit 1. Logs
+//! `bench::ulpdu::TransferStats`) and exit 0, or print the error and exit 1. Logs
 //! go to stderr, filtered by `RUST_LOG` (default `warn`).
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use bench::mpa_peer::{self, MpaPeerOptions, PeerRole};
+use bench::ulpdu::Amount;
 use clap::{Parser, ValueEnum};
 use mpa::negotiate::CrcPolicy;
-use netns_tests::mpa_peer::{self, MpaPeerOptions, PeerRole};
-use netns_tests::ulpdu::Amount;
-use netns_tests::{parse_cidr, parse_mac};
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
 enum Role {
@@ -43,15 +41,9 @@ struct Cli {
     /// Server (listens, receives) or client (connects, sends).
     #[arg(value_enum)]
     role: Role,
-    /// The TAP interface to open (in this namespace).
-    #[arg(long)]
-    tap: String,
-    /// This side's address and prefix, e.g. 10.234.0.1/24.
-    #[arg(long)]
-    ip: String,
-    /// This side's MAC, e.g. 02:00:0a:ea:00:01.
-    #[arg(long)]
-    mac: String,
+    /// `--tap --ip --mac --pcap` (`--mac` is required here).
+    #[command(flatten)]
+    link: netlab::LinkArgs,
     /// The server's address.
     #[arg(long)]
     peer_ip: Ipv4Addr,
@@ -76,9 +68,6 @@ struct Cli {
     /// Client: abort the connection (RST) after this many bytes (failure-path tests).
     #[arg(long)]
     abort_after: Option<u64>,
-    /// Capture this side's link to a pcap file.
-    #[arg(long)]
-    pcap: Option<PathBuf>,
     /// Keep at most this many bytes of the capture (whole frames).
     #[arg(long, default_value_t = 20 << 20)]
     pcap_limit: u64,
@@ -88,20 +77,24 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    if let Err(e) = netns_tests::logging::init_peer("warn") {
+    if let Err(e) = netlab::logging::init_peer("warn") {
         eprintln!("iwarp-peer: {e}");
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
-    let (ip, prefix_len) = match parse_cidr(&cli.ip) {
+    let (ip, prefix_len) = match cli.link.cidr() {
         Ok(v) => v,
         Err(e) => {
             eprintln!("iwarp-peer: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let mac = match parse_mac(&cli.mac) {
-        Ok(m) => m,
+    let mac = match cli.link.mac() {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            eprintln!("iwarp-peer: --mac is required");
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             eprintln!("iwarp-peer: {e}");
             return ExitCode::FAILURE;
@@ -111,7 +104,7 @@ fn main() -> ExitCode {
         Role::Server => PeerRole::Server,
         Role::Client => PeerRole::Client,
     };
-    let mut opts = MpaPeerOptions::new(role, &cli.tap, ip, mac, cli.peer_ip);
+    let mut opts = MpaPeerOptions::new(role, &cli.link.tap, ip, mac, cli.peer_ip);
     opts.prefix_len = prefix_len;
     opts.port = cli.port;
     opts.crc = match cli.crc {
@@ -126,7 +119,7 @@ fn main() -> ExitCode {
     opts.transfer.verify = !cli.no_verify;
     opts.transfer.ulpdu_size = cli.ulpdu_size;
     opts.transfer.abort_after = cli.abort_after;
-    opts.pcap = cli.pcap.map(|p| (p, cli.pcap_limit));
+    opts.pcap = cli.link.pcap.map(|p| (p, cli.pcap_limit));
     if let Some(us) = cli.spin_us {
         opts.spin = Duration::from_micros(us);
     }

@@ -28,8 +28,12 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = netns_tests::logging::init_peer("warn") {
+    if let Err(e) = netlab::logging::init_peer("warn") {
         eprintln!("removal-peer: {e}");
+        return ExitCode::from(2);
+    }
+    if cli.args.link.pcap.is_some() {
+        eprintln!("removal-peer: does not capture (--pcap)");
         return ExitCode::from(2);
     }
     match run_peer(&cli.args) {

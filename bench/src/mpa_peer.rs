@@ -6,7 +6,7 @@
 //! connection and receives the [`crate::ulpdu`] stream until the client closes. The
 //! client opens its device, connects, sends the stream and closes gracefully. Either
 //! side can capture its link to a pcap file, keeping only the first bytes
-//! ([`crate::capture::CappedPcap`]).
+//! ([`netlab::capture::CappedPcap`]).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -20,8 +20,8 @@ use softiwarp::link::{Link, LinkEvent, Pcap, TapLink};
 use softiwarp::phy::TcpConfig;
 use softiwarp::stack::{MpaDefaults, MpaParams};
 
-use crate::capture::CappedPcap;
 use crate::ulpdu::{recv_stream, send_stream, TransferConfig, TransferError, TransferStats};
+use netlab::capture::CappedPcap;
 
 /// Which side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! The kernel interfaces carry no address: each peer's userspace stack owns its IP
-//! address and MAC and answers ARP itself. Built by [`softiwarp::netns::TapPair`]
+//! address and MAC and answers ARP itself. Built by [`crate::netns::TapPair`]
 //! (bridge netfilter and IPv6 off, one MTU everywhere, `txqueuelen` 10000, pending link
 //! changes committed so no frame is lost at start-up); removed when the [`Topology`] is
 //! dropped, also while a panic unwinds.
@@ -16,8 +16,8 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use softiwarp::netns::{is_root, TapPair, TapPairConfig};
-
+use crate::link_args::format_mac;
+use crate::netns::{is_root, TapPair, TapPairConfig};
 use crate::peer::PeerSpec;
 use crate::signals::registry;
 use crate::HarnessError;
@@ -168,43 +168,6 @@ pub fn leftover_namespaces<S: AsRef<str>>(names: &[S]) -> Vec<String> {
         .collect()
 }
 
-/// Formats a MAC address as `02:00:0a:ea:00:01`.
-pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Parses a MAC address written as six colon-separated hex octets.
-///
-/// Errors: a message naming the input.
-pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let bad = || format!("bad MAC address {s:?} (want six hex octets, e.g. 02:00:0a:ea:00:01)");
-    if parts.len() != 6 {
-        return Err(bad());
-    }
-    let mut mac = [0u8; 6];
-    for (m, p) in mac.iter_mut().zip(parts) {
-        *m = u8::from_str_radix(p, 16).map_err(|_| bad())?;
-    }
-    Ok(mac)
-}
-
-/// Parses `A.B.C.D/P` into an address and prefix length (0..=32).
-///
-/// Errors: a message naming the input.
-pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
-    let bad = || format!("bad address {s:?} (want A.B.C.D/P)");
-    let (a, p) = s.split_once('/').ok_or_else(bad)?;
-    let prefix: u8 = p.parse().map_err(|_| bad())?;
-    if prefix > 32 {
-        return Err(bad());
-    }
-    Ok((a.parse().map_err(|_| bad())?, prefix))
-}
-
 impl Endpoint {
     /// The arguments that tell a peer binary where it is: `--tap T --ip A/P --mac M`.
     pub fn peer_args(&self) -> Vec<String> {
@@ -222,6 +185,7 @@ impl Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link_args::{parse_cidr, parse_mac};
 
     #[test]
     fn addresses_parse_and_format() {

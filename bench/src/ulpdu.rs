@@ -38,6 +38,11 @@ pub const PATTERN_LEN: usize = (1 << 20) + 7;
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The payload pattern: [`PATTERN_LEN`] pseudo-random bytes (xorshift64*, fixed seed).
+///
+/// A fixed data pattern, not a PRNG: both peers of a transfer (separate processes, the
+/// `bench-peer` and `iwarp-peer` binaries) compute the same bytes from the same constant,
+/// and a capture of it can be checked against it. It stays here, deterministic and
+/// seedless, because binaries use it (the tests' one PRNG, `testkit::Rng`, is test-only).
 pub fn pattern() -> Vec<u8> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut out = Vec::with_capacity(PATTERN_LEN + 8);

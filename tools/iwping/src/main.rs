@@ -13,16 +13,15 @@
 //! failure (the reason on stderr). Logs: `RUST_LOG` (default `warn`).
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use iwping::rping;
+use iwping::{run, PingOptions, Role};
 use mpa::negotiate::CrcPolicy;
 use mpa::wire::RtrKinds;
-use netns_tests::iwping::{run, PingOptions, Role};
-use netns_tests::{parse_cidr, parse_mac, rping};
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::RdmaCmConfig;
 use softiwarp::device::{Device, DeviceConfig, LinkConfig};
@@ -95,18 +94,10 @@ struct Cli {
     /// Debug lines.
     #[arg(short = 'd')]
     debug: bool,
-    /// The TAP interface the soft device opens.
-    #[arg(long)]
-    tap: String,
-    /// The device's IPv4 address and prefix, A.B.C.D/P.
-    #[arg(long)]
-    ip: String,
-    /// The device's MAC address (default 02:00 + the four address bytes).
-    #[arg(long)]
-    mac: Option<String>,
-    /// Capture every frame of the device to this pcap file.
-    #[arg(long)]
-    pcap: Option<PathBuf>,
+    /// `--tap --ip --mac --pcap` (the MAC defaults to 02:00 + the four address bytes;
+    /// the capture has every frame of the device).
+    #[command(flatten)]
+    link: netlab::LinkArgs,
     /// MPA CRC policy.
     #[arg(long, value_enum, default_value = "if-peer-asks")]
     crc: Crc,
@@ -136,11 +127,11 @@ struct Cli {
 fn main() -> ExitCode {
     // First, before any thread starts: SIGINT/SIGTERM/SIGHUP end the run through its
     // destroy path, so the peer sees the connection end at once.
-    if let Err(e) = netns_tests::signals::install_handler() {
+    if let Err(e) = netlab::signals::install_handler() {
         eprintln!("iwping: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = netns_tests::logging::init_peer("warn") {
+    if let Err(e) = netlab::logging::init_peer("warn") {
         eprintln!("iwping: {e}");
         return ExitCode::FAILURE;
     }
@@ -149,7 +140,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("iwping: {e}");
-            if netns_tests::signals::interrupted() {
+            if netlab::signals::interrupted() {
                 ExitCode::from(130)
             } else {
                 ExitCode::FAILURE
@@ -159,7 +150,7 @@ fn main() -> ExitCode {
 }
 
 fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
-    let (ip, prefix_len) = parse_cidr(&cli.ip)?;
+    let (ip, prefix_len) = cli.link.cidr()?;
     let opts = PingOptions {
         role: if cli.server {
             Role::Server
@@ -177,14 +168,14 @@ fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         step_timeout: Duration::from_secs(cli.timeout.max(1)),
     };
     opts.check()?;
-    let mut link = LinkConfig::tap(&cli.tap);
-    if let Some(p) = &cli.pcap {
+    let mut link = LinkConfig::tap(&cli.link.tap);
+    if let Some(p) = &cli.link.pcap {
         link = link.with_pcap(p);
     }
     let name = "iwping";
     let mut config = DeviceConfig::new(name, link, ip, prefix_len);
-    if let Some(m) = &cli.mac {
-        config.interface.mac = parse_mac(m)?;
+    if let Some(m) = cli.link.mac()? {
+        config.interface.mac = m;
     }
     // A fresh TCP port and ISN each run: a peer may still hold the last run's connection.
     let now = std::time::SystemTime::now()

@@ -1,4 +1,4 @@
-//! Root-only breaker tests (helper breaker89): `iwping` against itself over two TAPs in
+//! Root-only adversarial tests (written by helper breaker89): `iwping` against itself over two TAPs in
 //! two namespaces, with options at their limits and odd combinations between the two
 //! sides, and a server that dies mid-run.
 //!
@@ -7,18 +7,18 @@
 
 use std::time::{Duration, Instant};
 
-use netns_tests::{PeerOutput, Side, Topology};
+use netlab::{PeerOutput, Side, Topology};
 
-use netns_tests::skip_unless_root;
+use netlab::skip_unless_root;
 
 const IWPING: &str = env!("CARGO_BIN_EXE_iwping");
 
-fn spec(topo: &Topology, side: Side, name: &str) -> netns_tests::PeerSpec {
+fn spec(topo: &Topology, side: Side, name: &str) -> netlab::PeerSpec {
     spec_with_timeout(topo, side, name, "20")
 }
 
 /// An `iwping` in a namespace with its `--timeout` (seconds any one step may take).
-fn spec_with_timeout(topo: &Topology, side: Side, name: &str, t: &str) -> netns_tests::PeerSpec {
+fn spec_with_timeout(topo: &Topology, side: Side, name: &str, t: &str) -> netlab::PeerSpec {
     topo.peer(side, name, IWPING)
         .args(topo.side(side).peer_args())
         .args(["--timeout", t])
@@ -52,10 +52,7 @@ fn pair(server_args: &[&str], client_args: &[&str]) -> (PeerOutput, PeerOutput) 
         (s, c)
     };
     drop(topo);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     out
 }
 

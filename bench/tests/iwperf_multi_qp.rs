@@ -8,14 +8,14 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::{leftover_namespaces, wait_all, Topology};
+use netlab::{leftover_namespaces, wait_all, Topology};
 
 #[test]
 fn eight_qps_write_and_read_at_once_verified() {
     if skip_unless_root("eight_qps_write_and_read_at_once_verified") {
         return;
     }
-    let Some(bin) = iwperf() else { return };
+    let bin = iwperf();
     let topo = Topology::create(9000).expect("topology");
     let names = topo.namespaces();
     let server = start_server(&topo, &bin, &["--json", "--timeout", "60"]);
@@ -76,7 +76,7 @@ fn a_refused_connection_exits_with_the_connection_status() {
     if skip_unless_root("a_refused_connection_exits_with_the_connection_status") {
         return;
     }
-    let Some(bin) = iwperf() else { return };
+    let bin = iwperf();
     let topo = Topology::create(1500).expect("topology");
     // A server on another port answers ARP; the client's SYN gets a RST.
     let server = start_server(&topo, &bin, &["--port", "18600", "--timeout", "20"]);

@@ -11,18 +11,14 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::leftover_namespaces;
+use netlab::leftover_namespaces;
 
 /// Interfaces in this (the root) namespace whose names use the harness's scheme
 /// (`swt`/`swb`/`swv` + the pid of `pid`'s tag).
 fn interfaces_of(pid: u32) -> Vec<String> {
-    let out = std::process::Command::new("ip")
-        .args(["-o", "link", "show"])
-        .output()
-        .expect("ip link");
+    let out = netlab::netns::ip_output(&["-o", "link", "show"]).expect("ip link");
     let tag = format!("{pid}x");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    out.lines()
         .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_owned()))
         .filter(|n| {
             ["swt", "swb", "swv"]
@@ -37,7 +33,7 @@ fn demo_json_verified_clean_and_its_captures_decode() {
     if skip_unless_root("demo_json_verified_clean_and_its_captures_decode") {
         return;
     }
-    let Some(bin) = iwperf() else { return };
+    let bin = iwperf();
     let dir =
         TempDir(std::env::temp_dir().join(format!("iwperf-demo-test-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).expect("temp dir");

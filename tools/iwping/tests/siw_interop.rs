@@ -1,6 +1,6 @@
 //! Root-only: `iwping` (our rping, on softiwarp's RDMA CM and verbs) against rdma-core's
 //! rping on the Linux kernel's siw, in a QEMU VM (`shared/tools/siwvm/siw-peer-vm.sh`,
-//! harness [`netns_tests::siwvm`]), for each siw build (variant) and both directions:
+//! harness [`netlab::siwvm`]), for each siw build (variant) and both directions:
 //!
 //! - `iwping -c` against kernel `rping -s`, and kernel `rping -c` against `iwping -s`,
 //!   with `-v -V`: both sides exit 0, every ping's data is the rping pattern on both
@@ -23,10 +23,10 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use netns_tests::capture::tshark_summary;
-use netns_tests::rping::{client_line, ping_data, server_line};
-use netns_tests::siwvm::{ensure_built, SiwVm, Variant, HOST_IP, VM_IP};
-use netns_tests::{format_mac, PeerOutput, PeerSpec};
+use iwping::rping::{client_line, ping_data, server_line};
+use netlab::capture::tshark_summary;
+use netlab::siwvm::{ensure_built, SiwVm, Variant, HOST_IP, VM_IP};
+use netlab::{format_mac, PeerOutput, PeerSpec};
 
 const IWPING: &str = env!("CARGO_BIN_EXE_iwping");
 
@@ -35,7 +35,7 @@ static ONE_VM: Mutex<()> = Mutex::new(());
 
 /// Boots `variant`'s VM, or says why the test is skipped (`None`).
 fn vm_or_skip(test: &str, variant: Variant) -> Option<SiwVm> {
-    if !softiwarp::netns::is_root() {
+    if !netlab::netns::is_root() {
         eprintln!("skipping {test}: needs root (namespaces, TAPs, a VM)");
         return None;
     }
@@ -74,10 +74,10 @@ impl Drop for TempFile {
 }
 
 fn pcap_file(label: &str) -> TempFile {
-    netns_tests::capture::remove_stale_files(&std::env::temp_dir(), "siw-interop-");
+    netlab::capture::remove_stale_files(&std::env::temp_dir(), "siw-interop-");
     TempFile(std::env::temp_dir().join(format!(
         "siw-interop-{}-{label}.pcap",
-        softiwarp::netns::unique_tag()
+        netlab::netns::unique_tag()
     )))
 }
 
@@ -154,7 +154,7 @@ fn run(vm: &SiwVm, spec: &RunSpec<'_>) -> RunOutcome {
                     Duration::from_secs(5),
                 ) {
                     Ok((0, _)) => break,
-                    Ok(_) | Err(netns_tests::siwvm::SiwVmError::Timeout(..)) => {}
+                    Ok(_) | Err(netlab::siwvm::SiwVmError::Timeout(..)) => {}
                     Err(e) => panic!("guest exec: {e}"),
                 }
                 assert!(

@@ -1,4 +1,4 @@
-//! Root-only breaker tests (helper breaker89) of device removal (issue 8), at moments
+//! Root-only adversarial tests (written by helper breaker89) of device removal (issue 8), at moments
 //! the other removal tests do not cover: `ip link set down` followed at once by `up`
 //! (a link flap: the device must still be removed exactly once, not half-removed and
 //! not resurrected), and removal under many QPs (32) with deep queues, on either side.
@@ -11,12 +11,13 @@
 
 use std::time::Duration;
 
-use netns_tests::removal::{
-    check_outcome, ms, now_ns, wait_exits, Bench, Moment, Outcome, PeerReport, Plan, TapAction,
-    TCP_TIMEOUT_MS,
-};
+mod removal_support;
 
-use netns_tests::skip_unless_root;
+use netlab::{now_ns, wait_exits};
+use netns_tests::removal::PeerReport;
+use removal_support::{check_outcome, ms, Bench, Moment, Outcome, Plan, TapAction, TCP_TIMEOUT_MS};
+
+use netlab::skip_unless_root;
 
 const PEER: &str = env!("CARGO_BIN_EXE_removal-peer");
 
@@ -32,7 +33,7 @@ fn run(
     let bench = Bench::create().expect("topology");
     let names = bench.topology().namespaces();
     let result = (|| -> Result<(Outcome, PeerReport), String> {
-        let e = |e: netns_tests::HarnessError| e.to_string();
+        let e = |e: netlab::HarnessError| e.to_string();
         let timeout = TCP_TIMEOUT_MS.to_string();
         let mut server = bench
             .peer(PEER.as_ref(), true)
@@ -56,19 +57,15 @@ fn run(
         let (t_act, t_done) = armed.fire().map_err(|e| e.to_string())?;
         if up_again {
             let ep = bench.endpoint(server_side);
-            let st = std::process::Command::new("ip")
-                .args(["-n", &ep.netns, "link", "set", &ep.tap, "up"])
-                .status()
-                .map_err(|e| e.to_string())?;
-            assert!(st.success(), "ip link set up");
+            let st = netlab::netns::run_ip(&["-n", &ep.netns, "link", "set", &ep.tap, "up"]);
+            assert!(st.is_ok(), "ip link set up: {st:?}");
             println!(
                 "link up again {:.1} ms after the down",
                 ms(now_ns(), t_done)
             );
         }
         let exits = wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
-        let outs =
-            netns_tests::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
+        let outs = netlab::wait_all(vec![server, client], Duration::from_secs(1)).map_err(e)?;
         let reports: Vec<PeerReport> = outs
             .iter()
             .map(|o| PeerReport::from_stdout(&o.stdout).map_err(|e| format!("{}: {e}", o.name)))
@@ -93,10 +90,7 @@ fn run(
         Ok((o, removed.clone()))
     })();
     drop(bench);
-    assert_eq!(
-        netns_tests::leftover_namespaces(&names),
-        Vec::<String>::new()
-    );
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
     let (o, removed) = result.unwrap_or_else(|e| panic!("{e}"));
     println!("{o:?}");
     (o, removed)

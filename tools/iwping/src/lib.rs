@@ -1,6 +1,12 @@
-//! `iwping`'s engine: rping's client and server ([`crate::rping`]) on softiwarp's public
-//! RDMA CM ([`rdma_cm::soft::SoftRdmaCm`]) and verbs objects, with rping's options and
-//! output. The binary (`src/bin/iwping.rs`) opens the soft device on a TAP and calls
+//! `iwping`: rping (rdma-core's `librdmacm/examples/rping.c`) on the soft iWARP device.
+//!
+//! Its room: the tool and its engine. It touches softiwarp, rdma-cm, verbs, mpa (the MPA
+//! options of the command line) and netlab (link options, signals, logging); nothing
+//! depends on it.
+//!
+//! The engine ([`run`]): rping's client and server ([`crate::rping`]) on softiwarp's
+//! public RDMA CM ([`rdma_cm::soft::SoftRdmaCm`]) and verbs objects, with rping's options
+//! and output. The binary (`src/main.rs`) opens the soft device on a TAP and calls
 //! [`run`]; tests call [`run`] on devices over memory links.
 //!
 //! What the two roles do, call by call (librdmacm's names):
@@ -25,6 +31,8 @@
 //! (rping's server checks nothing), and both sides clear the buffer they receive into
 //! before each ping, so a Write or Read that did not happen cannot pass a check.
 
+pub mod rping;
+
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
@@ -38,7 +46,7 @@ use verbs::{
     WorkCompletion,
 };
 
-use crate::rping::{self, BogusMessage, RdmaInfo, INFO_LEN, SQ_DEPTH};
+use crate::rping::{BogusMessage, RdmaInfo, INFO_LEN, SQ_DEPTH};
 
 /// The QP handle rdma-cm gives for the soft device.
 type SoftQp = rdma_cm::QpOf<SoftDevice>;
@@ -211,7 +219,7 @@ pub enum IwpingError {
     /// Writing the output failed.
     #[error("output: {0}")]
     Output(#[from] std::io::Error),
-    /// SIGINT, SIGTERM or SIGHUP arrived (with [`crate::signals::install_handler`]):
+    /// SIGINT, SIGTERM or SIGHUP arrived (with [`netlab::signals::install_handler`]):
     /// the run stops, and its ids are destroyed so that the peer hears of it at once
     /// (as the kernel closes a killed rping's connection) instead of after its TCP
     /// timeout.
@@ -219,7 +227,7 @@ pub enum IwpingError {
     Interrupted,
 }
 
-/// How often blocking waits look at [`crate::signals::interrupted`].
+/// How often blocking waits look at [`netlab::signals::interrupted`].
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 fn cm(op: &'static str) -> impl FnOnce(CmError) -> IwpingError {
@@ -285,7 +293,7 @@ fn expect_event(
 ) -> Result<(u16, u16, Option<CmId<SoftDevice>>), IwpingError> {
     let deadline = Instant::now() + timeout;
     let mut ev = loop {
-        if crate::signals::interrupted() {
+        if netlab::signals::interrupted() {
             return Err(IwpingError::Interrupted);
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -420,7 +428,7 @@ impl Session {
     ) -> Result<Step, IwpingError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if crate::signals::interrupted() {
+            if netlab::signals::interrupted() {
                 return Err(IwpingError::Interrupted);
             }
             if let Some(wc) = self.cq.poll(1)?.pop() {

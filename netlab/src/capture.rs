@@ -16,7 +16,7 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::process::Command;
 
-/// Deletes files in `dir` named `PREFIX<pid>x...` (the [`softiwarp::netns::unique_tag`]
+/// Deletes files in `dir` named `PREFIX<pid>x...` (the [`crate::netns::unique_tag`]
 /// scheme) whose process is gone: captures a killed test run left behind. Files of live
 /// processes are left alone. Returns the paths deleted.
 pub fn remove_stale_files(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {

@@ -1,47 +1,22 @@
 //! Shared by the root-only `iwperf_*` tests: where the `iwperf` binary is, skipping
 //! without root, running it under the harness's watchdog, and its JSON output.
 //!
-//! `iwperf` is the bench package's binary: it is looked for next to the test
-//! executable's directory (`target/<profile>/iwperf`, built by `cargo build --workspace
-//! --all-targets` / `cargo test --workspace --all-targets` as CI runs them), or at
-//! `$IWPERF_BIN`. Without it a test skips, saying so, except in CI (`CI` set), where it
-//! fails.
+//! `iwperf` is this package's binary: cargo builds it for the tests and names it in
+//! `CARGO_BIN_EXE_iwperf`.
 
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use netns_tests::{Peer, PeerOutput, PeerSpec, Side, Topology};
+use netlab::{Peer, PeerOutput, PeerSpec, Side, Topology};
 
-/// The `iwperf` binary, or `None` (with a note) when it is not built outside CI.
-pub fn iwperf() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("IWPERF_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    // target/<profile>/deps/iwperf_x-HASH -> target/<profile>/iwperf
-    let p = exe.parent()?.parent()?.join("iwperf");
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "iwperf is not built ({}): CI builds every target first",
-        p.display()
-    );
-    eprintln!("skipping: iwperf not built (cargo build -p bench --bin iwperf)");
-    None
+/// The `iwperf` binary cargo built for these tests.
+pub fn iwperf() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_iwperf"))
 }
 
-/// `true` (and a note) when not root: the test then returns at once.
-pub fn skip_unless_root(test: &str) -> bool {
-    if softiwarp::netns::is_root() {
-        return false;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces and TAPs)");
-    true
-}
+pub use netlab::skip_unless_root;
 
 /// Runs `iwperf ARGS` in this namespace and waits up to `timeout` (the watchdog dumps
 /// its stacks and kills it then). Output is echoed (shown for failing tests).
@@ -71,12 +46,12 @@ pub fn json(out: &PeerOutput) -> serde_json::Value {
 }
 
 /// `ADDR/PREFIX` of a topology endpoint.
-pub fn cidr(e: &netns_tests::Endpoint) -> String {
+pub fn cidr(e: &netlab::Endpoint) -> String {
     format!("{}/{}", e.ip, e.prefix_len)
 }
 
 /// The `--tap T --ip A/P --mac M` arguments of an endpoint.
-pub fn endpoint_args(e: &netns_tests::Endpoint) -> Vec<String> {
+pub fn endpoint_args(e: &netlab::Endpoint) -> Vec<String> {
     e.peer_args()
 }
 

@@ -80,7 +80,7 @@ fn emergency_cleanup(sig: Signal) -> ! {
     kill_peers(&reg);
     for ns in &reg.namespaces {
         // Deleting the namespace removes its interfaces once its last user is gone.
-        let _ = softiwarp::netns::run_ip(&["netns", "del", ns]);
+        let _ = crate::netns::run_ip(&["netns", "del", ns]);
         eprintln!("removed namespace {ns}");
     }
     std::process::exit(128 + sig as i32)

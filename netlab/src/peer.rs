@@ -729,3 +729,25 @@ pub fn dump_stacks(pid: u32) -> String {
     }
     out
 }
+
+/// Waits until every peer exited, or `timeout`; returns when each exit was seen
+/// ([`crate::now_ns`], polled every millisecond). Once one peer failed, the others get
+/// 3 s. Peers still running are left to the caller ([`wait_all`] dumps their stacks).
+pub fn wait_exits(peers: &mut [&mut Peer], timeout: Duration) -> Vec<Option<u64>> {
+    let mut exits = vec![None; peers.len()];
+    let mut deadline = Instant::now() + timeout;
+    while exits.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (i, p) in peers.iter_mut().enumerate() {
+            if exits[i].is_none() {
+                if let Ok(Some(st)) = p.try_status() {
+                    exits[i] = Some(crate::now_ns());
+                    if !st.success() {
+                        deadline = deadline.min(Instant::now() + Duration::from_secs(3));
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    exits
+}

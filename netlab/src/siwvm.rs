@@ -21,7 +21,7 @@
 //! `SIWVM_RUN`), so VM names never collide; a run killed outright leaves a directory whose
 //! VMs the next [`SiwVm::start`] stops (the pid files name them, and a pid is killed only
 //! if its command line still names that run directory) before the namespace goes too
-//! ([`softiwarp::netns::remove_stale`], the `swns<pid>x` scheme).
+//! ([`crate::netns::remove_stale`], the `swns<pid>x` scheme).
 //!
 //! The VM needs the script's build products (`SIWVM_CACHE`, default `/tmp/siwvm/cache`):
 //! [`ensure_built`] runs `build` once per process when they are missing (Debian's archive,
@@ -127,7 +127,7 @@ pub fn is_built() -> bool {
 /// Errors: [`SiwVmError::NotRoot`], [`SiwVmError::NoScript`], [`SiwVmError::Build`].
 pub fn ensure_built() -> Result<(), SiwVmError> {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    if !softiwarp::netns::is_root() {
+    if !crate::netns::is_root() {
         return Err(SiwVmError::NotRoot);
     }
     let script = script_path();
@@ -185,7 +185,7 @@ impl SiwVm {
     /// Errors: [`SiwVmError::NotRoot`]; [`SiwVmError::NoScript`]; [`SiwVmError::Script`]
     /// when `netns-up` or `start` fails (what was made is removed).
     pub fn start(variant: Variant) -> Result<SiwVm, SiwVmError> {
-        if !softiwarp::netns::is_root() {
+        if !crate::netns::is_root() {
             return Err(SiwVmError::NotRoot);
         }
         let script = script_path();
@@ -193,8 +193,8 @@ impl SiwVm {
             return Err(SiwVmError::NoScript(script));
         }
         stop_stale_vms(&script);
-        softiwarp::netns::remove_stale();
-        let tag = softiwarp::netns::unique_tag();
+        crate::netns::remove_stale();
+        let tag = crate::netns::unique_tag();
         let run_dir = Path::new(RUN_ROOT).join(&tag);
         std::fs::create_dir_all(&run_dir)?;
         let netns = format!("swns{tag}v");
@@ -226,9 +226,7 @@ impl SiwVm {
         crate::signals::registry().namespaces.insert(netns.clone());
         // Commit pending carrier changes on the new links (see ARCHITECTURE.md, "Link
         // failure detection"): otherwise the first frames may be lost.
-        let _ = Command::new("ip")
-            .args(["-n", &netns, "link", "show"])
-            .output();
+        let _ = crate::netns::run_ip(&["-n", &netns, "link", "show"]);
         let t0 = Instant::now();
         let cidr = format!("{VM_IP}/{PREFIX_LEN}");
         let name = vm.name.clone();
@@ -356,7 +354,7 @@ impl Drop for SiwVm {
     fn drop(&mut self) {
         let _ = self.script(&["stop", &self.name.clone()]);
         if self.ns_made {
-            let _ = softiwarp::netns::run_ip(&["netns", "del", &self.endpoint.netns]);
+            let _ = crate::netns::run_ip(&["netns", "del", &self.endpoint.netns]);
             crate::signals::registry()
                 .namespaces
                 .remove(&self.endpoint.netns);

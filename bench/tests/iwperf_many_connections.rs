@@ -9,14 +9,14 @@ mod iwperf_support;
 use std::time::Duration;
 
 use iwperf_support::*;
-use netns_tests::{leftover_namespaces, wait_all, Topology};
+use netlab::{leftover_namespaces, wait_all, Topology};
 
 #[test]
 fn sixty_four_connections_to_one_listener() {
     if skip_unless_root("sixty_four_connections_to_one_listener") {
         return;
     }
-    let Some(bin) = iwperf() else { return };
+    let bin = iwperf();
     const QPS: u64 = 64;
     const ITERS: u64 = 20;
     let topo = Topology::create(1500).expect("topology");
