@@ -17,8 +17,8 @@ use crate::device::CmDevice;
 use crate::error::CmError;
 use crate::event::CmEvent;
 use crate::id::{CmIdRef, IdInner};
+use crate::machine::IdState;
 use crate::registry::{bump, sub, Counters};
-use crate::state::IdState;
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex};
 use core::fmt;
 use core::pin::Pin;
@@ -105,7 +105,7 @@ impl<D: CmDevice> ChanInner<D> {
             let token = sync::thread_token();
             let live = {
                 let mut st = lock(&item.owner.st);
-                if st.state == IdState::Destroying {
+                if st.state.get() == IdState::Destroying {
                     false
                 } else {
                     st.unacked.push((seq, token));

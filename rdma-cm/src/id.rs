@@ -33,9 +33,9 @@ use crate::channel::{ChanInner, Queued};
 use crate::device::{CmDevice, NeighborDone, NeighborRequest, NeighborResult, QpOf, ResolveError};
 use crate::error::CmError;
 use crate::event::{map_iw_event, CmEvent, Disposition, EventKind, Handler, IwEventKind};
+use crate::machine::{step, IdState, Input, IwInput, Refused, StateCell};
 use crate::registry::{bump, sub, DevEntry, Job, RuleBreak, Shared};
 use crate::route::RouteError;
-use crate::state::IdState;
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex, MutexGuard};
 use core::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -79,7 +79,8 @@ pub(crate) enum Role<D: CmDevice> {
 }
 
 pub(crate) struct IdSt<D: CmDevice> {
-    pub(crate) state: IdState,
+    /// Written only through [`IdInner::exch`] ([`StateCell::exch`]).
+    pub(crate) state: StateCell,
     pub(crate) delivery: Delivery<D>,
     pub(crate) device: Option<Arc<DevEntry<D>>>,
     qp: Option<QpOf<D>>,
@@ -130,19 +131,10 @@ impl Drop for HandlerGuard<'_> {
     }
 }
 
-fn state_error(state: IdState, op: &'static str) -> CmError {
-    match state {
-        IdState::DeviceRemoval => CmError::DeviceRemoved { op },
-        state => CmError::InvalidState { op, state },
-    }
-}
-
-fn check<D: CmDevice>(st: &IdSt<D>, op: &'static str, allowed: &[IdState]) -> Result<(), CmError> {
-    if allowed.contains(&st.state) {
-        Ok(())
-    } else {
-        Err(state_error(st.state, op))
-    }
+/// Whether the machine accepts `input` in the id's state (a user call's check, made
+/// before the work that precedes its write).
+fn check<D: CmDevice>(st: &IdSt<D>, input: Input) -> Result<(), CmError> {
+    step(st.state.get(), input).map(drop).map_err(CmError::from)
 }
 
 fn v4(addr: SocketAddr) -> Result<SocketAddrV4, CmError> {
@@ -200,7 +192,7 @@ impl<D: CmDevice> IdInner<D> {
             role,
             handler_lock: Mutex::new(()),
             st: Mutex::new(IdSt {
-                state,
+                state: StateCell::new(state),
                 delivery,
                 device: None,
                 qp: None,
@@ -242,19 +234,26 @@ impl<D: CmDevice> IdInner<D> {
     }
 
     pub(crate) fn state(&self) -> IdState {
-        lock(&self.st).state
+        lock(&self.st).state.get()
+    }
+
+    /// The only writer of the id's state (cma.c's `cma_comp_exch`): apply `input` to
+    /// `st` (this id's, locked) through the machine. The state the id left, or the
+    /// refusal (state unchanged). See [`StateCell::exch`].
+    pub(crate) fn exch(&self, st: &mut IdSt<D>, input: Input) -> Result<IdState, Refused> {
+        st.state.exch(input, self.serial, &self.span)
     }
 
     /// Mark the id `DESTROYING`; `true` if this call did it (then it owns the
     /// teardown).
     fn mark_destroying(&self) -> bool {
         let mut st = lock(&self.st);
-        if st.state == IdState::Destroying {
-            false
-        } else {
-            tracing::debug!(parent: &self.span, from = %st.state, "-> RDMA_CM_DESTROYING");
-            st.state = IdState::Destroying;
-            true
+        match self.exch(&mut st, Input::Destroy) {
+            Ok(from) => {
+                tracing::debug!(parent: &self.span, %from, "-> RDMA_CM_DESTROYING");
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -264,9 +263,8 @@ impl<D: CmDevice> IdInner<D> {
     /// [`Self::remove_id_dev`] delivers reaches the id. Never waits.
     pub(crate) fn mark_device_removal(&self) {
         let mut st = lock(&self.st);
-        if !matches!(st.state, IdState::Destroying | IdState::DeviceRemoval) {
-            tracing::debug!(parent: &self.span, from = %st.state, "-> RDMA_CM_DEVICE_REMOVAL (device reported removal)");
-            st.state = IdState::DeviceRemoval;
+        if let Ok(from) = self.exch(&mut st, Input::DeviceRemovalReported) {
+            tracing::debug!(parent: &self.span, %from, "-> RDMA_CM_DEVICE_REMOVAL (device reported removal)");
         }
     }
 
@@ -286,7 +284,7 @@ impl<D: CmDevice> IdInner<D> {
             } else {
                 ""
             },
-            st.state,
+            st.state.get(),
             st.device.as_ref().map_or("-", |d| d.name.as_str()),
             st.local,
             st.peer,
@@ -440,10 +438,9 @@ impl<D: CmDevice> IdInner<D> {
     pub(crate) fn internal_teardown(int: &Arc<Self>) {
         let device = {
             let mut st = lock(&int.st);
-            if st.state == IdState::Destroying {
+            if int.exch(&mut st, Input::Destroy).is_err() {
                 return;
             }
-            st.state = IdState::Destroying;
             st.device.take()
         };
         let iw = lock(&int.ops).take();
@@ -473,13 +470,14 @@ impl<D: CmDevice> IdInner<D> {
         let ignore_destroying = this.shared.breaks(RuleBreak::RemovalIgnoresDestroying);
         let (qp, delivery) = {
             let mut st = lock(&this.st);
-            if st.state == IdState::Destroying && !ignore_destroying {
-                tracing::debug!("device removal: destroy already asked; nothing delivered");
-                bump(&this.shared.counters.removals_skipped);
-                return;
+            match this.exch(&mut st, Input::RemoveIdDev { ignore_destroying }) {
+                Ok(from) => tracing::debug!(%from, "-> RDMA_CM_DEVICE_REMOVAL"),
+                Err(_) => {
+                    tracing::debug!("device removal: destroy already asked; nothing delivered");
+                    bump(&this.shared.counters.removals_skipped);
+                    return;
+                }
             }
-            tracing::debug!(from = %st.state, "-> RDMA_CM_DEVICE_REMOVAL");
-            st.state = IdState::DeviceRemoval;
             (st.qp.clone(), st.delivery.clone())
         };
         if let Some(qp) = &qp {
@@ -490,7 +488,7 @@ impl<D: CmDevice> IdInner<D> {
         } else {
             Some(this.lock_handler())
         };
-        if lock(&this.st).state != IdState::DeviceRemoval && !ignore_destroying {
+        if this.state() != IdState::DeviceRemoval && !ignore_destroying {
             tracing::debug!(
                 "device removal: destroyed by a callback or destroy meanwhile; nothing delivered"
             );
@@ -511,7 +509,7 @@ impl<D: CmDevice> IdInner<D> {
         let guard = this.lock_handler();
         let delivery = {
             let st = lock(&this.st);
-            if matches!(st.state, IdState::Destroying | IdState::DeviceRemoval) {
+            if matches!(st.state.get(), IdState::Destroying | IdState::DeviceRemoval) {
                 return;
             }
             st.delivery.clone()
@@ -540,8 +538,8 @@ impl<D: CmDevice> IdInner<D> {
         let guard = this.lock_handler();
         let (delivery, event) = {
             let mut st = lock(&this.st);
-            if st.state != IdState::AddrQuery || st.query_gen != gen {
-                tracing::trace!(state = %st.state, "stale address resolution dropped");
+            if st.state.get() != IdState::AddrQuery || st.query_gen != gen {
+                tracing::trace!(state = %st.state.get(), "stale address resolution dropped");
                 return;
             }
             st.query_gen += 1;
@@ -563,12 +561,12 @@ impl<D: CmDevice> IdInner<D> {
                     st.local = Some(SocketAddrV4::new(src, port));
                     st.next_hop = Some(next_hop);
                     st.device = Some(entry);
-                    st.state = IdState::AddrResolved;
+                    let _ = this.exch(&mut st, Input::AddrResolved);
                     CmEvent::new(EventKind::AddrResolved, 0)
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "address resolution failed");
-                    st.state = IdState::AddrBound;
+                    let _ = this.exch(&mut st, Input::AddrError);
                     CmEvent::new(EventKind::AddrError, -e.errno())
                 }
             };
@@ -584,15 +582,15 @@ impl<D: CmDevice> IdInner<D> {
         let guard = this.lock_handler();
         let (delivery, event) = {
             let mut st = lock(&this.st);
-            if st.state != IdState::RouteQuery || st.query_gen != gen {
+            if st.state.get() != IdState::RouteQuery || st.query_gen != gen {
                 return;
             }
             let alive = st.device.as_ref().is_some_and(|d| !d.is_removing());
             let ev = if alive {
-                st.state = IdState::RouteResolved;
+                let _ = this.exch(&mut st, Input::RouteResolved);
                 CmEvent::new(EventKind::RouteResolved, 0)
             } else {
-                st.state = IdState::AddrResolved;
+                let _ = this.exch(&mut st, Input::RouteError);
                 CmEvent::new(EventKind::RouteError, -19)
             };
             (st.delivery.clone(), ev)
@@ -632,11 +630,16 @@ impl<D: CmDevice> IdInner<D> {
         let guard = this.lock_handler();
         let (delivery, event) = {
             let mut st = lock(&this.st);
-            if !matches!(
-                st.state,
-                IdState::Connect | IdState::Established | IdState::Disconnect
-            ) {
-                tracing::debug!(state = %st.state, ?kind, "iWARP event dropped");
+            let input = Input::IwEvent(match &ev {
+                iw_cm::CmEvent::ConnectRequest(_) => IwInput::ConnectRequest,
+                iw_cm::CmEvent::ConnectReply(r) => IwInput::ConnectReply {
+                    ok: r.status.is_ok(),
+                },
+                iw_cm::CmEvent::Established => IwInput::Established,
+                iw_cm::CmEvent::Close => IwInput::Close,
+            });
+            if let Err(r) = this.exch(&mut st, input) {
+                tracing::debug!(state = %r.state, ?kind, "iWARP event dropped");
                 bump(&this.shared.counters.events_dropped);
                 return;
             }
@@ -648,13 +651,9 @@ impl<D: CmDevice> IdInner<D> {
                     if r.status.is_ok() {
                         e.initiator_depth = r.ird;
                         e.responder_resources = r.ord;
-                        st.state = IdState::Established;
-                    } else {
-                        st.state = IdState::Disconnect;
                     }
                 }
-                iw_cm::CmEvent::Established => st.state = IdState::Established,
-                iw_cm::CmEvent::Close => st.state = IdState::Disconnect,
+                iw_cm::CmEvent::Established | iw_cm::CmEvent::Close => {}
                 iw_cm::CmEvent::ConnectRequest(req) => {
                     drop(st);
                     drop(req);
@@ -680,8 +679,8 @@ impl<D: CmDevice> IdInner<D> {
         let lguard = listener.lock_handler();
         let delivery = {
             let st = lock(&listener.st);
-            if st.state != IdState::Listen {
-                tracing::debug!(state = %st.state, "connect request on a listener that stopped; rejected");
+            if st.state.get() != IdState::Listen {
+                tracing::debug!(state = %st.state.get(), "connect request on a listener that stopped; rejected");
                 bump(&listener.shared.counters.events_dropped);
                 return;
             }
@@ -704,7 +703,7 @@ impl<D: CmDevice> IdInner<D> {
             cst.local = Some(local);
             cst.peer = Some(peer);
             if entry.attach(&child).is_err() {
-                cst.state = IdState::Destroying;
+                let _ = child.exch(&mut cst, Input::Destroy);
                 drop(cst);
                 drop(cguard);
                 tracing::debug!(device = %entry.name, "connect request during device removal; rejected");
@@ -774,7 +773,7 @@ impl<D: CmDevice> IdInner<D> {
     pub(crate) fn create_internal(parent: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
         let (port, backlog) = {
             let pst = lock(&parent.st);
-            if pst.state != IdState::Listen
+            if pst.state.get() != IdState::Listen
                 || !pst.wildcard
                 || pst.internal.iter().any(|(d, _)| *d == entry.serial)
             {
@@ -792,7 +791,7 @@ impl<D: CmDevice> IdInner<D> {
         );
         bump(&parent.shared.counters.internal_listeners);
         if entry.attach(&int).is_err() {
-            lock(&int.st).state = IdState::Destroying;
+            let _ = int.exch(&mut lock(&int.st), Input::Destroy);
             sub(&parent.shared.counters.internal_listeners, 1);
             return;
         }
@@ -812,7 +811,7 @@ impl<D: CmDevice> IdInner<D> {
         *lock(&int.ops) = Some(iw);
         let kept = {
             let mut pst = lock(&parent.st);
-            if pst.state == IdState::Listen && pst.wildcard {
+            if pst.state.get() == IdState::Listen && pst.wildcard {
                 pst.internal.push((entry.serial, int.clone()));
                 true
             } else {
@@ -977,7 +976,7 @@ impl<D: CmDevice> CmIdRef<D> {
             )
         };
         let mut st = lock(&inner.st);
-        check(&st, "bind_addr", &[IdState::Idle])?;
+        check(&st, Input::BindAddr)?;
         let port = inner.shared.reserve_port(ip, a.port(), inner.serial)?;
         if let Some(e) = &entry {
             if let Err(err) = e.attach(inner) {
@@ -985,7 +984,7 @@ impl<D: CmDevice> CmIdRef<D> {
                 return Err(err);
             }
         }
-        st.state = IdState::AddrBound;
+        let _ = inner.exch(&mut st, Input::BindAddr);
         st.local = Some(SocketAddrV4::new(ip, port));
         st.port = Some((ip, port));
         st.device = entry;
@@ -1020,7 +1019,7 @@ impl<D: CmDevice> CmIdRef<D> {
         let _ops = lock(&inner.ops);
         let (gen, prev, src) = {
             let mut st = lock(&inner.st);
-            check(&st, "resolve_addr", &[IdState::Idle, IdState::AddrBound])?;
+            check(&st, Input::ResolveAddr)?;
             let bound = st.local.map(|l| *l.ip()).filter(|ip| !ip.is_unspecified());
             let src = match (src, bound) {
                 (Some(s), Some(b)) if s != b => {
@@ -1030,8 +1029,7 @@ impl<D: CmDevice> CmIdRef<D> {
                 }
                 (s, b) => s.or(b),
             };
-            let prev = st.state;
-            st.state = IdState::AddrQuery;
+            let prev = inner.exch(&mut st, Input::ResolveAddr)?;
             st.query_gen += 1;
             st.peer = Some(dst);
             (st.query_gen, prev, src)
@@ -1041,8 +1039,7 @@ impl<D: CmDevice> CmIdRef<D> {
             Ok(r) => r,
             Err(e @ (RouteError::SourceNotLocal(_) | RouteError::NotUnicast(_))) => {
                 let mut st = lock(&inner.st);
-                if st.state == IdState::AddrQuery {
-                    st.state = prev;
+                if inner.exch(&mut st, Input::ResolveAddrUndo(prev)).is_ok() {
                     st.peer = None;
                 }
                 return Err(match e {
@@ -1105,8 +1102,7 @@ impl<D: CmDevice> CmIdRef<D> {
         let _ops = lock(&inner.ops);
         let gen = {
             let mut st = lock(&inner.st);
-            check(&st, "resolve_route", &[IdState::AddrResolved])?;
-            st.state = IdState::RouteQuery;
+            inner.exch(&mut st, Input::ResolveRoute)?;
             st.query_gen += 1;
             st.query_gen
         };
@@ -1131,12 +1127,7 @@ impl<D: CmDevice> CmIdRef<D> {
         let _ops = lock(&inner.ops);
         let entry = {
             let st = lock(&inner.st);
-            if matches!(
-                st.state,
-                IdState::Destroying | IdState::DeviceRemoval | IdState::Listen
-            ) {
-                return Err(state_error(st.state, "create_qp"));
-            }
+            check(&st, Input::CreateQp)?;
             if st.qp.is_some() {
                 return Err(CmError::QpExists);
             }
@@ -1149,8 +1140,11 @@ impl<D: CmDevice> CmIdRef<D> {
             .ok_or(CmError::DeviceRemoved { op: "create_qp" })?;
         let qp = dev.create_qp(pd, attr)?;
         let mut st = lock(&inner.st);
-        if matches!(st.state, IdState::Destroying | IdState::DeviceRemoval) {
-            let err = state_error(st.state, "create_qp");
+        if matches!(st.state.get(), IdState::Destroying | IdState::DeviceRemoval) {
+            let err = CmError::from(Refused {
+                state: st.state.get(),
+                input: Input::CreateQp,
+            });
             drop(st);
             dev.destroy_qp(qp);
             return Err(err);
@@ -1197,7 +1191,7 @@ impl<D: CmDevice> CmIdRef<D> {
         let mut ops = lock(&inner.ops);
         let (entry, qp, local, peer) = {
             let mut st = lock(&inner.st);
-            check(&st, "connect", &[IdState::RouteResolved])?;
+            check(&st, Input::Connect)?;
             let qp = st.qp.clone().ok_or(CmError::NoQp { op: "connect" })?;
             let entry = st
                 .device
@@ -1206,17 +1200,14 @@ impl<D: CmDevice> CmIdRef<D> {
             let (Some(local), Some(peer)) = (st.local, st.peer) else {
                 return Err(CmError::InvalidState {
                     op: "connect",
-                    state: st.state,
+                    state: st.state.get(),
                 });
             };
-            st.state = IdState::Connect;
+            let _ = inner.exch(&mut st, Input::Connect);
             (entry, qp, local, peer)
         };
         let rollback = |inner: &IdInner<D>| {
-            let mut st = lock(&inner.st);
-            if st.state == IdState::Connect {
-                st.state = IdState::RouteResolved;
-            }
+            let _ = inner.exch(&mut lock(&inner.st), Input::ConnectUndo);
         };
         let Some(iw) = entry.create_iw_id(IdInner::conn_iw_handler(inner)) else {
             rollback(inner);
@@ -1267,22 +1258,23 @@ impl<D: CmDevice> CmIdRef<D> {
         };
         let (local, entry) = {
             let mut st = lock(&inner.st);
-            check(&st, "listen", &[IdState::Idle, IdState::AddrBound])?;
-            if st.state == IdState::Idle {
+            check(&st, Input::Listen)?;
+            if st.state.get() == IdState::Idle {
+                // Binds the wildcard address; the machine goes IDLE -> LISTEN at once
+                // (nothing can fail in between, and `st` stays locked).
                 let port = inner
                     .shared
                     .reserve_port(Ipv4Addr::UNSPECIFIED, 0, inner.serial)?;
                 st.local = Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
                 st.port = Some((Ipv4Addr::UNSPECIFIED, port));
-                st.state = IdState::AddrBound;
             }
             let Some(local) = st.local else {
                 return Err(CmError::InvalidState {
                     op: "listen",
-                    state: st.state,
+                    state: st.state.get(),
                 });
             };
-            st.state = IdState::Listen;
+            let _ = inner.exch(&mut st, Input::Listen);
             st.backlog = backlog;
             st.wildcard = st.device.is_none();
             (local, st.device.clone())
@@ -1290,10 +1282,7 @@ impl<D: CmDevice> CmIdRef<D> {
         match entry {
             Some(entry) => {
                 let rollback = |inner: &IdInner<D>| {
-                    let mut st = lock(&inner.st);
-                    if st.state == IdState::Listen {
-                        st.state = IdState::AddrBound;
-                    }
+                    let _ = inner.exch(&mut lock(&inner.st), Input::ListenUndo);
                 };
                 let Some(iw) = entry.create_iw_id(IdInner::listen_iw_handler(inner, &entry)) else {
                     rollback(inner);
@@ -1331,11 +1320,11 @@ impl<D: CmDevice> CmIdRef<D> {
         let ops = lock(&inner.ops);
         let qp = {
             let mut st = lock(&inner.st);
-            check(&st, "accept", &[IdState::Connect])?;
+            check(&st, Input::Accept)?;
             if !st.passive || st.accepted {
                 return Err(CmError::InvalidState {
                     op: "accept",
-                    state: st.state,
+                    state: st.state.get(),
                 });
             }
             let qp = st.qp.clone().ok_or(CmError::NoQp { op: "accept" })?;
@@ -1380,21 +1369,18 @@ impl<D: CmDevice> CmIdRef<D> {
         let ops = lock(&inner.ops);
         {
             let st = lock(&inner.st);
-            check(&st, "reject", &[IdState::Connect])?;
+            check(&st, Input::Reject)?;
             if !st.passive || st.accepted {
                 return Err(CmError::InvalidState {
                     op: "reject",
-                    state: st.state,
+                    state: st.state.get(),
                 });
             }
         }
         if let Some(iw) = ops.as_ref() {
             iw.reject(private_data)?;
         }
-        let mut st = lock(&inner.st);
-        if st.state == IdState::Connect {
-            st.state = IdState::Disconnect;
-        }
+        let _ = inner.exch(&mut lock(&inner.st), Input::Reject);
         Ok(())
     }
 
@@ -1410,18 +1396,11 @@ impl<D: CmDevice> CmIdRef<D> {
         let inner = &self.inner;
         let _span = inner.span.enter();
         let ops = lock(&inner.ops);
-        check(
-            &lock(&inner.st),
-            "disconnect",
-            &[IdState::Connect, IdState::Established],
-        )?;
+        check(&lock(&inner.st), Input::Disconnect)?;
         if let Some(iw) = ops.as_ref() {
             iw.disconnect(iw_cm::DisconnectMode::Graceful)?;
         }
-        let mut st = lock(&inner.st);
-        if matches!(st.state, IdState::Connect | IdState::Established) {
-            st.state = IdState::Disconnect;
-        }
+        let _ = inner.exch(&mut lock(&inner.st), Input::Disconnect);
         Ok(())
     }
 }

@@ -122,11 +122,11 @@ mod device;
 mod error;
 mod event;
 mod id;
+pub mod machine;
 mod registry;
 pub mod route;
 #[cfg(all(feature = "soft", not(loom)))]
 pub mod soft;
-mod state;
 mod sync;
 
 pub use channel::{ChannelEvent, EventChannel, EventStream};
@@ -138,6 +138,6 @@ pub use event::{
     map_connect_reply, map_iw_event, CmEvent, Disposition, EventKind, Handler, IwEventKind,
 };
 pub use id::{CmId, CmIdRef, ConnParam, DestroyRefused};
+pub use machine::IdState;
 pub use registry::{RdmaCm, RdmaCmConfig, RdmaCmStats, Removal, RuleBreak};
 pub use route::Ipv4Subnet;
-pub use state::IdState;
