@@ -137,7 +137,8 @@ pub use error::CmError;
 pub use event::{
     map_connect_reply, map_iw_event, CmEvent, Disposition, EventKind, Handler, IwEventKind,
 };
-pub use id::{CmId, CmIdRef, ConnParam, DestroyRefused};
+pub use id::calls::{ConnParam, DestroyRefused};
+pub use id::{CmId, CmIdRef};
 pub use machine::IdState;
 pub use registry::{RdmaCm, RdmaCmConfig, RdmaCmStats, Removal, RuleBreak};
 pub use route::Ipv4Subnet;
