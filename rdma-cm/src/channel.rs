@@ -18,7 +18,7 @@ use crate::error::CmError;
 use crate::event::CmEvent;
 use crate::id::{CmIdRef, IdInner};
 use crate::machine::IdState;
-use crate::registry::{bump, sub, Counters};
+use crate::stats::{bump, sub, Counters};
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex};
 use core::fmt;
 use core::pin::Pin;

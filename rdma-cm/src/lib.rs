@@ -127,6 +127,7 @@ mod registry;
 pub mod route;
 #[cfg(all(feature = "soft", not(loom)))]
 pub mod soft;
+mod stats;
 mod sync;
 
 pub use channel::{ChannelEvent, EventChannel, EventStream};
@@ -140,5 +141,6 @@ pub use event::{
 pub use id::calls::{ConnParam, DestroyRefused};
 pub use id::{CmId, CmIdRef};
 pub use machine::IdState;
-pub use registry::{RdmaCm, RdmaCmConfig, RdmaCmStats, Removal, RuleBreak};
+pub use registry::{RdmaCm, RdmaCmConfig, Removal, RuleBreak};
 pub use route::Ipv4Subnet;
+pub use stats::RdmaCmStats;

@@ -245,13 +245,19 @@ impl<D: CmDevice> CmIdRef<D> {
         let entry = entries[route.device].clone();
         tracing::debug!(%dst, device = %entry.name, src = %route.src, next_hop = %route.next_hop, kind = ?route.kind, "route chosen; resolving the next hop");
         inner.shared.add_timer(inner, gen, timeout);
-        let done = NeighborDone {
-            shared: inner.shared.clone(),
-            id: Some(inner.clone()),
-            gen,
-            entry: entry.clone(),
-            src: route.src,
-            next_hop: route.next_hop,
+        let done = {
+            let (shared, id, e) = (inner.shared.clone(), inner.clone(), entry.clone());
+            let (src, next_hop) = (route.src, route.next_hop);
+            NeighborDone::new(inner.serial, entry.name.clone(), next_hop, move |result| {
+                shared.push_job(Job::AddrDone {
+                    id,
+                    gen,
+                    entry: Some(e),
+                    src,
+                    next_hop,
+                    result,
+                });
+            })
         };
         match entry.device() {
             Some(dev) => dev.resolve_neighbor(

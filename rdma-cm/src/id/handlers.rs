@@ -8,7 +8,8 @@ use crate::channel::Queued;
 use crate::device::{CmDevice, NeighborResult, ResolveError};
 use crate::event::{map_iw_event, CmEvent, Disposition, EventKind, IwEventKind};
 use crate::machine::{IdState, Input, IwInput};
-use crate::registry::{bump, sub, DevEntry};
+use crate::registry::DevEntry;
+use crate::stats::{bump, sub};
 use crate::sync::{lock, Arc};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 

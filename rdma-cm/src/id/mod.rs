@@ -34,7 +34,8 @@ use crate::device::{CmDevice, QpOf};
 use crate::error::CmError;
 use crate::event::{CmEvent, Disposition, Handler};
 use crate::machine::{IdState, Input, Refused, StateCell};
-use crate::registry::{bump, sub, DevEntry, RuleBreak, Shared};
+use crate::registry::{DevEntry, RuleBreak, Shared};
+use crate::stats::{bump, sub};
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex, MutexGuard};
 use std::net::{Ipv4Addr, SocketAddrV4};
 

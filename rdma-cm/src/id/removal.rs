@@ -4,7 +4,8 @@ use super::IdInner;
 use crate::device::CmDevice;
 use crate::event::{CmEvent, EventKind};
 use crate::machine::{IdState, Input};
-use crate::registry::{bump, DevEntry, RuleBreak};
+use crate::registry::{DevEntry, RuleBreak};
+use crate::stats::bump;
 use crate::sync::{lock, Arc};
 
 impl<D: CmDevice> IdInner<D> {
