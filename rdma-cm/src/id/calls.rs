@@ -48,6 +48,41 @@ pub struct ConnParam {
 }
 
 impl ConnParam {
+    /// Parameters with our IRD (`responder_resources`: the RDMA Reads we accept at
+    /// once) and ORD (`initiator_depth`: the RDMA Reads we issue at once), no private
+    /// data, retry counts 0.
+    ///
+    /// ```
+    /// let p = rdma_cm::ConnParam::new(4, 4).with_private_data(b"hello".to_vec());
+    /// assert_eq!((p.responder_resources, p.initiator_depth), (4, 4));
+    /// assert_eq!(p.private_data, b"hello");
+    /// ```
+    pub fn new(responder_resources: u16, initiator_depth: u16) -> ConnParam {
+        ConnParam {
+            responder_resources,
+            initiator_depth,
+            ..ConnParam::default()
+        }
+    }
+
+    /// The same, with `private_data` for the MPA Request / Reply (at most
+    /// [`iw_cm::MAX_PRIVATE_DATA`] bytes; checked by `connect`/`accept`).
+    pub fn with_private_data(self, private_data: impl Into<Vec<u8>>) -> ConnParam {
+        ConnParam {
+            private_data: private_data.into(),
+            ..self
+        }
+    }
+
+    /// The same, with `retry_count` (0..=7; checked by `connect`/`accept`, then
+    /// ignored by iWARP).
+    pub fn with_retry_count(self, retry_count: u8) -> ConnParam {
+        ConnParam {
+            retry_count,
+            ..self
+        }
+    }
+
     fn check(&self) -> Result<(), CmError> {
         if self.retry_count > 7 {
             return Err(CmError::InvalidArgument {
