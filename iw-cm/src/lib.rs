@@ -88,6 +88,8 @@ mod id;
 pub mod machine;
 mod provider;
 mod sync;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use cm::{CmConfig, CmStats, IwCm, RuleBreak};
 pub use error::CmError;
