@@ -3,11 +3,11 @@
 //! function [`step`]`(state, input) -> Result<new state, Refused>`.
 //!
 //! [`step`] locks nothing and calls nothing. The threaded code (`crate::id`) keeps an
-//! id's state in a [`StateCell`], whose [`StateCell::exch`] is the only writer of an
+//! id's state in a `StateCell`, whose `StateCell::exch` is the only writer of an
 //! id's state (cma.c's `cma_comp_exch` role): it applies [`step`] and writes the result,
 //! or leaves the state unchanged on a refusal. A user call that checks first and writes
 //! after other work (`bind_addr`, `connect`, `reject`, ...) asks [`step`] for the check
-//! and [`StateCell::exch`] for the write, under the same hold of the id's `st` lock.
+//! and `StateCell::exch` for the write, under the same hold of the id's `st` lock.
 //!
 //! # The handler lock (cma.c's `lockdep_assert_held`)
 //!
@@ -15,7 +15,7 @@
 //! the old or the new state is `RDMA_CM_CONNECT` ("The FSM uses a funny double locking
 //! where state is protected by both the handler_mutex and the spinlock. State is not
 //! allowed to change to/from a handler_mutex protected value without also holding
-//! handler_mutex."). [`StateCell::exch`] debug-asserts the same, through the
+//! handler_mutex."). `StateCell::exch` debug-asserts the same, through the
 //! thread's record of the handler locks it holds (`crate::sync::holds`, kept for std
 //! and loom alike), for every transition to or from CONNECT that an *event* makes
 //! ([`Input::is_event`]: the iWARP events of `cma_iw_handler`, address and route
