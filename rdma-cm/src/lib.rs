@@ -14,11 +14,16 @@
 //! wire format, opens no socket and runs no device thread.
 //!
 //! Modules: [`machine`] ([`IdState`] and its transitions), `id` (the id engine: locks,
-//! delivery, destroy; `id/calls.rs` the public [`CmIdRef`]/[`CmId`] calls,
+//! delivery, destroy, and what a callback gets: [`CmEvent`], [`Handler`]; an event
+//! channel's queue is reached through a trait object, so `id` does not name `channel`;
+//! `id/calls.rs` the public [`CmIdRef`]/[`CmId`] calls,
 //! `id/handlers.rs` the address, route, iWARP and connect-request paths,
 //! `id/removal.rs` the per-id device removal), `registry` ([`RdmaCm`], devices, worker,
 //! ports, timers), `stats` ([`RdmaCmStats`]), `device` (the [`CmDevice`] trait and its
-//! plain types), `channel`, `event`, [`route`], `sync` (std or loom primitives).
+//! plain types), `channel`, `event` (event kinds and the iWARP mapping), [`route`],
+//! `sync` (std or loom primitives). The one cycle left between files is `id` <->
+//! `registry`: an id holds its registry and device entry, the registry holds its ids
+//! and runs their work (cma.c's `rdma_id_private` and `cma_device` lists).
 //!
 //! | item | what | cma.c / librdmacm counterpart |
 //! |---|---|---|
@@ -154,11 +159,9 @@ pub use device::{
     CmDevice, DeviceNotifier, NeighborDone, NeighborRequest, NeighborResult, QpOf, ResolveError,
 };
 pub use error::CmError;
-pub use event::{
-    map_connect_reply, map_iw_event, CmEvent, Disposition, EventKind, Handler, IwEventKind,
-};
+pub use event::{map_connect_reply, map_iw_event, Disposition, EventKind, IwEventKind};
 pub use id::calls::{ConnParam, DestroyRefused};
-pub use id::{CmId, CmIdRef};
+pub use id::{CmEvent, CmId, CmIdRef, Handler};
 pub use machine::IdState;
 pub use registry::{RdmaCm, RdmaCmConfig, Removal, RuleBreak};
 pub use route::Ipv4Subnet;

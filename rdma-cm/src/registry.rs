@@ -4,8 +4,7 @@
 use crate::channel::{ChanInner, EventChannel};
 use crate::device::{CmDevice, DeviceEvents, DeviceNotifier, NeighborResult, QpOf};
 use crate::error::CmError;
-use crate::event::Handler;
-use crate::id::{CmId, Delivery, IdInner, IwId, Role};
+use crate::id::{CmId, Delivery, Handler, IdInner, IwId, Role};
 use crate::machine::IdState;
 use crate::route::DeviceRoutes;
 use crate::stats::{bump, sub, Counters, RdmaCmStats};

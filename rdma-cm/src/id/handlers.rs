@@ -3,10 +3,9 @@
 //! connection requests (`iw_conn_req_handler`), and the internal listeners of a
 //! wildcard listen (`cma_listen_on_dev`).
 
-use super::{call_handler, CmId, CmIdRef, Delivery, IdInner, IwHandler, Role};
-use crate::channel::Queued;
+use super::{call_handler, CmEvent, CmId, CmIdRef, Delivery, IdInner, IwHandler, Queued, Role};
 use crate::device::{CmDevice, NeighborResult, ResolveError};
-use crate::event::{map_iw_event, CmEvent, Disposition, EventKind, IwEventKind};
+use crate::event::{map_iw_event, Disposition, EventKind, IwEventKind};
 use crate::machine::{IdState, Input, IwInput};
 use crate::registry::DevEntry;
 use crate::stats::{bump, sub};

@@ -1,8 +1,9 @@
 //! The per-id part of device removal (cma.c's `cma_remove_id_dev`), and `AddrChange`.
 
+use super::CmEvent;
 use super::IdInner;
 use crate::device::CmDevice;
-use crate::event::{CmEvent, EventKind};
+use crate::event::EventKind;
 use crate::machine::{IdState, Input};
 use crate::registry::{DevEntry, RuleBreak};
 use crate::stats::bump;
