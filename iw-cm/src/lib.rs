@@ -2,6 +2,21 @@
 //! `drivers/infiniband/core/iwcm.c`): cm_ids, the provider trait, ordered per-id event
 //! delivery on CM worker threads, non-blocking destroy, free on last reference.
 //!
+//! # Room
+//!
+//! iw-cm owns the iWARP CM core: cm_ids and their state machine ([`machine`]), the
+//! per-id event queues and the workers that deliver them, destroy and the free on last
+//! reference, and the [`Provider`] trait that a device implements under it (siw's
+//! `iw_cm_verbs`). It touches nothing else of the workspace and names no device: a
+//! device (softiwarp's provider, or a test's fake) implements [`Provider`] in its own
+//! crate, and the RDMA CM (rdma-cm) sits above it. It knows no wire format. With the
+//! cargo feature `testing` (tests only), [`testing`] is the fake iWARP network that the
+//! iw-cm and rdma-cm tests share (it uses `testkit`).
+//!
+//! Modules: `cm` ([`IwCm`], workers, counters), `id` (cm_ids, their calls, delivery,
+//! destroy), [`machine`], `event`, `provider` (the trait and its events), `error`,
+//! `sync` (std or loom primitives).
+//!
 //! | item | what | kernel counterpart |
 //! |---|---|---|
 //! | [`IwCm`] | one CM instance per provider (device), its worker thread(s), counters | `iw_cm` + `iw_cm_wq` |
@@ -88,6 +103,8 @@ mod id;
 pub mod machine;
 mod provider;
 mod sync;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use cm::{CmConfig, CmStats, IwCm, RuleBreak};
 pub use error::CmError;

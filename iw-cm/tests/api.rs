@@ -71,7 +71,7 @@ impl Server {
                     assert_eq!(req.id.serial(), id.serial(), "handler runs for the child");
                     req.id
                         .accept(AcceptParams {
-                            qp: self.qp_source.new_qp(),
+                            qp: self.qp_source.new_qp(""),
                             private_data: b"welcome".to_vec(),
                             ird: 4,
                             ord: 4,
@@ -406,7 +406,7 @@ fn a_full_backlog_rejects_the_excess_at_the_provider() {
             }
             req.id
                 .accept(AcceptParams {
-                    qp: qps.new_qp(),
+                    qp: qps.new_qp(""),
                     private_data: vec![],
                     ird: 1,
                     ord: 1,
@@ -680,7 +680,7 @@ fn a_child_can_get_its_own_handler_and_events_wait_for_the_request_delivery() {
             // delivered only after this ConnectRequest delivery returns.
             req.id
                 .accept(AcceptParams {
-                    qp: qps.new_qp(),
+                    qp: qps.new_qp(""),
                     private_data: vec![],
                     ird: 1,
                     ord: 1,

@@ -81,7 +81,7 @@ impl Server {
                 } else {
                     req.id
                         .accept(AcceptParams {
-                            qp: self.qps.new_qp(),
+                            qp: self.qps.new_qp(""),
                             private_data: b"ok".to_vec(),
                             ird: 4,
                             ord: 4,
@@ -215,7 +215,7 @@ fn client_thread(t: usize, cycles: usize, ctx: Ctx) {
             server_addr
         };
         id.connect(ConnectParams {
-            qp: net_qps.new_qp(),
+            qp: net_qps.new_qp(""),
             local_addr: None,
             remote_addr: remote,
             private_data: vec![t as u8, n as u8],

@@ -15,24 +15,14 @@
 use crate::device::CmDevice;
 #[cfg(not(loom))]
 use crate::error::CmError;
-use crate::event::CmEvent;
-use crate::id::{CmIdRef, IdInner};
-use crate::registry::{bump, sub, Counters};
-use crate::state::IdState;
+use crate::id::{ChannelQueue, CmEvent, CmIdRef, IdInner, Queued};
+use crate::machine::IdState;
+use crate::stats::{bump, sub, Counters};
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex};
 use core::fmt;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
 use std::collections::VecDeque;
-
-/// One queued event.
-pub(crate) struct Queued<D: CmDevice> {
-    /// The id the event is about (for a `ConnectRequest`: the new id).
-    pub(crate) id: Arc<IdInner<D>>,
-    /// The id the ack is counted against (for a `ConnectRequest`: the listener).
-    pub(crate) owner: Arc<IdInner<D>>,
-    pub(crate) event: CmEvent<D>,
-}
 
 struct ChanQ<D: CmDevice> {
     events: VecDeque<Queued<D>>,
@@ -40,6 +30,8 @@ struct ChanQ<D: CmDevice> {
     seq: u64,
 }
 
+/// The queue of an event channel (held in a `std` `Arc`: the ids of the channel reach it
+/// as a [`ChannelQueue`] object).
 pub(crate) struct ChanInner<D: CmDevice> {
     q: Mutex<ChanQ<D>>,
     cv: Condvar,
@@ -47,8 +39,8 @@ pub(crate) struct ChanInner<D: CmDevice> {
 }
 
 impl<D: CmDevice> ChanInner<D> {
-    pub(crate) fn new(counters: std::sync::Arc<Counters>) -> Arc<ChanInner<D>> {
-        Arc::new(ChanInner {
+    pub(crate) fn new(counters: std::sync::Arc<Counters>) -> std::sync::Arc<ChanInner<D>> {
+        std::sync::Arc::new(ChanInner {
             q: Mutex::new(ChanQ {
                 events: VecDeque::new(),
                 wakers: Vec::new(),
@@ -57,39 +49,6 @@ impl<D: CmDevice> ChanInner<D> {
             cv: Condvar::new(),
             counters,
         })
-    }
-
-    pub(crate) fn push(&self, item: Queued<D>) {
-        let wakers = {
-            let mut q = lock(&self.q);
-            q.events.push_back(item);
-            core::mem::take(&mut q.wakers)
-        };
-        bump(&self.counters.events_queued);
-        self.cv.notify_all();
-        for w in wakers {
-            w.wake();
-        }
-    }
-
-    /// Discard the queued events of id `serial` (destroyed): its own, and connect
-    /// requests on it if it was a listener (their new ids are destroyed with them).
-    pub(crate) fn purge(&self, serial: u64) {
-        let dropped: Vec<Queued<D>> = {
-            let mut q = lock(&self.q);
-            let (gone, kept): (VecDeque<_>, VecDeque<_>) = core::mem::take(&mut q.events)
-                .into_iter()
-                .partition(|e| e.id.serial == serial || e.owner.serial == serial);
-            q.events = kept;
-            gone.into_iter().collect()
-        };
-        if !dropped.is_empty() {
-            sub(&self.counters.events_queued, dropped.len());
-            for _ in 0..dropped.len() {
-                bump(&self.counters.events_dropped);
-            }
-        }
-        drop(dropped);
     }
 
     /// Hand out the next event whose id is alive, if any.
@@ -105,7 +64,7 @@ impl<D: CmDevice> ChanInner<D> {
             let token = sync::thread_token();
             let live = {
                 let mut st = lock(&item.owner.st);
-                if st.state == IdState::Destroying {
+                if st.state.get() == IdState::Destroying {
                     false
                 } else {
                     st.unacked.push((seq, token));
@@ -128,12 +87,47 @@ impl<D: CmDevice> ChanInner<D> {
     }
 }
 
+impl<D: CmDevice> ChannelQueue<D> for ChanInner<D> {
+    fn push(&self, item: Queued<D>) {
+        let wakers = {
+            let mut q = lock(&self.q);
+            q.events.push_back(item);
+            core::mem::take(&mut q.wakers)
+        };
+        bump(&self.counters.events_queued);
+        self.cv.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Discard the queued events of id `serial` (destroyed): its own, and connect
+    /// requests on it if it was a listener (their new ids are destroyed with them).
+    fn purge(&self, serial: u64) {
+        let dropped: Vec<Queued<D>> = {
+            let mut q = lock(&self.q);
+            let (gone, kept): (VecDeque<_>, VecDeque<_>) = core::mem::take(&mut q.events)
+                .into_iter()
+                .partition(|e| e.id.serial == serial || e.owner.serial == serial);
+            q.events = kept;
+            gone.into_iter().collect()
+        };
+        if !dropped.is_empty() {
+            sub(&self.counters.events_queued, dropped.len());
+            for _ in 0..dropped.len() {
+                bump(&self.counters.events_dropped);
+            }
+        }
+        drop(dropped);
+    }
+}
+
 /// An event channel (librdmacm's `rdma_create_event_channel`). Ids created on it
 /// ([`crate::RdmaCm::create_id_with_channel`]) queue their events here, and so do the
 /// new ids of their connection requests. Cloning gives another handle on the same
 /// channel.
 pub struct EventChannel<D: CmDevice> {
-    pub(crate) inner: Arc<ChanInner<D>>,
+    pub(crate) inner: std::sync::Arc<ChanInner<D>>,
 }
 
 impl<D: CmDevice> Clone for EventChannel<D> {
@@ -214,7 +208,7 @@ impl<D: CmDevice> EventChannel<D> {
 
 /// The async stream of an [`EventChannel`]'s events ([`EventChannel::stream`]).
 pub struct EventStream<D: CmDevice> {
-    inner: Arc<ChanInner<D>>,
+    inner: std::sync::Arc<ChanInner<D>>,
 }
 
 impl<D: CmDevice> fmt::Debug for EventStream<D> {

@@ -4,11 +4,9 @@
 //!
 //! See the crate documentation for how `softiwarp` implements it.
 
-use crate::id::IdInner;
-use crate::registry::{DevEntry, Job, Shared};
 use crate::route::Ipv4Subnet;
-use crate::sync::Arc;
 use core::fmt;
+use core::marker::PhantomData;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -161,30 +159,44 @@ pub type NeighborResult = Result<Option<[u8; 6]>, ResolveError>;
 /// resolved: complete or drop it when the resolution ends (a completion after the id
 /// was destroyed, or after the CM's own timeout fired, is ignored).
 pub struct NeighborDone<D: CmDevice> {
-    pub(crate) shared: Arc<Shared<D>>,
-    pub(crate) id: Option<Arc<IdInner<D>>>,
-    pub(crate) gen: u64,
-    pub(crate) entry: Arc<DevEntry<D>>,
-    pub(crate) src: Ipv4Addr,
-    pub(crate) next_hop: Ipv4Addr,
+    /// Queues the outcome for the worker (made by `resolve_addr`); taken when sent.
+    send: Option<NeighborSend>,
+    id: u64,
+    device: String,
+    next_hop: Ipv4Addr,
+    _device: PhantomData<fn() -> D>,
 }
 
+/// What completing a [`NeighborDone`] does: queue the outcome for the worker.
+type NeighborSend = Box<dyn FnOnce(NeighborResult) + Send + Sync>;
+
 impl<D: CmDevice> NeighborDone<D> {
+    /// The completion of id `id`'s resolution of `next_hop` on `device`; `send` queues
+    /// the outcome (called once: by [`Self::complete`], or with
+    /// [`ResolveError::Dropped`] when dropped).
+    pub(crate) fn new(
+        id: u64,
+        device: String,
+        next_hop: Ipv4Addr,
+        send: impl FnOnce(NeighborResult) + Send + Sync + 'static,
+    ) -> NeighborDone<D> {
+        NeighborDone {
+            send: Some(Box::new(send)),
+            id,
+            device,
+            next_hop,
+            _device: PhantomData,
+        }
+    }
+
     /// Report the outcome.
     pub fn complete(mut self, result: NeighborResult) {
         self.send(result);
     }
 
     fn send(&mut self, result: NeighborResult) {
-        if let Some(id) = self.id.take() {
-            self.shared.push_job(Job::AddrDone {
-                id,
-                gen: self.gen,
-                entry: Some(self.entry.clone()),
-                src: self.src,
-                next_hop: self.next_hop,
-                result,
-            });
+        if let Some(send) = self.send.take() {
+            send(result);
         }
     }
 }
@@ -198,8 +210,8 @@ impl<D: CmDevice> Drop for NeighborDone<D> {
 impl<D: CmDevice> fmt::Debug for NeighborDone<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NeighborDone")
-            .field("id", &self.id.as_ref().map(|i| i.serial))
-            .field("device", &self.entry.name)
+            .field("id", &self.send.as_ref().map(|_| self.id))
+            .field("device", &self.device)
             .field("next_hop", &self.next_hop)
             .finish()
     }
@@ -209,15 +221,26 @@ impl<D: CmDevice> fmt::Debug for NeighborDone<D> {
 /// [`CmDevice::attached`]). Every call only queues work for the RDMA CM's worker: safe
 /// from the device's engine thread, which must never wait for user code.
 pub struct DeviceNotifier<D: CmDevice> {
-    pub(crate) shared: Arc<Shared<D>>,
-    pub(crate) entry: Arc<DevEntry<D>>,
+    events: std::sync::Arc<dyn DeviceEvents>,
+    _device: PhantomData<fn() -> D>,
+}
+
+/// What a [`DeviceNotifier`] reaches: the device's registry entry (implemented by the
+/// registry; every method only queues work for the worker).
+pub(crate) trait DeviceEvents: Send + Sync {
+    /// See [`DeviceNotifier::removed`].
+    fn removed(&self);
+    /// See [`DeviceNotifier::address_changed`].
+    fn address_changed(&self);
+    /// The device's name.
+    fn device_name(&self) -> &str;
 }
 
 impl<D: CmDevice> Clone for DeviceNotifier<D> {
     fn clone(&self) -> Self {
         DeviceNotifier {
-            shared: self.shared.clone(),
-            entry: self.entry.clone(),
+            events: self.events.clone(),
+            _device: PhantomData,
         }
     }
 }
@@ -225,12 +248,20 @@ impl<D: CmDevice> Clone for DeviceNotifier<D> {
 impl<D: CmDevice> fmt::Debug for DeviceNotifier<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceNotifier")
-            .field("device", &self.entry.name)
+            .field("device", &self.device_name())
             .finish()
     }
 }
 
 impl<D: CmDevice> DeviceNotifier<D> {
+    /// The notifier of a registered device.
+    pub(crate) fn new(events: std::sync::Arc<dyn DeviceEvents>) -> DeviceNotifier<D> {
+        DeviceNotifier {
+            events,
+            _device: PhantomData,
+        }
+    }
+
     /// The device is going away (its link is gone): start device removal on the RDMA
     /// CM's worker (cma.c's `cma_remove_one` -> `cma_process_remove`). Idempotent.
     ///
@@ -241,20 +272,17 @@ impl<D: CmDevice> DeviceNotifier<D> {
     /// `DeviceRemoval`. This is the kernel's order: `ib_unregister_device` runs
     /// `cma_remove_one` before the driver tears its connections down.
     pub fn removed(&self) {
-        for id in self.entry.user_ids() {
-            id.mark_device_removal();
-        }
-        self.shared.push_job(Job::Remove(self.entry.clone()));
+        self.events.removed();
     }
 
     /// The device's addresses changed: deliver `AddrChange` to every id bound to it
     /// (cma.c's `cma_netdev_callback`).
     pub fn address_changed(&self) {
-        self.shared.push_job(Job::AddrChange(self.entry.clone()));
+        self.events.address_changed();
     }
 
     /// The device's name.
     pub fn device_name(&self) -> &str {
-        &self.entry.name
+        self.events.device_name()
     }
 }

@@ -1,6 +1,6 @@
 //! Errors of RDMA CM calls.
 
-use crate::state::IdState;
+use crate::machine::{IdState, Refused};
 use std::net::{IpAddr, SocketAddr};
 
 /// Why an RDMA CM call failed. Each variant names the errno librdmacm would set
@@ -136,5 +136,24 @@ impl CmError {
             CmError::Worker(_) => 11,       // EAGAIN
             CmError::Timeout { .. } => 110, // ETIMEDOUT
         }
+    }
+}
+
+impl Refused {
+    /// The user call's error: [`CmError::DeviceRemoved`] during device removal,
+    /// [`CmError::InvalidState`] (with [`crate::machine::Input::op`] and the state)
+    /// otherwise.
+    pub fn error(self) -> CmError {
+        let op = self.input.op();
+        match self.state {
+            IdState::DeviceRemoval => CmError::DeviceRemoved { op },
+            state => CmError::InvalidState { op, state },
+        }
+    }
+}
+
+impl From<Refused> for CmError {
+    fn from(r: Refused) -> CmError {
+        r.error()
     }
 }

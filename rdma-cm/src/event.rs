@@ -1,8 +1,8 @@
-//! Events: their kinds (librdmacm's names), what a callback receives and returns, and
-//! the mapping of iWARP CM events onto them (cma.c's `cma_iw_handler`).
+//! Events: their kinds (librdmacm's names), what a callback returns, and the mapping of
+//! iWARP CM events onto them (cma.c's `cma_iw_handler`). What a callback receives
+//! ([`crate::CmEvent`]) and the callback itself ([`crate::Handler`]) live with the ids
+//! (`crate::id`).
 
-use crate::device::CmDevice;
-use crate::id::{CmId, CmIdRef};
 use core::fmt;
 use iw_cm::ConnectStatus;
 
@@ -21,7 +21,7 @@ pub enum EventKind {
     /// `RDMA_CM_EVENT_ROUTE_ERROR`: `resolve_route` failed.
     RouteError,
     /// `RDMA_CM_EVENT_CONNECT_REQUEST`: a connection request arrived at a listener; the
-    /// event carries the new id ([`CmEvent::take_new_id`]).
+    /// event carries the new id ([`crate::CmEvent::take_new_id`]).
     ConnectRequest,
     /// `RDMA_CM_EVENT_CONNECT_ERROR`: the connection attempt failed for another reason.
     ConnectError,
@@ -143,74 +143,6 @@ pub fn map_iw_event(kind: IwEventKind) -> (EventKind, i32) {
     }
 }
 
-/// An event (librdmacm's `struct rdma_cm_event`): what a callback receives, and what an
-/// [`crate::ChannelEvent`] dereferences to.
-pub struct CmEvent<D: CmDevice> {
-    /// What happened.
-    pub kind: EventKind,
-    /// 0, or a negative errno saying why (librdmacm's `event->status`).
-    pub status: i32,
-    /// The peer's private data (`ConnectRequest`, `Established` on the active side,
-    /// `Rejected`), empty otherwise.
-    pub private_data: Vec<u8>,
-    /// `param.conn.responder_resources`: for a `ConnectRequest` and an active
-    /// `Established`, the peer's ORD (the kernel maps the iWARP ORD here).
-    pub responder_resources: u16,
-    /// `param.conn.initiator_depth`: for a `ConnectRequest` and an active
-    /// `Established`, the peer's IRD.
-    pub initiator_depth: u16,
-    pub(crate) new_id: Option<CmId<D>>,
-    pub(crate) listen_id: Option<u64>,
-}
-
-impl<D: CmDevice> CmEvent<D> {
-    pub(crate) fn new(kind: EventKind, status: i32) -> CmEvent<D> {
-        CmEvent {
-            kind,
-            status,
-            private_data: Vec::new(),
-            responder_resources: 0,
-            initiator_depth: 0,
-            new_id: None,
-            listen_id: None,
-        }
-    }
-
-    /// For a `ConnectRequest`: take ownership of the new id (librdmacm's `event->id`
-    /// of a connect request). Accept or reject it through the returned [`CmId`]; keep
-    /// it as long as the connection lives. If it is not taken, it is destroyed with
-    /// the event (which rejects the request). `None` for other events, or if already
-    /// taken.
-    pub fn take_new_id(&mut self) -> Option<CmId<D>> {
-        self.new_id.take()
-    }
-
-    /// For a `ConnectRequest`: the new id, if not taken yet.
-    pub fn new_id(&self) -> Option<&CmIdRef<D>> {
-        self.new_id.as_deref()
-    }
-
-    /// For a `ConnectRequest`: the serial number of the listening id it arrived at
-    /// (librdmacm's `event->listen_id`).
-    pub fn listen_id(&self) -> Option<u64> {
-        self.listen_id
-    }
-}
-
-impl<D: CmDevice> fmt::Debug for CmEvent<D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CmEvent")
-            .field("kind", &self.kind)
-            .field("status", &self.status)
-            .field("private_data_len", &self.private_data.len())
-            .field("responder_resources", &self.responder_resources)
-            .field("initiator_depth", &self.initiator_depth)
-            .field("new_id", &self.new_id.as_ref().map(|i| i.serial()))
-            .field("listen_id", &self.listen_id)
-            .finish()
-    }
-}
-
 /// What a callback wants done with its id: the return value of the kernel's
 /// `rdma_cm_event_handler` (0 or non-zero).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -221,40 +153,6 @@ pub enum Disposition {
     /// the callback returns, no further callback runs on it. For a `ConnectRequest`
     /// the new id is destroyed (the request is rejected); the listener stays.
     Destroy,
-}
-
-/// A callback (the kernel's `rdma_cm_event_handler`): any
-/// `Fn(&CmIdRef<D>, CmEvent<D>) -> Disposition + Send + Sync + 'static`.
-///
-/// Callbacks of one id never run concurrently (cma.c's `handler_mutex`); callbacks of
-/// different ids may. They run on the RDMA CM's worker thread (address, route, device
-/// removal and address change events), on the device's iWARP CM worker (connection
-/// events), or on the thread that called [`crate::RdmaCm::remove_device`]
-/// (`DeviceRemoval`); never on a device's engine thread. A callback may call anything
-/// on any id, with two exceptions that would wait for the callback itself and are
-/// refused with a typed error instead: destroying its own id
-/// ([`crate::CmError::DestroyInOwnCallback`]; return [`Disposition::Destroy`]) and
-/// waiting for removal or for the worker ([`crate::CmError::InCallback`]). Destroying
-/// *another* id from a callback waits for that id's callback in progress; two
-/// callbacks destroying each other's ids deadlock, as in the kernel.
-///
-/// The new id of a `ConnectRequest` inherits its listener's callback (cma.c's
-/// `cma_listen_handler` copies `event_handler`). A callback that stores the new
-/// [`crate::CmId`]s it is given therefore owns ids that hold it: clear that storage
-/// (destroy them) when done, or the ids and the callback keep each other alive.
-pub trait Handler<D: CmDevice>: Send + Sync + 'static {
-    /// Handle one event of `id` (for a `ConnectRequest`: the new id).
-    fn on_event(&self, id: &CmIdRef<D>, event: CmEvent<D>) -> Disposition;
-}
-
-impl<D, F> Handler<D> for F
-where
-    D: CmDevice,
-    F: Fn(&CmIdRef<D>, CmEvent<D>) -> Disposition + Send + Sync + 'static,
-{
-    fn on_event(&self, id: &CmIdRef<D>, event: CmEvent<D>) -> Disposition {
-        self(id, event)
-    }
 }
 
 #[cfg(test)]

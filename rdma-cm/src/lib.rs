@@ -2,6 +2,29 @@
 //! (`drivers/infiniband/core/cma.c`) over [`iw_cm`], for any device that implements
 //! [`CmDevice`]. It knows no wire format; the soft device plugs in through `soft`.
 //!
+//! # Room
+//!
+//! rdma-cm owns the RDMA CM core, device-agnostic: rdma_cm ids and their state machine
+//! ([`machine`]: the only writer of an id's state), callback serialization and event
+//! delivery (callbacks and event channels), destroy, the device registry and its worker
+//! (address and route resolution, wildcard listens, device removal), counters. It
+//! touches `iw-cm` (each device's iWARP CM instance carries the connections) and
+//! `verbs` (QP handles, verbs errors), nothing else of the workspace; a device
+//! implements [`CmDevice`] (and its [`iw_cm::Provider`]) in its own crate. It knows no
+//! wire format, opens no socket and runs no device thread.
+//!
+//! Modules: [`machine`] ([`IdState`] and its transitions), `id` (the id engine: locks,
+//! delivery, destroy, and what a callback gets: [`CmEvent`], [`Handler`]; an event
+//! channel's queue is reached through a trait object, so `id` does not name `channel`;
+//! `id/calls.rs` the public [`CmIdRef`]/[`CmId`] calls,
+//! `id/handlers.rs` the address, route, iWARP and connect-request paths,
+//! `id/removal.rs` the per-id device removal), `registry` ([`RdmaCm`], devices, worker,
+//! ports, timers), `stats` ([`RdmaCmStats`]), `device` (the [`CmDevice`] trait and its
+//! plain types), `channel`, `event` (event kinds and the iWARP mapping), [`route`],
+//! `sync` (std or loom primitives). The one cycle left between files is `id` <->
+//! `registry`: an id holds its registry and device entry, the registry holds its ids
+//! and runs their work (cma.c's `rdma_id_private` and `cma_device` lists).
+//!
 //! | item | what | cma.c / librdmacm counterpart |
 //! |---|---|---|
 //! | [`RdmaCm`] | the registry of devices, the ids, the worker thread, counters ([`RdmaCm::stats`]) | `cma_wq`, `dev_list`, `ib_client` add/remove |
@@ -9,6 +32,7 @@
 //! | [`CmId`], [`CmIdRef`] | an id and its calls: `bind_addr`, `resolve_addr`, `resolve_route`, `create_qp`, `connect`, `listen`, `accept`, `reject`, `disconnect`, `destroy`, addresses | `struct rdma_cm_id`, `rdma_*` |
 //! | [`Handler`], [`CmEvent`], [`EventKind`], [`Disposition`] | callback mode: the callback, the event, Keep/Destroy | `rdma_cm_event_handler` and its return value |
 //! | [`EventChannel`], [`ChannelEvent`], [`EventStream`] | channel mode: blocking `get_event` + ack, or an async `Stream` | `rdma_event_channel`, `rdma_get_cm_event`, `rdma_ack_cm_event` |
+//! | [`machine`] | the id state machine: `(state, input) -> Result<state, Refused>` | `cma_comp_exch` and the state checks of every `rdma_*` |
 //! | [`route`] | sans-IO route selection | `addr4_resolve` |
 //! | `soft` (feature `soft`) | the soft iWARP device as a [`CmDevice`] | siw |
 //!
@@ -122,11 +146,12 @@ mod device;
 mod error;
 mod event;
 mod id;
+pub mod machine;
 mod registry;
 pub mod route;
 #[cfg(all(feature = "soft", not(loom)))]
 pub mod soft;
-mod state;
+mod stats;
 mod sync;
 
 pub use channel::{ChannelEvent, EventChannel, EventStream};
@@ -134,10 +159,10 @@ pub use device::{
     CmDevice, DeviceNotifier, NeighborDone, NeighborRequest, NeighborResult, QpOf, ResolveError,
 };
 pub use error::CmError;
-pub use event::{
-    map_connect_reply, map_iw_event, CmEvent, Disposition, EventKind, Handler, IwEventKind,
-};
-pub use id::{CmId, CmIdRef, ConnParam, DestroyRefused};
-pub use registry::{RdmaCm, RdmaCmConfig, RdmaCmStats, Removal, RuleBreak};
+pub use event::{map_connect_reply, map_iw_event, Disposition, EventKind, IwEventKind};
+pub use id::calls::{ConnParam, DestroyRefused};
+pub use id::{CmEvent, CmId, CmIdRef, Handler};
+pub use machine::IdState;
+pub use registry::{RdmaCm, RdmaCmConfig, Removal, RuleBreak};
 pub use route::Ipv4Subnet;
-pub use state::IdState;
+pub use stats::RdmaCmStats;

@@ -2,17 +2,17 @@
 //! port reservations, wildcard listeners, device removal, counters.
 
 use crate::channel::{ChanInner, EventChannel};
-use crate::device::{CmDevice, DeviceNotifier, NeighborResult, QpOf};
+use crate::device::{CmDevice, DeviceEvents, DeviceNotifier, NeighborResult, QpOf};
 use crate::error::CmError;
-use crate::event::Handler;
-use crate::id::{CmId, Delivery, IdInner, IwId, Role};
+use crate::id::{CmId, Delivery, Handler, IdInner, IwId, Role};
+use crate::machine::IdState;
 use crate::route::DeviceRoutes;
-use crate::state::IdState;
+use crate::stats::{bump, sub, Counters, RdmaCmStats};
 use crate::sync::{self, lock, wait, Arc, Condvar, JoinHandle, Mutex};
 use core::fmt;
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// A rule of design.md section 5 (rdma-cm) that a test may switch off to show that the
 /// loom models and the stress test catch its violation. Never set outside such a test:
@@ -74,73 +74,6 @@ impl Default for RdmaCmConfig {
             rule_break: None,
         }
     }
-}
-
-/// Live-object and event counters of an [`RdmaCm`] ([`RdmaCm::stats`]), for tests
-/// proving that nothing leaks and that removal delivered what it should.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RdmaCmStats {
-    /// Ids whose memory is not freed yet (user ids, new ids of requests, internal
-    /// listeners).
-    pub ids_alive: usize,
-    /// Ids ever created.
-    pub ids_created: usize,
-    /// Devices added and not released yet (a removed device stays held until every id
-    /// bound to it is gone).
-    pub devices_held: usize,
-    /// Devices ever added.
-    pub devices_added: usize,
-    /// Devices released.
-    pub devices_released: usize,
-    /// Events queued on event channels and not handed out yet.
-    pub events_queued: usize,
-    /// Events handed out by event channels and not acked yet.
-    pub events_unacked: usize,
-    /// Callbacks called.
-    pub callbacks: usize,
-    /// Events dropped: their id was destroyed, or stopped listening, before delivery.
-    pub events_dropped: usize,
-    /// `DeviceRemoval` events delivered (called or queued).
-    pub device_removals: usize,
-    /// Ids of a removed device that got no `DeviceRemoval` because their destroy had
-    /// been asked.
-    pub removals_skipped: usize,
-    /// Internal per-device listeners of wildcard listens alive.
-    pub internal_listeners: usize,
-    /// Internal listeners that could not be created (the device's listen failed).
-    pub internal_listen_failures: usize,
-    /// Callbacks that panicked (their id was destroyed).
-    pub handler_panics: usize,
-    /// Jobs queued for the worker or running.
-    pub jobs_pending: usize,
-    /// Address resolutions waiting for their device or their timeout.
-    pub timers_pending: usize,
-}
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) ids_alive: AtomicUsize,
-    pub(crate) ids_created: AtomicUsize,
-    pub(crate) devices_held: AtomicUsize,
-    pub(crate) devices_added: AtomicUsize,
-    pub(crate) devices_released: AtomicUsize,
-    pub(crate) events_queued: AtomicUsize,
-    pub(crate) events_unacked: AtomicUsize,
-    pub(crate) callbacks: AtomicUsize,
-    pub(crate) events_dropped: AtomicUsize,
-    pub(crate) device_removals: AtomicUsize,
-    pub(crate) removals_skipped: AtomicUsize,
-    pub(crate) internal_listeners: AtomicUsize,
-    pub(crate) internal_listen_failures: AtomicUsize,
-    pub(crate) handler_panics: AtomicUsize,
-}
-
-pub(crate) fn bump(c: &AtomicUsize) {
-    c.fetch_add(1, Relaxed);
-}
-
-pub(crate) fn sub(c: &AtomicUsize, n: usize) {
-    c.fetch_sub(n, Relaxed);
 }
 
 // ------------------------------------------------------------------- devices
@@ -638,24 +571,30 @@ impl<D: CmDevice> Shared<D> {
             let timers = 0;
             (q.jobs.len() + q.busy, timers)
         };
-        RdmaCmStats {
-            ids_alive: c.ids_alive.load(Relaxed),
-            ids_created: c.ids_created.load(Relaxed),
-            devices_held: c.devices_held.load(Relaxed),
-            devices_added: c.devices_added.load(Relaxed),
-            devices_released: c.devices_released.load(Relaxed),
-            events_queued: c.events_queued.load(Relaxed),
-            events_unacked: c.events_unacked.load(Relaxed),
-            callbacks: c.callbacks.load(Relaxed),
-            events_dropped: c.events_dropped.load(Relaxed),
-            device_removals: c.device_removals.load(Relaxed),
-            removals_skipped: c.removals_skipped.load(Relaxed),
-            internal_listeners: c.internal_listeners.load(Relaxed),
-            internal_listen_failures: c.internal_listen_failures.load(Relaxed),
-            handler_panics: c.handler_panics.load(Relaxed),
-            jobs_pending,
-            timers_pending,
+        c.snapshot(jobs_pending, timers_pending)
+    }
+}
+
+/// What a registered device's [`DeviceNotifier`] reaches: its entry, and the worker.
+struct Notifier<D: CmDevice> {
+    shared: Arc<Shared<D>>,
+    entry: Arc<DevEntry<D>>,
+}
+
+impl<D: CmDevice> DeviceEvents for Notifier<D> {
+    fn removed(&self) {
+        for id in self.entry.user_ids() {
+            id.mark_device_removal();
         }
+        self.shared.push_job(Job::Remove(self.entry.clone()));
+    }
+
+    fn address_changed(&self) {
+        self.shared.push_job(Job::AddrChange(self.entry.clone()));
+    }
+
+    fn device_name(&self) -> &str {
+        &self.entry.name
     }
 }
 
@@ -773,10 +712,10 @@ impl<D: CmDevice> RdmaCm<D> {
         bump(&self.shared.counters.devices_held);
         bump(&self.shared.counters.devices_added);
         tracing::info!(device = %name, "device added");
-        dev.attached(DeviceNotifier {
+        dev.attached(DeviceNotifier::new(std::sync::Arc::new(Notifier {
             shared: self.shared.clone(),
             entry: entry.clone(),
-        });
+        })));
         for l in &listeners {
             IdInner::create_internal(l, &entry);
         }

@@ -58,12 +58,7 @@ fn server(cm: &RdmaCm<FakeDevice>, bind: &str, accept: bool) -> Server {
                 if accept {
                     child.create_qp(&(), ()).unwrap();
                     child
-                        .accept(&ConnParam {
-                            private_data: b"welcome".to_vec(),
-                            responder_resources: 4,
-                            initiator_depth: 4,
-                            ..ConnParam::default()
-                        })
+                        .accept(&ConnParam::new(4, 4).with_private_data(b"welcome".to_vec()))
                         .unwrap();
                 } else {
                     child.reject(b"go away").unwrap();
@@ -105,13 +100,11 @@ fn connect_from(
     id.resolve_route(T).unwrap();
     assert_eq!(next_kind(rx), EventKind::RouteResolved);
     id.create_qp(&(), ()).unwrap();
-    id.connect(&ConnParam {
-        private_data: pd.to_vec(),
-        responder_resources: 2,
-        initiator_depth: 3,
-        retry_count: 7,
-        ..ConnParam::default()
-    })
+    id.connect(
+        &ConnParam::new(2, 3)
+            .with_private_data(pd.to_vec())
+            .with_retry_count(7),
+    )
     .unwrap();
 }
 

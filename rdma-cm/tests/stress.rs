@@ -122,13 +122,7 @@ fn server(ctx: &Arc<Ctx>) -> (CmId<FakeDevice>, Table) {
                         t2.lock().unwrap().insert(serial, child);
                     } else if refuse
                         || child.create_qp(&(), ()).is_err()
-                        || child
-                            .accept(&ConnParam {
-                                responder_resources: 4,
-                                initiator_depth: 4,
-                                ..ConnParam::default()
-                            })
-                            .is_err()
+                        || child.accept(&ConnParam::new(4, 4)).is_err()
                     {
                         destroy = true;
                         drop(child);
@@ -370,13 +364,11 @@ fn client_cycle(ctx: &Ctx, rng: &mut Rng, chan: &EventChannel<FakeDevice>) {
         };
         if id.create_qp(&(), ()).is_err()
             || id
-                .connect(&ConnParam {
-                    private_data: serial.to_be_bytes().to_vec(),
-                    responder_resources: 2,
-                    initiator_depth: 2,
-                    retry_count: 7,
-                    ..ConnParam::default()
-                })
+                .connect(
+                    &ConnParam::new(2, 2)
+                        .with_private_data(serial.to_be_bytes().to_vec())
+                        .with_retry_count(7),
+                )
                 .is_err()
         {
             break 'story;
