@@ -2,8 +2,9 @@
 //! that the iw-cm and rdma-cm tests share.
 //!
 //! [`FakeNet`] is an in-memory network with one engine thread of its own (the
-//! providers' "firmware"), which runs every provider action after a seeded random delay
-//! (half at once, the rest after `0..=max_delay_us` microseconds), keeping the order of
+//! providers' "firmware"), which runs every provider action after a delay drawn from the
+//! test's own seeded source ([`Delays`]; the tests use `testkit::Rng::delays`: half at
+//! once, the rest after `0..=max_delay_us` microseconds), keeping the order of
 //! the actions of one connection. Providers ([`FakeProvider`]) sit on it: the network's
 //! own [`FakeNet::provider`] answers every address (an iw-cm test's single device), and
 //! [`FakeNet::provider_for`] makes one per device with its own addresses, which can go
@@ -33,7 +34,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU64, Ordering::S
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use testkit::Rng;
+
+/// Where a [`FakeNet`] takes its delays: called with the maximum (microseconds, above 0),
+/// returns an action's delay in microseconds. The crate has no PRNG of its own: tests
+/// pass `testkit::Rng::delays(seed)`, the workspace's one test PRNG.
+pub type Delays = Box<dyn FnMut(u64) -> u64 + Send>;
 
 thread_local! {
     static ON_ENGINE: Cell<bool> = const { Cell::new(false) };
@@ -187,7 +192,7 @@ pub struct NetInner {
     devices: Mutex<HashMap<u64, (Vec<Ipv4Addr>, bool)>>,
     links: Mutex<Vec<std::sync::Weak<Link>>>,
     blackholes: Mutex<HashSet<SocketAddr>>,
-    rng: Mutex<Rng>,
+    delays: Mutex<Delays>,
     max_delay_us: AtomicU64,
     inline: AtomicBool,
     /// The ORD a passive end reports (in `ConnectRequest` and in the accept's reply).
@@ -211,10 +216,11 @@ pub struct FakeNet {
 }
 
 impl FakeNet {
-    /// A network whose engine delays each action by 0..=`max_delay_us` microseconds
-    /// (seeded by `seed`), keeping per-connection order. Passive ends report ORD 16
-    /// ([`FakeNet::set_ord`]).
-    pub fn new(seed: u64, max_delay_us: u64) -> FakeNet {
+    /// A network whose engine delays each action by `delays(max_delay_us)` microseconds
+    /// (a seeded source of the test's, e.g. `testkit::Rng::delays(seed)`; values above
+    /// the maximum are clamped to it), keeping per-connection order. Passive ends report
+    /// ORD 16 ([`FakeNet::set_ord`]).
+    pub fn new(delays: impl FnMut(u64) -> u64 + Send + 'static, max_delay_us: u64) -> FakeNet {
         let net = Arc::new(NetInner {
             queue: Mutex::new(EngineQueue {
                 pending: Vec::new(),
@@ -228,7 +234,7 @@ impl FakeNet {
             devices: Mutex::new(HashMap::new()),
             links: Mutex::new(Vec::new()),
             blackholes: Mutex::new(HashSet::new()),
-            rng: Mutex::new(Rng::new(seed)),
+            delays: Mutex::new(Box::new(delays)),
             max_delay_us: AtomicU64::new(max_delay_us),
             inline: AtomicBool::new(false),
             ord: AtomicU16::new(16),
@@ -382,13 +388,11 @@ fn engine_main(net: Arc<NetInner>) {
 impl NetInner {
     fn delay(&self) -> Duration {
         let max = self.max_delay_us.load(SeqCst);
-        let mut rng = self.rng.lock().unwrap();
-        // Half of the actions run at once, the rest after 0..=max us.
-        if max == 0 || rng.chance(50) {
-            Duration::ZERO
-        } else {
-            Duration::from_micros(rng.below(max + 1))
+        if max == 0 {
+            return Duration::ZERO;
         }
+        let us = (self.delays.lock().unwrap())(max);
+        Duration::from_micros(us.min(max))
     }
 
     /// Run `action` on the engine after a random delay plus `extra`, after every

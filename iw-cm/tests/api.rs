@@ -22,7 +22,7 @@ fn addr(s: &str) -> SocketAddr {
 }
 
 fn setup(workers: usize) -> (FakeNet, IwCm<Fake>) {
-    let net = FakeNet::new(0x5eed, 200);
+    let net = FakeNet::new(testkit::Rng::delays(0x5eed), 200);
     let cm = IwCm::new(
         net.provider.clone(),
         CmConfig {

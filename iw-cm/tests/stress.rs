@@ -289,7 +289,7 @@ fn ten_thousand_cycles_with_random_destroys_no_deadlock_no_leak() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x1d_2016);
-    let net = FakeNet::new(seed, 100);
+    let net = FakeNet::new(testkit::Rng::delays(seed), 100);
     let cm = Arc::new(
         IwCm::new(
             net.provider.clone(),

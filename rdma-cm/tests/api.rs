@@ -118,7 +118,7 @@ struct World {
 /// Device a: 10.0.0.1/16; device b: 10.0.1.1/24 (inside a's subnet: b wins by the
 /// longer prefix for 10.0.1.x, a is reached from b's subnet with source 10.0.0.1).
 fn world() -> World {
-    let net = FakeNet::new(1, 200);
+    let net = FakeNet::new(testkit::Rng::delays(1), 200);
     let cm = cm();
     let a = FakeDevice::new(&net, "a", &[(ip("10.0.0.1"), 16)]);
     let b = FakeDevice::new(&net, "b", &[(ip("10.0.1.1"), 24)]);

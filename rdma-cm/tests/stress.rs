@@ -488,7 +488,7 @@ fn clients_servers_and_device_churn() {
             ..RdmaCmConfig::default()
         })
         .unwrap(),
-        net: FakeNet::new(seed, 300),
+        net: FakeNet::new(testkit::Rng::delays(seed), 300),
         checker: Arc::new(Checker::default()),
         slots: Mutex::new(
             (0..SLOTS)

@@ -37,6 +37,20 @@ impl Rng {
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
+
+    /// A seeded source of delays for fake networks (`iw_cm::testing::FakeNet::new`):
+    /// called with a maximum `max` (microseconds, above 0), returns 0 half of the time and
+    /// otherwise a delay uniform in `0..=max`.
+    pub fn delays(seed: u64) -> impl FnMut(u64) -> u64 + Send + 'static {
+        let mut rng = Rng::new(seed);
+        move |max| {
+            if rng.chance(50) {
+                0
+            } else {
+                rng.below(max + 1)
+            }
+        }
+    }
 }
 
 /// Fails the test process (exit status 101) if it is not dropped within `limit`, after
