@@ -1,6 +1,9 @@
 //! DDP (RFC 5041) and RDMAP (RFC 5040, extended by RFC 7306) for softiwarp: wire
 //! formats, the Terminate error tables, TX segmentation and RX checks.
 //!
+//! Its room: the DDP/RDMAP wire, recognising and building Terminates included. It
+//! touches nothing of ours: no MPA, no sockets, no threads.
+//!
 //! The crate is sans-IO and depends on no other softiwarp crate. Input is one
 //! ULPDU as MPA delivers it (the bytes after the 2-byte ULPDU Length, before pad
 //! and CRC); output is headers to put in front of payload.

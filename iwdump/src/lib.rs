@@ -1,5 +1,8 @@
 //! iwdump: an iWARP dissector for pcap files.
 //!
+//! Its room: reading captures and reporting the iWARP in them. It touches the wire
+//! crates `mpa` and `ddp_rdmap` only, never the soft device.
+//!
 //! It reads a capture, rebuilds every TCP stream, finds the MPA connections by
 //! their Request/Reply (RFC 5044 7.1, RFC 6581), works out CRC and Markers per
 //! direction from them, deframes the FPDUs (CRC check, Markers) and decodes each

@@ -1,6 +1,10 @@
 //! MPA: Marker PDU Aligned framing for TCP (RFC 5044), with the enhanced
 //! connection establishment of RFC 6581.
 //!
+//! Its room: the MPA wire (frames, negotiation, framer, deframer, MULPDU) as pure
+//! functions and sans-IO types. It touches nothing of ours: no DDP, no sockets, no
+//! threads (the soft device's `transport` drives it).
+//!
 //! MPA sits between DDP and TCP in the iWARP stack. A connection starts with
 //! an MPA Request (initiator) and an MPA Reply (responder) on the fresh TCP
 //! connection; both directions then carry FPDUs: a ULPDU (one DDP segment)

@@ -1,6 +1,10 @@
 //! Test-only helpers shared by the workspace's tests (a dev-dependency only; it depends on
 //! nothing of ours): a seeded PRNG, a watchdog that fails a hung test with a state dump
 //! and every thread's backtrace, and a polling wait.
+//!
+//! Its room: helpers for tests only, the workspace's one test PRNG ([`Rng`]) among them.
+//! It touches nothing of ours, and no crate has it as a normal dependency (checked by
+//! `scripts/crate-graph.py`).
 #![forbid(unsafe_code)]
 
 use std::sync::mpsc;

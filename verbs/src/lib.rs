@@ -1,5 +1,8 @@
 //! Provider-neutral RDMA verbs types for softiwarp.
 //!
+//! Its room: the verbs vocabulary (values, the QP state table, errors) that every
+//! backend and the CMs share. It touches nothing of ours and knows no backend.
+//!
 //! Both the soft device (`softiwarp`) and the Chelsio hardware backend over
 //! rdma-core (`cxgb4`) speak this vocabulary, so it mirrors libibverbs
 //! (`<infiniband/verbs.h>` and the `ibv_post_send(3)`, `ibv_poll_cq(3)`,
