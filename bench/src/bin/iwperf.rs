@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use bench::iwperf::conn::{DeviceOptions, LinkChoice};
-use bench::iwperf::datapath::{Progress, RunLength, Tuning};
+use bench::iwperf::datapath::{Progress, RunLength, ServerLimits, Tuning};
 use bench::iwperf::demo::{self, DemoConfig};
 use bench::iwperf::peer::{run_client, run_server, ClientTest};
 use bench::iwperf::report::{bw_table, lat_table, verify_name};
@@ -131,6 +131,19 @@ struct ServerArgs {
     /// Give up if no client connects within this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Reject tests with messages larger than this many bytes.
+    #[arg(long, default_value_t = ServerLimits::default().max_size)]
+    max_size: u32,
+    /// Reject tests with more QPs (connections) than this.
+    #[arg(long, default_value_t = ServerLimits::default().max_qps)]
+    max_qps: u16,
+    /// Reject tests with a deeper send queue than this.
+    #[arg(long, default_value_t = ServerLimits::default().max_tx_depth)]
+    max_tx_depth: u16,
+    /// Reject tests that would make the server allocate more than this many bytes of
+    /// buffers in all.
+    #[arg(long, default_value_t = ServerLimits::default().max_memory)]
+    max_memory: u64,
 }
 
 #[derive(Args, Debug)]
@@ -287,6 +300,7 @@ fn tuning(m: &MpaArgs, rx_depth: u32) -> Tuning {
         lat_spin: Duration::from_micros(m.lat_poll_spin_us),
         nap: Duration::from_micros(m.poll_nap_us),
         rx_depth,
+        limits: ServerLimits::default(),
     }
 }
 
@@ -335,7 +349,15 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
         dev,
         a.port,
         a.backlog,
-        tuning(&a.mpa, a.rx_depth),
+        Tuning {
+            limits: ServerLimits {
+                max_size: a.max_size,
+                max_qps: a.max_qps,
+                max_tx_depth: a.max_tx_depth,
+                max_memory: a.max_memory,
+            },
+            ..tuning(&a.mpa, a.rx_depth)
+        },
         Duration::from_secs(a.timeout),
         || {
             println!("READY");

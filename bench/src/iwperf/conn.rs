@@ -157,6 +157,12 @@ pub trait VerbsSetup {
         params: &TestParams,
     ) -> Result<(&Pd, &Cq, QpCap), IwperfError>;
 
+    /// Server: whether a request with `params` (read from the network) is within the
+    /// server's limits, before anything is made for it.
+    ///
+    /// Errors: the limit exceeded, as one line (sent back in the Reject).
+    fn admit(&self, params: &TestParams) -> Result<(), String>;
+
     /// Server: register the connection's buffers and post its receives (before the
     /// accept: the client may send at once); return what the client is told.
     ///
@@ -393,8 +399,9 @@ impl CmSide {
     }
 
     /// Server: accepts connections until as many as the first request's parameters
-    /// announce are established (requests whose parameters cannot be read are
-    /// rejected). Waits up to `first_timeout` for the first request, then up to 20 s
+    /// announce are established (requests whose parameters cannot be read, or exceed
+    /// the server's limits ([`VerbsSetup::admit`]), are rejected with the reason in
+    /// the Reject's private data, and the server keeps waiting). Waits up to `first_timeout` for the first request, then up to 20 s
     /// for the rest.
     ///
     /// Errors: [`IwperfError::Connection`] (timeout, a connection failed before it was
@@ -430,6 +437,11 @@ impl CmSide {
                             continue;
                         }
                     };
+                    if let Err(reason) = setup.admit(&params) {
+                        tracing::warn!(index = params.index, "request rejected: {reason}");
+                        let _ = id.reject(format!("iwperf: {reason}").as_bytes());
+                        continue;
+                    }
                     if expected.is_none() {
                         expected = Some(usize::from(params.qps));
                         deadline = Instant::now() + Duration::from_secs(20);

@@ -78,6 +78,88 @@ pub struct Tuning {
     pub nap: Duration,
     /// Server, Send tests: receives to post per connection (perftest's `--rx-depth`).
     pub rx_depth: u32,
+    /// Server: what a client's test parameters may make the server allocate.
+    pub limits: ServerLimits,
+}
+
+/// Server: the most a client's test may ask for. The parameters arrive from the network
+/// (the MPA Request's private data), so the server checks each request against these
+/// before it makes a QP or allocates a byte, and rejects what exceeds them with the
+/// reason in the Reject's private data (`iwperf server --max-size / --max-qps /
+/// --max-tx-depth / --max-memory` raise them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Largest message, bytes. Default 64 MiB.
+    pub max_size: u32,
+    /// Most connections (QPs) in one test. Default 256.
+    pub max_qps: u16,
+    /// Deepest send queue of the client (also the slot count of verified buffers).
+    /// Default 4096.
+    pub max_tx_depth: u16,
+    /// Most bytes of data buffers and patterns the whole test may make the server
+    /// allocate (the request's connection count times what its connection needs).
+    /// Default 1 GiB.
+    pub max_memory: u64,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_size: 64 << 20,
+            max_qps: 256,
+            max_tx_depth: 4096,
+            max_memory: 1 << 30,
+        }
+    }
+}
+
+impl ServerLimits {
+    /// Checks a request's `params`, whose connection needs `bytes` of buffers, against
+    /// the limits.
+    ///
+    /// Errors: the first limit exceeded, as a line for both ends (it becomes the
+    /// Reject's private data, which RFC 5044 caps at 512 bytes: the line is shorter).
+    pub fn check(&self, params: &TestParams, bytes: u64) -> Result<(), String> {
+        let over = |what: &str, asked: u64, limit: u64, opt: &str| {
+            Err(format!(
+                "{what} {asked} exceeds the server's limit of {limit} (iwperf server {opt})"
+            ))
+        };
+        if params.size > self.max_size {
+            return over(
+                "message size",
+                params.size.into(),
+                self.max_size.into(),
+                "--max-size",
+            );
+        }
+        if params.qps > self.max_qps {
+            return over(
+                "QP count",
+                params.qps.into(),
+                self.max_qps.into(),
+                "--max-qps",
+            );
+        }
+        if params.tx_depth > self.max_tx_depth {
+            return over(
+                "send-queue depth",
+                params.tx_depth.into(),
+                self.max_tx_depth.into(),
+                "--max-tx-depth",
+            );
+        }
+        let total = bytes.saturating_mul(params.qps.into());
+        if total > self.max_memory {
+            return over(
+                "buffer memory (bytes)",
+                total,
+                self.max_memory,
+                "--max-memory",
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for Tuning {
@@ -87,6 +169,7 @@ impl Default for Tuning {
             lat_spin: Duration::from_micros(200),
             nap: Duration::ZERO,
             rx_depth: 512,
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -212,6 +295,28 @@ impl Side {
         self.qps.iter().position(|q| q.qp.qp_num() == qp_num)
     }
 
+    /// Bytes of data buffer and patterns that [`Side::add_qp`] allocates for a
+    /// connection with `p` (the control buffer's few KiB aside).
+    fn buffer_bytes(&self, p: &TestParams) -> u64 {
+        let (slots, slot_len, _) = self.data_slots(p);
+        u64::from(slots) * u64::from(slot_len)
+            + u64::from(self.pattern_slots(p, slots)) * u64::from(p.size)
+    }
+
+    /// How many slot patterns [`Side::add_qp`] keeps for a connection with `p` whose
+    /// data buffer has `slots` slots: the client's slots (Write, Send sources; Read
+    /// checks the server's slots, which have the same count when verifying) and the
+    /// server's Read source.
+    fn pattern_slots(&self, p: &TestParams, slots: u32) -> u32 {
+        let verify = p.verify && p.mode == Mode::Bandwidth;
+        match (self.role, p.op) {
+            (_, _) if p.mode == Mode::Latency => 0,
+            (Role::Server, Op::Read) => slots,
+            _ if verify => u32::from(p.tx_depth),
+            _ => 0,
+        }
+    }
+
     fn data_slots(&self, p: &TestParams) -> (u32, u32, u32) {
         let size = p.size as usize;
         let depth = u32::from(p.tx_depth);
@@ -267,14 +372,7 @@ impl Side {
             )
             .map_err(setup_err("register the control MR"))?;
         let verify = params.verify && params.mode == Mode::Bandwidth;
-        // Patterns: the client's slots (Write, Send sources; Read checks the server's
-        // slots, which have the same count when verifying) and the server's Read source.
-        let pattern_slots = match (self.role, params.op) {
-            (_, _) if params.mode == Mode::Latency => 0,
-            (Role::Server, Op::Read) => slots,
-            _ if verify => u32::from(params.tx_depth),
-            _ => 0,
-        };
+        let pattern_slots = self.pattern_slots(params, slots);
         let patterns: Vec<Vec<u8>> = (0..pattern_slots)
             .map(|k| slot_pattern(params.index, k, params.size as usize))
             .collect();
@@ -383,6 +481,10 @@ impl VerbsSetup for Side {
             self.cq.as_ref().expect("made above"),
             cap,
         ))
+    }
+
+    fn admit(&self, params: &TestParams) -> Result<(), String> {
+        self.tuning.limits.check(params, self.buffer_bytes(params))
     }
 
     fn server_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<AcceptInfo, IwperfError> {
