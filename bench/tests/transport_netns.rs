@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bench::runner::{run_one, RunLength, RunnerConfig, Variant};
 use bench::tcp::{pattern, PATTERN_LEN};
 use netns_tests::{leftover_namespaces, Topology};
-use softiwarp::phy::mss_for_mtu;
+use softiwarp::transport::smoltcp_glue::mss_for_mtu;
 
 fn skip_unless_root(test: &str) -> bool {
     if softiwarp::netns::is_root() {

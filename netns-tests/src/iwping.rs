@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmError, CmId, CmIdRef, ConnParam, EventChannel, EventKind};
-use softiwarp::cq::CqError;
+use softiwarp::resources::completion_queue::CqError;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
 use verbs::{
     AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, VerbsError, WcOpcode, WcStatus,
@@ -808,8 +808,8 @@ fn run_server(
 mod tests {
     use super::*;
     use rdma_cm::RdmaCmConfig;
-    use softiwarp::device::{Device, DeviceConfig, LinkConfig};
     use softiwarp::link::{MemoryConfig, MemoryLink};
+    use softiwarp::{Device, DeviceConfig, LinkConfig};
     use std::sync::Arc;
 
     const SERVER: Ipv4Addr = Ipv4Addr::new(10, 8, 0, 2);

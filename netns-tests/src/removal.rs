@@ -6,7 +6,7 @@
 //! # The peer
 //!
 //! One process in one namespace, on the public APIs only: a soft iWARP device
-//! ([`softiwarp::device::Device`]) on a TAP, registered with an RDMA CM
+//! ([`softiwarp::Device`]) on a TAP, registered with an RDMA CM
 //! ([`SoftRdmaCm`]); every id in callback mode with one recording [`Handler`].
 //!
 //! - **Server**: listens (on its address, or on `0.0.0.0` over two devices), accepts
@@ -58,10 +58,10 @@ use rdma_cm::{
     CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, Handler, IdState, RdmaCmConfig,
 };
 use serde::{Deserialize, Serialize};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::SoftQp;
-use softiwarp::phy::TcpConfig;
+use softiwarp::cm::iwcm::SoftQp;
+use softiwarp::transport::smoltcp_glue::TcpConfig;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use verbs::{AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, WcStatus};
 
 /// The TCP port the server listens on.

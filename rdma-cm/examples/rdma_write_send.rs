@@ -4,10 +4,10 @@
 //! from the accept's private data), Sends "done", and disconnects; the server checks.
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmIdRef, ConnParam, EventChannel, EventKind as K, RdmaCmConfig};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::SoftQp;
+use softiwarp::cm::iwcm::SoftQp;
 use softiwarp::link::{MemoryConfig, MemoryLink};
 use softiwarp::{Cq, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use std::{error::Error, net::SocketAddr, sync::Arc, time::Duration};
 use verbs::{AccessFlags as A, QpCap, RecvWr, SendFlags, SendWr, Stag, WcStatus};
 type R<T> = Result<T, Box<dyn Error>>;

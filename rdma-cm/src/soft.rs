@@ -20,7 +20,7 @@
 //! use std::sync::Arc;
 //! use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 //! use rdma_cm::RdmaCmConfig;
-//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::{Device, DeviceConfig, LinkConfig};
 //! use softiwarp::link::{MemoryConfig, MemoryLink};
 //!
 //! let (a, _b) = MemoryLink::pair(MemoryConfig::default())?;
@@ -37,10 +37,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 pub use softiwarp;
-use softiwarp::device::{Device, DeviceError};
-use softiwarp::engine::DeviceEvent;
-use softiwarp::iwcm_provider::{SoftProvider, SoftQp};
-use softiwarp::neighbor::NeighborError;
+use softiwarp::cm::iwcm::{SoftProvider, SoftQp};
+use softiwarp::transport::neighbor::NeighborError;
+use softiwarp::DeviceEvent;
+use softiwarp::{Device, DeviceError};
 use softiwarp::{Pd, QpInitAttr};
 use verbs::{QpState, VerbsError};
 

@@ -281,9 +281,9 @@ fn neighbours_are_resolved_by_arp_and_silence_is_a_timeout() {
         .resolve_neighbor(pair_ip(61, 9, 2), WAIT, move |r| t2.send(r).unwrap());
     assert_eq!(
         rx.recv_timeout(WAIT).unwrap(),
-        Err(softiwarp::neighbor::NeighborError::NotOnLink(pair_ip(
-            61, 9, 2
-        )))
+        Err(softiwarp::transport::neighbor::NeighborError::NotOnLink(
+            pair_ip(61, 9, 2)
+        ))
     );
     let id = h.client.create_id_with_channel(&h.cch);
     id.resolve_addr(
@@ -309,6 +309,6 @@ fn neighbours_are_resolved_by_arp_and_silence_is_a_timeout() {
         .resolve_neighbor(pair_ip(61, 4, 2), WAIT, move |r| tx.send(r).unwrap());
     assert_eq!(
         rx.recv_timeout(WAIT).unwrap(),
-        Err(softiwarp::neighbor::NeighborError::DeviceGone)
+        Err(softiwarp::transport::neighbor::NeighborError::DeviceGone)
     );
 }

@@ -26,10 +26,10 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use mpa::deframer::{Deframer, DeframerConfig};
 use mpa::fpdu::{Framer, Framing};
-use softiwarp::cq::Cq;
-use softiwarp::mr::{Mr, MrTable};
-use softiwarp::qp::{Qp, QpInit};
-use softiwarp::qp_ulp::PartsSink;
+use softiwarp::rdmap::binding::PartsSink;
+use softiwarp::rdmap::engine::{Qp, QpInit};
+use softiwarp::resources::completion_queue::Cq;
+use softiwarp::resources::stag_table::{Mr, MrTable};
 use verbs::{AccessFlags, QpCap, QpState, SendWr, Sge};
 
 const LEN: usize = 64 * 1024;

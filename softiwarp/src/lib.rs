@@ -1,17 +1,16 @@
 //! The soft iWARP device: PD/MR/CQ/QP objects, the STag table, the per-QP protocol
 //! engine, the smoltcp transport over a TAP or in-memory link, and the engine thread.
 //!
-//! Applications use the verbs objects of [`verbs_api`] (re-exported here: [`Pd`],
-//! [`Mr`], [`Cq`], [`Qp`]) made from a [`device::Device`], and bind a QP to an iWARP
-//! connection with [`device::Device::connect_qp`] or
-//! [`device::ConnectRequest::accept_qp`]:
+//! Applications use the verbs objects of [`api`] (re-exported here: [`Pd`], [`Mr`],
+//! [`Cq`], [`Qp`]) made from a [`Device`], and bind a QP to an iWARP connection with
+//! [`Device::connect_qp`] or [`ConnectRequest::accept_qp`]:
 //!
 //! ```
 //! use std::net::Ipv4Addr;
 //! use std::time::Duration;
-//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::{Device, DeviceConfig, LinkConfig};
 //! use softiwarp::link::{MemoryConfig, MemoryLink};
-//! use softiwarp::stack::MpaParams;
+//! use softiwarp::transport::MpaParams;
 //! use softiwarp::QpInitAttr;
 //! use verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendWr, WcStatus};
 //!
@@ -53,45 +52,45 @@
 //! - [`link`]: whole Ethernet frames over a TAP ([`link::TapLink`]) or an in-process pair
 //!   ([`link::MemoryLink`]), with stackable middlewares ([`link::Pcap`],
 //!   [`link::Faults`]) and link failure as events ([`link::LinkEvent`]).
-//! - [`phy`]: the smoltcp `Device` over any link, the `Interface` and TCP socket builders.
 //! - [`netns`]: network namespaces and the two-TAP topology for root-only tests.
-//! - [`mpa_conn`]: the sans-IO MPA endpoint of one connection (RFC 5044, RFC 6581).
-//! - [`stack`]: the sans-IO transport core (smoltcp interface, TCP sockets, an
-//!   [`mpa_conn::MpaConn`] and an upper layer per connection, listeners with a backlog).
-//! - [`stream`]: the stream upper (bounded ULPDU queues between a connection and its user).
-//! - [`mr`], [`cq`], [`qp`]: the STag table and MRs, completion queues, and the sans-IO
-//!   per-QP RDMAP/DDP engine.
-//! - [`qp_ulp`]: the QP engine as a connection's upper layer (placement in place from
-//!   the TCP receive buffer, header + MR slice framed with the CRC in one pass).
-//! - [`neighbor`]: ARP resolution on request (`rdma_resolve_addr`'s neighbour step).
+//! - [`transport`]: the sans-IO transport core (smoltcp interface, TCP sockets, an
+//!   [`transport::mpa_conn::MpaConn`] and an upper layer per connection, listeners with a
+//!   backlog); [`transport::smoltcp_glue`] (the smoltcp `Device` over any link, the
+//!   `Interface` and TCP socket builders), [`transport::mpa_conn`] (the sans-IO MPA
+//!   endpoint of one connection, RFC 5044, RFC 6581), [`transport::stream`] (the stream
+//!   upper: bounded ULPDU queues between a connection and its user) and
+//!   [`transport::neighbor`] (ARP resolution on request, `rdma_resolve_addr`'s neighbour
+//!   step).
+//! - [`resources`]: the STag table and MRs ([`resources::stag_table`]) and completion
+//!   queues ([`resources::completion_queue`]).
+//! - [`rdmap`]: the sans-IO per-QP RDMAP/DDP engine ([`rdmap::engine`]) and the QP engine
+//!   as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP
+//!   receive buffer, header + MR slice framed with the CRC in one pass).
 //! - [`engine`]: the engine thread that owns a device's stack, link and QPs.
-//! - [`device`]: the public device API (open, listen, connect, accept/reject, ULPDUs, close;
-//!   binding QPs to connections).
-//! - [`verbs_api`]: the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]).
-//! - [`iwcm_provider`]: the device as an iw-cm provider
-//!   ([`iwcm_provider::SoftProvider`], `iw_cm::Provider`), with its provider thread.
+//! - [`api`]: the public device API ([`api::device`]: open, listen, connect,
+//!   accept/reject, ULPDUs, close; binding QPs to connections) and the verbs objects
+//!   ([`api::verbs_objects`]: [`Pd`], [`Mr`], [`Cq`], [`Qp`]).
+//! - [`cm`]: the device as an iw-cm provider ([`cm::iwcm::SoftProvider`],
+//!   `iw_cm::Provider`), with its provider thread.
 //!
 //! See `docs/ARCHITECTURE.md` for the threads and the rules of design.md §5.
 
 /// The smoltcp version this crate is built with (its `phy`, `iface` and `socket` types
-/// appear in [`phy`]'s API).
+/// appear in [`transport::smoltcp_glue`]'s API).
 pub use smoltcp;
 
-pub mod cq;
-pub mod device;
+pub mod api;
+pub mod cm;
 pub mod engine;
-mod event_signal;
-pub mod iwcm_provider;
 pub mod link;
-pub mod mpa_conn;
-pub mod mr;
-pub mod neighbor;
 pub mod netns;
-pub mod phy;
-pub mod qp;
-pub mod qp_ulp;
-pub mod stack;
-pub mod stream;
-pub mod verbs_api;
+pub mod rdmap;
+pub mod resources;
+pub mod transport;
 
-pub use verbs_api::{Cq, DeviceAttr, Mr, Pd, Qp, QpAttributes, QpInitAttr};
+pub use api::device::{
+    ConnectError, ConnectRequest, Connection, Device, DeviceConfig, DeviceError, FaultSpec,
+    LinkConfig, LinkSpec, ListenError, Listener, QpConnection,
+};
+pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
+pub use engine::{DeviceEnd, DeviceEvent};

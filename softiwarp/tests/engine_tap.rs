@@ -10,9 +10,9 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
 use softiwarp::netns::{is_root, unique_tag, TapPair, TapPairConfig};
-use softiwarp::stack::{CloseMode, ConnEvent, MpaParams};
+use softiwarp::transport::{CloseMode, ConnEvent, MpaParams};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(20);

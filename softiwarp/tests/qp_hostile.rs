@@ -15,8 +15,8 @@ use ddp_rdmap::terminate::{
     DdpTaggedCode, DdpUntaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode,
 };
 use qp_support::*;
-use softiwarp::mr::{Mr, MrState};
-use softiwarp::qp::{QpEvent, QpInit, RxError};
+use softiwarp::rdmap::engine::{QpEvent, QpInit, RxError};
+use softiwarp::resources::stag_table::{Mr, MrState};
 use verbs::{AccessFlags, AsyncEvent, QpState, WcOpcode, WcStatus};
 
 // Opcodes (RFC 5040 §4.2, RFC 7306).

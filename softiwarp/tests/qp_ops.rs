@@ -7,8 +7,8 @@
 mod qp_support;
 
 use qp_support::*;
-use softiwarp::mr::{Mr, MrState};
-use softiwarp::qp::QpEvent;
+use softiwarp::rdmap::engine::QpEvent;
+use softiwarp::resources::stag_table::{Mr, MrState};
 use verbs::{AccessFlags, FastReg, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 const SIZES: &[usize] = &[
@@ -558,7 +558,7 @@ fn ird_limit_reached() {
     );
     assert_eq!(
         p.rx_errors,
-        vec![('b', softiwarp::qp::RxError::Protocol { cause })]
+        vec![('b', softiwarp::rdmap::engine::RxError::Protocol { cause })]
     );
     assert!(p.b.events().contains(&QpEvent::TerminateQueued { cause }));
     // The requester learns of it: its Reads fail with a remote error / flush.
@@ -717,7 +717,7 @@ fn fast_register_and_local_invalidate() {
     let cause = ddp_rdmap::ErrorCause::DdpTagged(ddp_rdmap::terminate::DdpTaggedCode::InvalidStag);
     assert!(p
         .rx_errors
-        .contains(&('b', softiwarp::qp::RxError::Protocol { cause })));
+        .contains(&('b', softiwarp::rdmap::engine::RxError::Protocol { cause })));
 }
 
 #[test]

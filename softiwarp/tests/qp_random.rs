@@ -10,7 +10,7 @@ mod qp_support;
 use std::sync::Arc;
 
 use qp_support::*;
-use softiwarp::mr::{Mr, MrState};
+use softiwarp::resources::stag_table::{Mr, MrState};
 use verbs::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 const REGION: u64 = 4 << 20;

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `tcp` is raw smoltcp TCP in one thread (`bench::tcp`). `fpdu` opens the soft iWARP
-//! device (`softiwarp::device`, its engine thread) on the TAP and moves ULPDUs of MULPDU
+//! device (`softiwarp::api::device`, its engine thread) on the TAP and moves ULPDUs of MULPDU
 //! bytes over one MPA connection (`netns_tests::ulpdu`), with MPA CRCs on or off.
 //!
 //! The server prints `READY` once it listens; both print `RESULT <json>` (a
@@ -27,7 +27,7 @@ use mpa::negotiate::CrcPolicy;
 use netns_tests::mpa_peer::{self, MpaPeerOptions, PeerRole};
 use netns_tests::ulpdu::Amount as UlpduAmount;
 use softiwarp::link::TapLink;
-use softiwarp::phy::{InterfaceConfig, TcpConfig};
+use softiwarp::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 
 #[derive(Parser, Debug)]
 #[command(about = "One side of a benchmark transfer over a TAP (see transport-bench)")]

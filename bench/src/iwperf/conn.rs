@@ -29,9 +29,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use mpa::negotiate::CrcPolicy;
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, RdmaCmConfig};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig, LinkSpec};
 use softiwarp::link::{Link, MemoryLink, Pcap, TapLink};
 use softiwarp::{Cq, Pd, Qp, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig, LinkSpec};
 use verbs::QpCap;
 
 use super::datapath::MAX_RD_ATOMIC;

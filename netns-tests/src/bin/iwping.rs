@@ -25,7 +25,7 @@ use netns_tests::iwping::{run, PingOptions, Role};
 use netns_tests::{parse_cidr, parse_mac, rping};
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::RdmaCmConfig;
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Crc {

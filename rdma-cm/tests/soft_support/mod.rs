@@ -4,10 +4,10 @@
 
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{ChannelEvent, CmIdRef, EventChannel, EventKind, RdmaCmConfig};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::SoftQp;
+use softiwarp::cm::iwcm::SoftQp;
 use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
 use softiwarp::{Cq, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;

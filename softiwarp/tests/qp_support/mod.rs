@@ -6,9 +6,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use softiwarp::cq::Cq;
-use softiwarp::mr::{Mr, MrTable, PdId};
-use softiwarp::qp::{Qp, QpEvent, QpInit, RxError};
+use softiwarp::rdmap::engine::{Qp, QpEvent, QpInit, RxError};
+use softiwarp::resources::completion_queue::Cq;
+use softiwarp::resources::stag_table::{Mr, MrTable, PdId};
 use verbs::{AccessFlags, QpCap, QpState, RecvWr, Sge, WorkCompletion};
 
 /// MULPDU for an EMSS of 1448 without markers (docs/ARCHITECTURE.md).

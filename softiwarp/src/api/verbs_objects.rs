@@ -3,15 +3,15 @@
 //! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_qp(3)`, `ibv_modify_qp(3)`,
 //! `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
 //!
-//! They are made from a [`Device`](crate::device::Device): [`Device::alloc_pd`],
+//! They are made from a [`Device`](crate::api::device::Device): [`Device::alloc_pd`],
 //! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_qp`]; a QP is bound to an
 //! iWARP connection by [`Device::connect_qp`] or
-//! [`ConnectRequest::accept_qp`](crate::device::ConnectRequest::accept_qp).
+//! [`ConnectRequest::accept_qp`](crate::api::device::ConnectRequest::accept_qp).
 //!
-//! [`Device::alloc_pd`]: crate::device::Device::alloc_pd
-//! [`Device::create_cq`]: crate::device::Device::create_cq
-//! [`Device::create_qp`]: crate::device::Device::create_qp
-//! [`Device::connect_qp`]: crate::device::Device::connect_qp
+//! [`Device::alloc_pd`]: crate::api::device::Device::alloc_pd
+//! [`Device::create_cq`]: crate::api::device::Device::create_cq
+//! [`Device::create_qp`]: crate::api::device::Device::create_qp
+//! [`Device::connect_qp`]: crate::api::device::Device::connect_qp
 //!
 //! # Threads (design.md §5)
 //!
@@ -72,12 +72,12 @@ use verbs::{
     Stag, VerbsError, WorkCompletion, WorkQueue,
 };
 
-use crate::cq::{Cq as CqObject, CqError, WaitAsync, MAX_CQE};
-use crate::device::Handle;
+use crate::api::device::Handle;
 use crate::engine::Command;
-use crate::mr::{Mr as MrObject, MrState, PdId, MAX_MR_LEN};
-use crate::qp::{validate_send_wr, Qp as QpEngine, QpInit, MAX_ORD_IRD};
-use crate::qp_ulp::{PostSide, QpCore, QpShared, QpStats};
+use crate::rdmap::binding::{PostSide, QpCore, QpShared, QpStats};
+use crate::rdmap::engine::{validate_send_wr, Qp as QpEngine, QpInit, MAX_ORD_IRD};
+use crate::resources::completion_queue::{Cq as CqObject, CqError, WaitAsync, MAX_CQE};
+use crate::resources::stag_table::{Mr as MrObject, MrState, PdId, MAX_MR_LEN};
 
 /// The limits of a soft device (`struct ibv_device_attr`, `ibv_query_device(3)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl Drop for PdInner {
 }
 
 /// A protection domain (`struct ibv_pd`): MRs and QPs of one PD may be used together
-/// only (RFC 5040 §2). Made by [`Device::alloc_pd`](crate::device::Device::alloc_pd).
+/// only (RFC 5040 §2). Made by [`Device::alloc_pd`](crate::api::device::Device::alloc_pd).
 #[derive(Debug)]
 pub struct Pd {
     inner: Arc<PdInner>,
@@ -369,9 +369,9 @@ impl CqInner {
 /// engine fills and application threads take. An overflow is never silent: the CQ
 /// enters the error state, [`Cq::poll`] returns [`CqError::Overflow`] once the
 /// completions that fit are taken, an [`AsyncEvent::CqErr`] is queued (here and in
-/// [`Device::next_async_event`](crate::device::Device::next_async_event)), and the
+/// [`Device::next_async_event`](crate::api::device::Device::next_async_event)), and the
 /// QPs that lost a completion go to Error. Made by
-/// [`Device::create_cq`](crate::device::Device::create_cq).
+/// [`Device::create_cq`](crate::api::device::Device::create_cq).
 #[derive(Debug)]
 pub struct Cq {
     inner: Arc<CqInner>,
@@ -519,7 +519,7 @@ impl Cq {
 // ---------------------------------------------------------------------------------
 // Queue pairs.
 
-/// What [`Device::create_qp`](crate::device::Device::create_qp) takes (`struct
+/// What [`Device::create_qp`](crate::api::device::Device::create_qp) takes (`struct
 /// ibv_qp_init_attr`; the type is always RC).
 #[derive(Debug, Clone, Copy)]
 pub struct QpInitAttr<'a> {
@@ -904,11 +904,11 @@ impl Qp {
     /// `en_sqd_async_notify` is accepted (the event is always reported). To RTS: only
     /// for a QP bound to a connection (as kernel siw: RTS needs the LLP connection; a
     /// QP is normally moved there by [`Device::connect_qp`] /
-    /// [`ConnectRequest::accept_qp`](crate::device::ConnectRequest::accept_qp)), so a
+    /// [`ConnectRequest::accept_qp`](crate::api::device::ConnectRequest::accept_qp)), so a
     /// send WR is never accepted by a QP that could not send it. When the QP goes to
     /// Error by itself (a Terminate, a local failure), its connection is aborted.
     ///
-    /// [`Device::connect_qp`]: crate::device::Device::connect_qp
+    /// [`Device::connect_qp`]: crate::api::device::Device::connect_qp
     ///
     /// # Errors
     ///
@@ -950,7 +950,7 @@ impl Qp {
     /// # Errors
     ///
     /// An `ETIMEDOUT` [`VerbsError::Os`] if the engine did not answer within
-    /// [`crate::device::COMMAND_TIMEOUT`] (the destroy still happens).
+    /// [`crate::api::device::COMMAND_TIMEOUT`] (the destroy still happens).
     pub fn destroy(self) -> Result<(), VerbsError> {
         self.destroy_inner(true)
     }
@@ -987,7 +987,7 @@ impl Qp {
             return Ok(());
         }
         self.handle.wake();
-        match rx.recv_timeout(crate::device::COMMAND_TIMEOUT) {
+        match rx.recv_timeout(crate::api::device::COMMAND_TIMEOUT) {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(()),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
                 call: "ibv_destroy_qp",

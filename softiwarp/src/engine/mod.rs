@@ -10,7 +10,7 @@
 //! - each QP's **work queues** (posted WRs, already validated on the caller's thread)
 //!   and the device's **doorbell** list of QPs with new WRs: the engine takes a QP's
 //!   WRs at every doorbell pass and before every ULPDU it receives for the QP;
-//! - the **stream queues** of each connection ([`crate::stream`]), shared under a mutex,
+//! - the **stream queues** of each connection ([`crate::transport::stream`]), shared under a mutex,
 //!   for ULPDUs in both directions;
 //! - one **wake-up eventfd** (`eventfd(2)` through nix, non-blocking): anyone who queues a
 //!   command, rings a doorbell, queues a ULPDU into an empty send queue, or frees receive
@@ -51,11 +51,13 @@
 //! Link failure: `LinkEvent::Down` / `Up` become [`DeviceEvent::LinkDown`] /
 //! [`DeviceEvent::LinkUp`] (connections stay; TCP retransmits and its user timeout
 //! decides). `LinkEvent::Gone` fails every connection with
-//! [`ConnError::DeviceGone`](crate::stack::ConnError::DeviceGone), ends every listener,
+//! [`ConnError::DeviceGone`](crate::transport::ConnError::DeviceGone), ends every listener,
 //! reports [`DeviceEvent::DeviceGone`] and ends the engine thread.
 //!
 //! Tracing: an `info`-level span per device (`device{name}`), a `debug`-level span per
 //! connection inside the stack; state changes at `debug`, nothing per FPDU above `trace`.
+
+pub(crate) mod event_signal;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddrV4;
@@ -71,14 +73,14 @@ use smoltcp::time::Instant;
 
 use verbs::{check_transition, AsyncEvent, ObjectKind, QpAttr, QpState, VerbsError};
 
-use crate::device::DeviceError;
+use crate::api::device::DeviceError;
 use crate::link::{DownReason, GoneReason, Link, LinkEvent};
-use crate::qp_ulp::{self, CoreRef, QpUlp};
-use crate::stack::{
+use crate::rdmap::binding::{self, CoreRef, QpUlp};
+use crate::transport::stream::{self, StreamConfig, StreamEnd, Waker};
+use crate::transport::{
     CloseMode, ConnEvent, ConnId, ConnectRequestInfo, ListenerId, MpaParams, Stack, StackError,
     StackEvent,
 };
-use crate::stream::{self, StreamConfig, StreamEnd, Waker};
 
 /// Settings of the engine loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,7 +261,7 @@ pub(crate) enum Command {
     ResolveNeighbor {
         ip: std::net::Ipv4Addr,
         timeout: Duration,
-        reply: crate::neighbor::NeighborReply,
+        reply: crate::transport::neighbor::NeighborReply,
     },
 }
 
@@ -278,8 +280,8 @@ pub(crate) struct Shared {
     /// QPs with newly posted WRs (rung by the post calls).
     pub(crate) doorbell: Mutex<Vec<u32>>,
     /// Raised after the engine queued connection, listener or device events (the iw-cm
-    /// provider's thread sleeps on it, [`crate::iwcm_provider`]).
-    pub(crate) activity: crate::event_signal::EventSignal,
+    /// provider's thread sleeps on it, [`crate::cm::iwcm`]).
+    pub(crate) activity: crate::engine::event_signal::EventSignal,
     /// The stack's connection count after the engine's last pass (`Device::connection_count`).
     pub(crate) connections: std::sync::atomic::AtomicUsize,
 }
@@ -293,7 +295,7 @@ impl Shared {
             gate: RwLock::new(false),
             kick: Arc::new(AtomicBool::new(false)),
             doorbell: Mutex::new(Vec::new()),
-            activity: crate::event_signal::EventSignal::default(),
+            activity: crate::engine::event_signal::EventSignal::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -538,7 +540,7 @@ impl<L: Link> Engine<L> {
             Command::Shutdown => {}
             Command::CreateQp { core } => {
                 let qpn = {
-                    let mut c = qp_ulp::lock(&core);
+                    let mut c = binding::lock(&core);
                     c.errored = Some(Arc::clone(&self.qp_errored));
                     c.qp.qp_num()
                 };
@@ -592,7 +594,7 @@ impl<L: Link> Engine<L> {
         );
         for qpn in &rung {
             if let Some(core) = self.qps.get(qpn) {
-                let mut c = qp_ulp::lock(core);
+                let mut c = binding::lock(core);
                 c.take_posted();
                 c.after();
             }
@@ -614,7 +616,7 @@ impl<L: Link> Engine<L> {
                 handle: qpn,
             })?;
         let close = {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             let span = c.span.clone();
             let _e = span.enter();
             // WRs posted before this call are the QP's before it changes.
@@ -683,7 +685,7 @@ impl<L: Link> Engine<L> {
             return;
         };
         let (close, uses) = {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             let span = c.span.clone();
             let _e = span.enter();
             tracing::debug!("destroy_qp");
@@ -704,7 +706,7 @@ impl<L: Link> Engine<L> {
     fn abort_orphaned(&mut self) -> bool {
         let mut close = Vec::new();
         for core in self.qps.values() {
-            let mut c = qp_ulp::lock(core);
+            let mut c = binding::lock(core);
             if c.orphaned() {
                 let span = c.span.clone();
                 let _e = span.enter();
@@ -732,7 +734,7 @@ impl<L: Link> Engine<L> {
                     handle: qpn,
                 }))?;
         let generation = {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             c.take_posted_now();
             if c.conn.is_some() {
                 return Err(DeviceError::Verbs(VerbsError::InUse {
@@ -768,7 +770,7 @@ impl<L: Link> Engine<L> {
         let ulp = QpUlp::new(Arc::clone(&core), generation);
         let id = self.stack.connect(remote, params, Box::new(ulp), now)?;
         {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             c.conn = Some(id);
             c.after();
         }
@@ -790,7 +792,7 @@ impl<L: Link> Engine<L> {
         let (core, generation) = self.bindable(qpn)?;
         // Bound before the accept: the stack reports Established (or a failure)
         // from inside it.
-        qp_ulp::lock(&core).conn = Some(conn);
+        binding::lock(&core).conn = Some(conn);
         let ulp = QpUlp::new(Arc::clone(&core), generation);
         match self
             .stack
@@ -798,7 +800,7 @@ impl<L: Link> Engine<L> {
         {
             Ok(()) => Ok(()),
             Err(e) => {
-                let mut c = qp_ulp::lock(&core);
+                let mut c = binding::lock(&core);
                 if c.generation == generation {
                     c.unbind();
                     c.after();
@@ -820,7 +822,7 @@ impl<L: Link> Engine<L> {
             .write()
             .unwrap_or_else(PoisonError::into_inner) = true;
         for core in self.qps.values() {
-            let mut c = qp_ulp::lock(core);
+            let mut c = binding::lock(core);
             c.unbind();
             c.take_posted_now();
             c.enter_error();
@@ -830,7 +832,7 @@ impl<L: Link> Engine<L> {
             match cmd {
                 Command::CreateQp { core } => {
                     let qpn = {
-                        let mut c = qp_ulp::lock(&core);
+                        let mut c = binding::lock(&core);
                         c.take_posted_now();
                         c.enter_error();
                         c.after();
@@ -844,7 +846,7 @@ impl<L: Link> Engine<L> {
                 Command::DestroyQp { qpn, reply } => {
                     if let Some(core) = self.qps.remove(&qpn) {
                         // Flushed above: its uses of the PD and CQs end here.
-                        drop(qp_ulp::lock(&core).uses.take());
+                        drop(binding::lock(&core).uses.take());
                     }
                     if let Some(reply) = reply {
                         let _ = reply.send(());

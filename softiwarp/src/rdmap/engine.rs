@@ -148,8 +148,8 @@ use verbs::{
     SendWr, Sge, Stag, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::cq::Cq;
-use crate::mr::{Mr, MrTable, PdId};
+use crate::resources::completion_queue::Cq;
+use crate::resources::stag_table::{Mr, MrTable, PdId};
 
 pub use tx::TxSink;
 
@@ -298,7 +298,7 @@ pub enum QpEvent {
         /// The peer's Layer / EType / Error Code.
         cause: Option<ErrorCause>,
     },
-    /// A completion did not fit in the CQ named `cq` (see [`crate::cq`]); the QP went
+    /// A completion did not fit in the CQ named `cq` (see [`crate::resources::completion_queue`]); the QP went
     /// to Error.
     CqOverflow {
         /// Handle of the CQ.
@@ -1135,7 +1135,7 @@ impl Qp {
         to: u64,
         data: &[u8],
         needed: AccessFlags,
-    ) -> Option<Result<(), crate::mr::ProtectionError>> {
+    ) -> Option<Result<(), crate::resources::stag_table::ProtectionError>> {
         let cached = self
             .rx_cache
             .as_ref()

@@ -35,7 +35,7 @@ impl Qp {
     /// [`AsyncEvent::CommEst`]). Every check runs before any byte is placed:
     /// DDP/RDMAP header parsing (versions, opcode, T flag, lengths), the untagged
     /// queue rules (QN, MSN, MO, buffer length; RFC 5041 §5.3) and, for tagged and
-    /// Read Request messages, the STag checks of [`crate::mr`]. A failing check
+    /// Read Request messages, the STag checks of [`crate::resources::stag_table`]. A failing check
     /// queues the Terminate (see the [module documentation](super)).
     ///
     /// # Errors
@@ -341,7 +341,13 @@ impl Qp {
         &mut self,
         mo: usize,
         len: usize,
-    ) -> Option<Vec<(std::sync::Arc<crate::mr::Mr>, usize, usize)>> {
+    ) -> Option<
+        Vec<(
+            std::sync::Arc<crate::resources::stag_table::Mr>,
+            usize,
+            usize,
+        )>,
+    > {
         let pd = self.init.pd;
         let mrs = std::sync::Arc::clone(&self.mrs);
         let r = self.rq.front_mut()?;

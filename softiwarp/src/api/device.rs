@@ -1,7 +1,7 @@
 //! The soft iWARP device as applications (and, next, the iw-cm provider) see it: open a
 //! device on a link, listen, connect, accept or reject, move ULPDUs, close; and make
 //! verbs objects ([`Device::alloc_pd`], [`Device::create_cq`], [`Device::create_qp`],
-//! see [`crate::verbs_api`]) and bind QPs to connections ([`Device::connect_qp`],
+//! see [`crate::api::verbs_objects`]) and bind QPs to connections ([`Device::connect_qp`],
 //! [`ConnectRequest::accept_qp`], giving a [`QpConnection`]).
 //!
 //! [`Device::open`] starts the device's engine thread ([`crate::engine`]), which opens the
@@ -10,7 +10,7 @@
 //! channels, events on queues. Nothing here runs on the engine thread and the engine
 //! never waits on a caller.
 //!
-//! # How this maps onto the iw-cm provider interface ([`crate::iwcm_provider`])
+//! # How this maps onto the iw-cm provider interface ([`crate::cm::iwcm`])
 //!
 //! | iw-cm provider | here |
 //! |---|---|
@@ -33,7 +33,7 @@
 //! # QPs on connections
 //!
 //! A QP bound by [`Device::connect_qp`] / [`ConnectRequest::accept_qp`] is the
-//! connection's upper layer ([`crate::qp_ulp`]): it moves to RTS with the negotiated
+//! connection's upper layer ([`crate::rdmap::binding`]): it moves to RTS with the negotiated
 //! ORD/IRD when MPA reaches full operation, runs its RDMAP traffic on the connection,
 //! sends its Terminates on it, and goes to Error (flushing every WR) when the
 //! connection fails or closes, or the device goes away. The connection's events still
@@ -44,9 +44,9 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use std::time::Duration;
-//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::{Device, DeviceConfig, LinkConfig};
 //! use softiwarp::link::{MemoryConfig, MemoryLink};
-//! use softiwarp::stack::MpaParams;
+//! use softiwarp::transport::MpaParams;
 //!
 //! let (a, b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
 //! let server = Device::open(DeviceConfig::new(
@@ -78,19 +78,19 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use verbs::{AsyncEvent, VerbsError};
 
+use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
 use crate::engine::{
     Command, DeviceEnd, DeviceEvent, Engine, EngineConfig, EventQueue, PendingRequest, Shared,
 };
 use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
-use crate::mr::MrTable;
-use crate::phy::{InterfaceConfig, TcpConfig};
-use crate::stack::{
+use crate::resources::stag_table::MrTable;
+use crate::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
+use crate::transport::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
+use crate::transport::{
     CloseMode, ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId,
     MpaDefaults, MpaParams, Stack, StackConfig, StackError, DEFAULT_CONNECT_TIMEOUT_US,
     DEFAULT_TERMINATE_LINGER_US,
 };
-use crate::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
-use crate::verbs_api::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
 
 /// How long a call waits for the engine's answer before giving up with
 /// [`DeviceError::NoAnswer`]: 10 s (the engine answers in microseconds; this only guards
@@ -584,22 +584,22 @@ impl Device {
 
     /// Resolves the Ethernet address of `ip`, an on-link neighbour (the peer or the
     /// gateway), by ARP through the device's stack, giving up after `timeout`
-    /// (`rdma_resolve_addr`'s neighbour step; see [`crate::neighbor`]). `done` is
+    /// (`rdma_resolve_addr`'s neighbour step; see [`crate::transport::neighbor`]). `done` is
     /// called exactly once: on the engine thread when the ARP Reply comes or the time
-    /// is up ([`NeighborError::TimedOut`](crate::neighbor::NeighborError::TimedOut)), or
+    /// is up ([`NeighborError::TimedOut`](crate::transport::neighbor::NeighborError::TimedOut)), or
     /// on the engine thread / this thread with
-    /// [`NeighborError::NotOnLink`](crate::neighbor::NeighborError::NotOnLink) (not a
+    /// [`NeighborError::NotOnLink`](crate::transport::neighbor::NeighborError::NotOnLink) (not a
     /// unicast address of the subnet) or
-    /// [`NeighborError::DeviceGone`](crate::neighbor::NeighborError::DeviceGone) (the
+    /// [`NeighborError::DeviceGone`](crate::transport::neighbor::NeighborError::DeviceGone) (the
     /// device ended first). It must only enqueue (hand the result to a queue or a
     /// channel): the engine never runs user code or waits for it.
     pub fn resolve_neighbor(
         &self,
         ip: Ipv4Addr,
         timeout: Duration,
-        done: impl FnOnce(crate::neighbor::NeighborResult) + Send + 'static,
+        done: impl FnOnce(crate::transport::neighbor::NeighborResult) + Send + 'static,
     ) {
-        let reply = crate::neighbor::NeighborReply::new(done);
+        let reply = crate::transport::neighbor::NeighborReply::new(done);
         // On failure the command is dropped, which completes `done` with DeviceGone.
         let _ = self
             .handle
@@ -641,12 +641,12 @@ impl Device {
     }
 
     /// Raised by the engine after it queued connection, listener or device events.
-    pub(crate) fn activity(&self) -> &crate::event_signal::EventSignal {
+    pub(crate) fn activity(&self) -> &crate::engine::event_signal::EventSignal {
         &self.handle.shared.activity
     }
 
     /// Listens on TCP `port` with room for `backlog` undecided connections (1..=1024),
-    /// negotiating with the device's MPA defaults (see [`crate::stack`] for how the
+    /// negotiating with the device's MPA defaults (see [`crate::transport`] for how the
     /// backlog works with smoltcp: beyond it, SYNs are answered with RST).
     ///
     /// Errors: [`DeviceError::Stack`] with `InvalidPort`, `InvalidBacklog`, `PortInUse`;
@@ -735,10 +735,10 @@ impl Device {
     /// (`ibv_create_cq(3)` `cqe`).
     ///
     /// Errors: [`VerbsError::InvalidArgument`] `"cqe"` for 0 or above
-    /// [`crate::cq::MAX_CQE`]; [`VerbsError::DeviceGone`].
+    /// [`crate::resources::completion_queue::MAX_CQE`]; [`VerbsError::DeviceGone`].
     pub fn create_cq(&self, capacity: usize) -> Result<Cq, VerbsError> {
         self.handle.alive()?;
-        let cq = crate::cq::Cq::new(self.handle.next_cq(), capacity)?;
+        let cq = crate::resources::completion_queue::Cq::new(self.handle.next_cq(), capacity)?;
         Ok(Cq::new(CqInner::new(cq, Arc::clone(&self.handle))))
     }
 

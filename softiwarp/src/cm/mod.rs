@@ -1,0 +1,3 @@
+//! The device under the connection managers (siw_cm.c's role).
+
+pub mod iwcm;
