@@ -31,8 +31,7 @@ use std::time::{Duration, Instant};
 
 use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmError, CmId, CmIdRef, ConnParam, EventChannel, EventKind};
-use softiwarp::resources::completion_queue::CqError;
-use softiwarp::{Cq, Mr, Pd, QpInitAttr};
+use softiwarp::{Cq, CqError, Mr, Pd, QpInitAttr};
 use verbs::{
     AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, VerbsError, WcOpcode, WcStatus,
     WorkCompletion,

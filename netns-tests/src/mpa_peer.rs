@@ -1,5 +1,5 @@
 //! One side of an MPA ULPDU transfer between two processes, on the public
-//! [`softiwarp::api::device`] API over a TAP: what the `iwarp-peer` binary (and `bench-peer
+//! [`softiwarp::Device`] API over a TAP: what the `iwarp-peer` binary (and `bench-peer
 //! fpdu`) run inside a namespace.
 //!
 //! The server opens a [`Device`] on its TAP, listens, reports readiness, accepts one
@@ -83,7 +83,7 @@ impl MpaPeerOptions {
                 abort_after: None,
             },
             pcap: None,
-            spin: softiwarp::engine::EngineConfig::default().spin,
+            spin: softiwarp::EngineConfig::default().spin,
             tcp: TcpConfig::default(),
             setup_timeout: Duration::from_secs(20),
         }

@@ -1,8 +1,8 @@
 //! The soft iWARP device: PD/MR/CQ/QP objects, the STag table, the per-QP protocol
 //! engine, the smoltcp transport over a TAP or in-memory link, and the engine thread.
 //!
-//! Applications use the verbs objects of [`api`] (re-exported here: [`Pd`], [`Mr`],
-//! [`Cq`], [`Qp`]) made from a [`Device`], and bind a QP to an iWARP connection with
+//! Applications use the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) made from a
+//! [`Device`], and bind a QP to an iWARP connection with
 //! [`Device::connect_qp`] or [`ConnectRequest::accept_qp`]:
 //!
 //! ```
@@ -47,6 +47,73 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # The verbs objects
+//!
+//! The verbs objects of a soft device: [`Pd`], [`Mr`], [`Cq`] and [`Qp`], named and
+//! behaving as their libibverbs counterparts (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`,
+//! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_qp(3)`, `ibv_modify_qp(3)`,
+//! `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
+//!
+//! They are made from a [`Device`]: [`Device::alloc_pd`],
+//! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_qp`]; a QP is bound to an
+//! iWARP connection by [`Device::connect_qp`] or
+//! [`ConnectRequest::accept_qp`].
+//!
+//!
+//! ## Threads (design.md §5)
+//!
+//! Every object is `Send + Sync`; calls take `&self` and may come from any number of
+//! application threads. A QP's protocol state belongs to the device's engine thread,
+//! which no call touches:
+//!
+//! - [`Qp::post_send`] / [`Qp::post_recv`] check the WR **on the caller's thread**
+//!   (the `ibv_post_send(3)` rules against the QP's capabilities, its ORD, the state
+//!   the engine last published, and the queue occupancy counted from the WRs posted
+//!   and the WRs the engine retired), return a typed [`VerbsError`] if it is refused,
+//!   and otherwise queue it on the QP's work queue and ring the doorbell (the engine
+//!   is woken once per batch it has not taken yet). The engine takes the queued WRs
+//!   before it handles anything else for the QP, in particular before every received
+//!   ULPDU, so a receive posted before the peer was told to send is there when the
+//!   Send arrives (as with a NIC reading its rings from host memory). From then on
+//!   the WR completes exactly once, on the QP's CQ (unless it is an unsignaled
+//!   successful send WR), whatever happens to the QP, the connection or the device.
+//! - [`Qp::modify_qp`] and [`Qp::destroy`] are answered by the engine (a round trip
+//!   of microseconds); [`Qp::query_qp`] reads what the engine published.
+//! - Completions come back through the [`Cq`]: [`Cq::poll`], the blocking
+//!   [`Cq::wait`] / [`Cq::poll_wait`], or the executor-agnostic [`Cq::wait_async`]
+//!   (usable from tokio). The engine never waits for the application and runs no
+//!   application code.
+//!
+//! ## Memory
+//!
+//! An [`Mr`]'s buffer is allocated and owned by the library (zeroed at registration):
+//! the application fills and reads it with [`Mr::write`] / [`Mr::read`] at byte
+//! offsets, and names it in WRs by iova (`Mr::iova() + offset`) and STag
+//! ([`Mr::lkey`] = [`Mr::rkey`] = [`Mr::stag`]; [`Mr::sge`] builds an SGE). Data placed
+//! by the peer is visible once the WR's completion was polled (as with any RDMA
+//! device).
+//!
+//! ## Object lifetime
+//!
+//! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs or QPs use
+//!   the PD, [`Cq::destroy`] while QPs use the CQ. A dropped QP uses them until the
+//!   engine flushed and removed it (so no completion reaches a destroyed CQ; a
+//!   destroyed CQ's [`Cq::poll`] fails with [`CqError::Destroyed`]). Dropping a handle
+//!   releases its object as the explicit call would (a PD or CQ once nothing uses it
+//!   any more).
+//! - [`Qp::destroy`] (and dropping a [`Qp`]) is safe at any time: the QP goes to Error
+//!   (every outstanding WR is flushed onto its CQ), its connection is closed, and no
+//!   completion of it is produced after `destroy` returns. After the device is gone
+//!   (or shut down) the engine has already flushed every QP, and destroy just
+//!   releases the handle.
+//! - After the device ended, calls that need the engine fail with
+//!   [`VerbsError::DeviceGone`] (`EIO`, as a disassociated uverbs device); CQs still
+//!   poll, MRs still read and write, QPs still answer [`Qp::query_qp`].
+//!
+//! [`VerbsError`]: verbs::VerbsError
+//! [`VerbsError::InUse`]: verbs::VerbsError::InUse
+//! [`VerbsError::DeviceGone`]: verbs::VerbsError::DeviceGone
+//!
 //! The modules, bottom up:
 //!
 //! - [`link`]: whole Ethernet frames over a TAP ([`link::TapLink`]) or an in-process pair
@@ -66,10 +133,10 @@
 //! - [`rdmap`]: the sans-IO per-QP RDMAP/DDP engine ([`rdmap::engine`]) and the QP engine
 //!   as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP
 //!   receive buffer, header + MR slice framed with the CRC in one pass).
-//! - [`engine`]: the engine thread that owns a device's stack, link and QPs.
-//! - [`api`]: the public device API ([`api::device`]: open, listen, connect,
-//!   accept/reject, ULPDUs, close; binding QPs to connections) and the verbs objects
-//!   ([`api::verbs_objects`]: [`Pd`], [`Mr`], [`Cq`], [`Qp`]).
+//! - `engine/` (private): the engine thread that owns a device's stack, link and QPs.
+//! - `api/` (private, re-exported here): the public device API ([`Device`]: open,
+//!   listen, connect, accept/reject, ULPDUs, close; binding QPs to connections) and the
+//!   verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]).
 //! - [`cm`]: the device as an iw-cm provider ([`cm::iwcm::SoftProvider`],
 //!   `iw_cm::Provider`), with its provider thread.
 //!
@@ -79,9 +146,9 @@
 /// appear in [`transport::smoltcp_glue`]'s API).
 pub use smoltcp;
 
-pub mod api;
+mod api;
 pub mod cm;
-pub mod engine;
+mod engine;
 pub mod link;
 pub mod netns;
 pub mod rdmap;
@@ -89,8 +156,12 @@ pub mod resources;
 pub mod transport;
 
 pub use api::device::{
-    ConnectError, ConnectRequest, Connection, Device, DeviceConfig, DeviceError, FaultSpec,
-    LinkConfig, LinkSpec, ListenError, Listener, QpConnection,
+    ConnectError, ConnectRequest, Connection, Device, DeviceConfig, FaultSpec, LinkConfig,
+    LinkSpec, ListenError, Listener, QpConnection,
 };
 pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
-pub use engine::{DeviceEnd, DeviceEvent};
+pub use engine::{DeviceError, DeviceEvent, EngineConfig, COMMAND_TIMEOUT};
+pub use rdmap::binding::QpStats;
+pub use resources::completion_queue::{CqError, WaitAsync};
+pub use resources::event_queue::DeviceEnd;
+pub use resources::stag_table::{MrState, PdId};

@@ -493,7 +493,7 @@ fn cq_overflow_is_reported_never_silent() {
     flushed(&got, 0..4);
     assert_eq!(
         small.poll(16),
-        Err(softiwarp::resources::completion_queue::CqError::Overflow {
+        Err(softiwarp::CqError::Overflow {
             cq: small.handle(),
             lost: 2
         })

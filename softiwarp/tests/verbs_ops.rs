@@ -10,8 +10,7 @@ mod verbs_support;
 
 use std::time::Duration;
 
-use softiwarp::resources::stag_table::MrState;
-use softiwarp::Mr;
+use softiwarp::{Mr, MrState};
 use verbs::{
     AccessFlags, FastReg, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WcOpcode,
     WcStatus, WorkCompletion,

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `tcp` is raw smoltcp TCP in one thread (`bench::tcp`). `fpdu` opens the soft iWARP
-//! device (`softiwarp::api::device`, its engine thread) on the TAP and moves ULPDUs of MULPDU
+//! device (`softiwarp::Device`, its engine thread) on the TAP and moves ULPDUs of MULPDU
 //! bytes over one MPA connection (`netns_tests::ulpdu`), with MPA CRCs on or off.
 //!
 //! The server prints `READY` once it listens; both print `RESULT <json>` (a

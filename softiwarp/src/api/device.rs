@@ -1,73 +1,11 @@
-//! The soft iWARP device as applications (and, next, the iw-cm provider) see it: open a
-//! device on a link, listen, connect, accept or reject, move ULPDUs, close; and make
-//! verbs objects ([`Device::alloc_pd`], [`Device::create_cq`], [`Device::create_qp`],
-//! see [`crate::api::verbs_objects`]) and bind QPs to connections ([`Device::connect_qp`],
-//! [`ConnectRequest::accept_qp`], giving a [`QpConnection`]).
-//!
-//! [`Device::open`] starts the device's engine thread ([`crate::engine`]), which opens the
-//! link (entering a network namespace first if asked) and runs the [`Stack`]. Every call
-//! below enqueues a command for the engine and wakes it; results come back on one-shot
-//! channels, events on queues. Nothing here runs on the engine thread and the engine
-//! never waits on a caller.
-//!
-//! # How this maps onto the iw-cm provider interface ([`crate::cm::iwcm`])
-//!
-//! | iw-cm provider | here |
-//! |---|---|
-//! | `create_listen(port, backlog)` | [`Device::listen`] |
-//! | `destroy_listen` | dropping the [`Listener`] / [`Listener::close`] |
-//! | `connect(addr, private data, ird, ord)` | [`Device::connect`]; with the QP: [`Device::connect_qp`] |
-//! | `accept(private data, ird, ord)` | [`ConnectRequest::accept`]; with the QP: [`ConnectRequest::accept_qp`] |
-//! | QP ref/deref (the CM holds the QP while connected) | the engine holds the QP's protocol state; [`Qp::destroy`] is safe at any time |
-//! | `reject(private data)` | [`ConnectRequest::reject`] |
-//! | `disconnect(abrupt?)` | [`Connection::close`] with [`CloseMode`] |
-//! | `CONNECT_REQUEST` | [`Listener::next_request`] |
-//! | `CONNECT_REPLY` (0 / `ECONNREFUSED` / `ETIMEDOUT` / `ECONNRESET`) | [`ConnEvent::Established`] / [`ConnEvent::Failed`] with [`ConnError::Rejected`] (with the reply's private data) or [`ConnError::Refused`], [`ConnError::TimedOut`], [`ConnError::Reset`] |
-//! | `ESTABLISHED` | [`ConnEvent::Established`] (responder) |
-//! | `DISCONNECT`, `CLOSE` | [`ConnEvent::Disconnected`], [`ConnEvent::Closed`] / [`ConnEvent::Failed`] |
-//! | device removal | [`DeviceEvent::DeviceGone`], every connection `Failed(DeviceGone)` |
-//!
-//! Events are enqueued per connection in order, never called up: the provider's event
-//! worker drains them.
-//!
-//! # QPs on connections
-//!
-//! A QP bound by [`Device::connect_qp`] / [`ConnectRequest::accept_qp`] is the
-//! connection's upper layer ([`crate::rdmap::binding`]): it moves to RTS with the negotiated
-//! ORD/IRD when MPA reaches full operation, runs its RDMAP traffic on the connection,
-//! sends its Terminates on it, and goes to Error (flushing every WR) when the
-//! connection fails or closes, or the device goes away. The connection's events still
-//! come through the [`QpConnection`]. See `lib.rs` for a complete example.
-//!
-//! # Example (memory link, no privileges)
-//!
-//! ```
-//! use std::net::Ipv4Addr;
-//! use std::time::Duration;
-//! use softiwarp::{Device, DeviceConfig, LinkConfig};
-//! use softiwarp::link::{MemoryConfig, MemoryLink};
-//! use softiwarp::transport::MpaParams;
-//!
-//! let (a, b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
-//! let server = Device::open(DeviceConfig::new(
-//!     "srv", LinkConfig::memory(b), Ipv4Addr::new(10, 9, 0, 2), 24)).unwrap();
-//! let client = Device::open(DeviceConfig::new(
-//!     "cli", LinkConfig::memory(a), Ipv4Addr::new(10, 9, 0, 1), 24)).unwrap();
-//! let listener = server.listen(4791, 8).unwrap();
-//! let conn = client.connect(Ipv4Addr::new(10, 9, 0, 2), 4791, MpaParams {
-//!     private_data: b"hi".to_vec(), ird: 1, ord: 1, settings: None }).unwrap();
-//! let request = listener.next_request(Duration::from_secs(5)).unwrap();
-//! assert_eq!(request.private_data(), b"hi");
-//! let served = request.accept(b"", 1, 1).unwrap();
-//! conn.wait_established(Duration::from_secs(5)).unwrap();
-//! conn.send_ulpdu(b"a DDP segment", Duration::from_secs(1)).unwrap();
-//! assert_eq!(served.recv_ulpdu(Duration::from_secs(5)).unwrap(), b"a DDP segment");
-//! ```
+//! The device and its connections: [`Device`] (where the calls, their mapping onto the
+//! iw-cm provider interface and an example are documented), [`Listener`],
+//! [`ConnectRequest`], [`Connection`] and [`QpConnection`], re-exported at the crate root.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
@@ -80,22 +18,17 @@ use verbs::{AsyncEvent, VerbsError};
 
 use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
 use crate::engine::{
-    Command, DeviceEnd, DeviceEvent, Engine, EngineConfig, EventQueue, PendingRequest, Shared,
+    Command, DeviceError, DeviceEvent, Engine, EngineConfig, Handle, PendingRequest, Shared,
 };
 use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
-use crate::resources::stag_table::MrTable;
+use crate::resources::event_queue::{DeviceEnd, EventQueue};
 use crate::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 use crate::transport::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
 use crate::transport::{
     CloseMode, ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId,
-    MpaDefaults, MpaParams, Stack, StackConfig, StackError, DEFAULT_CONNECT_TIMEOUT_US,
+    MpaDefaults, MpaParams, Stack, StackConfig, DEFAULT_CONNECT_TIMEOUT_US,
     DEFAULT_TERMINATE_LINGER_US,
 };
-
-/// How long a call waits for the engine's answer before giving up with
-/// [`DeviceError::NoAnswer`]: 10 s (the engine answers in microseconds; this only guards
-/// against a wedged engine).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which link a device runs on.
 pub enum LinkSpec {
@@ -220,33 +153,6 @@ impl DeviceConfig {
     }
 }
 
-/// Errors of device calls.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// The link could not be opened or set up.
-    #[error("link: {0}")]
-    Link(#[from] LinkError),
-    /// The stack refused the call (bad port, backlog, settings, state...).
-    #[error("{0}")]
-    Stack(#[from] StackError),
-    /// The engine thread could not be started, or could not enter the namespace.
-    #[error("engine thread: {0}")]
-    Thread(std::io::Error),
-    /// The device's link is gone (device removal).
-    #[error("device gone ({0:?})")]
-    Gone(GoneReason),
-    /// The device was shut down.
-    #[error("device shut down")]
-    Closed,
-    /// The engine did not answer within [`COMMAND_TIMEOUT`].
-    #[error("no answer from the engine")]
-    NoAnswer,
-    /// A verbs object was refused (e.g. a QP not in Reset or Init, already bound to
-    /// a connection, or of another device).
-    #[error("verbs: {0}")]
-    Verbs(#[from] VerbsError),
-}
-
 /// Errors of [`Connection::wait_established`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {
@@ -275,163 +181,73 @@ pub enum ListenError {
     Gone(GoneReason),
 }
 
-/// What connections, listeners and verbs objects hold of their device.
-#[derive(Debug)]
-pub(crate) struct Handle {
-    cmds: Sender<Command>,
-    waker: Waker,
-    shared: Arc<Shared>,
-    /// The device's STag table (PDs and MRs).
-    pub(crate) mrs: Arc<MrTable>,
-    next_qpn: std::sync::atomic::AtomicU32,
-    next_cq: std::sync::atomic::AtomicU32,
-}
-
-impl Handle {
-    /// `Err(DeviceGone)` once the device is gone or shut down.
-    pub(crate) fn alive(&self) -> Result<(), VerbsError> {
-        match self.shared.ended() {
-            Some(_) => Err(VerbsError::DeviceGone),
-            None => Ok(()),
-        }
-    }
-
-    /// Holds the device's gate open (for reading): while the guard lives, WRs queued on
-    /// a QP are certain to be taken by the engine. `Err(DeviceGone)` once the engine
-    /// took its last command.
-    pub(crate) fn gate(&self) -> Result<std::sync::RwLockReadGuard<'_, bool>, VerbsError> {
-        let gate = self
-            .shared
-            .gate
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *gate {
-            return Err(VerbsError::DeviceGone);
-        }
-        Ok(gate)
-    }
-
-    /// Enqueues QP work for the engine, without waking it. Refused with
-    /// [`VerbsError::DeviceGone`] once the engine took its last command; otherwise
-    /// the engine is certain to run it (see `Shared::gate`).
-    pub(crate) fn enqueue(&self, cmd: Command) -> Result<(), VerbsError> {
-        let _gate = self.gate()?;
-        self.cmds.send(cmd).map_err(|_| VerbsError::DeviceGone)
-    }
-
-    /// Rings QP `qpn`'s doorbell: the engine takes its newly posted WRs.
-    pub(crate) fn ring(&self, qpn: u32) {
-        self.shared
-            .doorbell
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(qpn);
-        self.waker.wake();
-    }
-
-    /// Wakes the engine thread.
-    pub(crate) fn wake(&self) {
-        self.waker.wake();
-    }
-
-    /// Enqueues a command with a reply channel and waits for the answer (verbs
-    /// calls): `DeviceGone` if the engine ended, an `ETIMEDOUT` [`VerbsError::Os`] if
-    /// it did not answer within [`COMMAND_TIMEOUT`].
-    pub(crate) fn call_verbs<T>(
-        &self,
-        call: &'static str,
-        make: impl FnOnce(Sender<Result<T, VerbsError>>) -> Command,
-    ) -> Result<T, VerbsError> {
-        let (tx, rx) = mpsc::channel();
-        self.enqueue(make(tx))?;
-        self.wake();
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
-                call,
-                errno: libc::ETIMEDOUT,
-            }),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(VerbsError::DeviceGone),
-        }
-    }
-
-    /// The next QP number (never 0; wraps after 2^32 - 1).
-    pub(crate) fn next_qpn(&self) -> u32 {
-        loop {
-            let n = self
-                .next_qpn
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n != 0 {
-                return n;
-            }
-        }
-    }
-
-    /// The next CQ handle.
-    pub(crate) fn next_cq(&self) -> u32 {
-        self.next_cq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The device's verbs asynchronous event queue.
-    pub(crate) fn async_events(&self) -> Arc<EventQueue<AsyncEvent>> {
-        Arc::clone(&self.shared.async_events)
-    }
-
-    /// The engine's "poll again" flag.
-    pub(crate) fn kick(&self) -> Arc<std::sync::atomic::AtomicBool> {
-        Arc::clone(&self.shared.kick)
-    }
-
-    /// Sends a command whose reply is a [`DeviceError`] result and waits for it.
-    fn call_dev<T>(
-        &self,
-        make: impl FnOnce(Sender<Result<T, DeviceError>>) -> Command,
-    ) -> Result<T, DeviceError> {
-        let (tx, rx): (_, Receiver<Result<T, DeviceError>>) = mpsc::channel();
-        self.post(make(tx))?;
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
-        }
-    }
-
-    fn ended_error(&self) -> DeviceError {
-        match self.shared.ended() {
-            Some(DeviceEnd::Gone(r)) => DeviceError::Gone(r),
-            _ => DeviceError::Closed,
-        }
-    }
-
-    /// Sends a command without waiting.
-    fn post(&self, cmd: Command) -> Result<(), DeviceError> {
-        if let Some(DeviceEnd::Gone(r)) = self.shared.ended() {
-            return Err(DeviceError::Gone(r));
-        }
-        self.cmds.send(cmd).map_err(|_| self.ended_error())?;
-        self.waker.wake();
-        Ok(())
-    }
-
-    /// Sends a command and waits for its result.
-    fn call<T>(
-        &self,
-        make: impl FnOnce(Sender<Result<T, StackError>>) -> Command,
-    ) -> Result<T, DeviceError> {
-        let (tx, rx): (_, Receiver<Result<T, StackError>>) = mpsc::channel();
-        self.post(make(tx))?;
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
-            Ok(r) => Ok(r?),
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
-        }
-    }
-}
-
-/// A soft iWARP device: an engine thread running a [`Stack`] on a link. See the
-/// [module docs](self). Dropping it shuts the device down (connections are reset) and
-/// joins the engine thread.
+/// A soft iWARP device: an engine thread running a [`Stack`] on a link. Dropping it
+/// shuts the device down (connections are reset) and joins the engine thread.
+///
+/// As applications (and the iw-cm provider) see it: open a device on a link, listen, connect, accept or reject, move ULPDUs, close; and make
+/// verbs objects ([`Device::alloc_pd`], [`Device::create_cq`], [`Device::create_qp`],
+/// see the [crate documentation](crate)) and bind QPs to connections ([`Device::connect_qp`],
+/// [`ConnectRequest::accept_qp`], giving a [`QpConnection`]).
+///
+/// [`Device::open`] starts the device's engine thread, which opens the
+/// link (entering a network namespace first if asked) and runs the [`Stack`]. Every call
+/// below enqueues a command for the engine and wakes it; results come back on one-shot
+/// channels, events on queues. Nothing here runs on the engine thread and the engine
+/// never waits on a caller.
+///
+/// # How this maps onto the iw-cm provider interface ([`crate::cm::iwcm`])
+///
+/// | iw-cm provider | here |
+/// |---|---|
+/// | `create_listen(port, backlog)` | [`Device::listen`] |
+/// | `destroy_listen` | dropping the [`Listener`] / [`Listener::close`] |
+/// | `connect(addr, private data, ird, ord)` | [`Device::connect`]; with the QP: [`Device::connect_qp`] |
+/// | `accept(private data, ird, ord)` | [`ConnectRequest::accept`]; with the QP: [`ConnectRequest::accept_qp`] |
+/// | QP ref/deref (the CM holds the QP while connected) | the engine holds the QP's protocol state; [`Qp::destroy`] is safe at any time |
+/// | `reject(private data)` | [`ConnectRequest::reject`] |
+/// | `disconnect(abrupt?)` | [`Connection::close`] with [`CloseMode`] |
+/// | `CONNECT_REQUEST` | [`Listener::next_request`] |
+/// | `CONNECT_REPLY` (0 / `ECONNREFUSED` / `ETIMEDOUT` / `ECONNRESET`) | [`ConnEvent::Established`] / [`ConnEvent::Failed`] with [`ConnError::Rejected`] (with the reply's private data) or [`ConnError::Refused`], [`ConnError::TimedOut`], [`ConnError::Reset`] |
+/// | `ESTABLISHED` | [`ConnEvent::Established`] (responder) |
+/// | `DISCONNECT`, `CLOSE` | [`ConnEvent::Disconnected`], [`ConnEvent::Closed`] / [`ConnEvent::Failed`] |
+/// | device removal | [`DeviceEvent::DeviceGone`], every connection `Failed(DeviceGone)` |
+///
+/// Events are enqueued per connection in order, never called up: the provider's event
+/// worker drains them.
+///
+/// # QPs on connections
+///
+/// A QP bound by [`Device::connect_qp`] / [`ConnectRequest::accept_qp`] is the
+/// connection's upper layer ([`crate::rdmap::binding`]): it moves to RTS with the negotiated
+/// ORD/IRD when MPA reaches full operation, runs its RDMAP traffic on the connection,
+/// sends its Terminates on it, and goes to Error (flushing every WR) when the
+/// connection fails or closes, or the device goes away. The connection's events still
+/// come through the [`QpConnection`]. See `lib.rs` for a complete example.
+///
+/// # Example (memory link, no privileges)
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::Duration;
+/// use softiwarp::{Device, DeviceConfig, LinkConfig};
+/// use softiwarp::link::{MemoryConfig, MemoryLink};
+/// use softiwarp::transport::MpaParams;
+///
+/// let (a, b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+/// let server = Device::open(DeviceConfig::new(
+///     "srv", LinkConfig::memory(b), Ipv4Addr::new(10, 9, 0, 2), 24)).unwrap();
+/// let client = Device::open(DeviceConfig::new(
+///     "cli", LinkConfig::memory(a), Ipv4Addr::new(10, 9, 0, 1), 24)).unwrap();
+/// let listener = server.listen(4791, 8).unwrap();
+/// let conn = client.connect(Ipv4Addr::new(10, 9, 0, 2), 4791, MpaParams {
+///     private_data: b"hi".to_vec(), ird: 1, ord: 1, settings: None }).unwrap();
+/// let request = listener.next_request(Duration::from_secs(5)).unwrap();
+/// assert_eq!(request.private_data(), b"hi");
+/// let served = request.accept(b"", 1, 1).unwrap();
+/// conn.wait_established(Duration::from_secs(5)).unwrap();
+/// conn.send_ulpdu(b"a DDP segment", Duration::from_secs(1)).unwrap();
+/// assert_eq!(served.recv_ulpdu(Duration::from_secs(5)).unwrap(), b"a DDP segment");
+/// ```
 #[derive(Debug)]
 pub struct Device {
     handle: Arc<Handle>,
@@ -548,14 +364,7 @@ impl Device {
         };
         tracing::info!(device = %name, address = %interface.address, mtu = started.mtu, "device open");
         Ok(Device {
-            handle: Arc::new(Handle {
-                cmds: cmd_tx,
-                waker: Waker::engine(wake),
-                shared,
-                mrs: Arc::new(MrTable::new()),
-                next_qpn: std::sync::atomic::AtomicU32::new(1),
-                next_cq: std::sync::atomic::AtomicU32::new(1),
-            }),
+            handle: Arc::new(Handle::new(cmd_tx, Waker::engine(wake), shared)),
             thread: Some(thread),
             name,
             address: interface.address,
@@ -738,7 +547,10 @@ impl Device {
     /// [`crate::resources::completion_queue::MAX_CQE`]; [`VerbsError::DeviceGone`].
     pub fn create_cq(&self, capacity: usize) -> Result<Cq, VerbsError> {
         self.handle.alive()?;
-        let cq = crate::resources::completion_queue::Cq::new(self.handle.next_cq(), capacity)?;
+        let cq = crate::resources::completion_queue::CompletionQueue::new(
+            self.handle.next_cq(),
+            capacity,
+        )?;
         Ok(Cq::new(CqInner::new(cq, Arc::clone(&self.handle))))
     }
 

@@ -98,11 +98,10 @@ use iw_cm::{
 };
 use verbs::VerbsError;
 
-use crate::api::device::{ConnectRequest, Device, DeviceError, Listener, QpConnection};
-use crate::api::verbs_objects::Qp;
-use crate::engine::DeviceEnd;
 use crate::transport::mpa_conn::{CallError, MpaError};
 use crate::transport::{CloseMode, ConnError, ConnEvent, MpaParams, StackError, MAX_BACKLOG};
+use crate::Qp;
+use crate::{ConnectRequest, Device, DeviceEnd, DeviceError, Listener, QpConnection};
 use mpa::negotiate::SettingsError;
 
 /// The provider's QP handle: a shared [`Qp`] (create it with [`Device::create_qp`] and

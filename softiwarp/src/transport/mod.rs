@@ -3,7 +3,7 @@
 //!
 //! A [`Stack`] owns the [`Link`] (through a [`LinkDevice`]), the smoltcp `Interface` and
 //! `SocketSet`, a table of connections and a table of listeners. It reads no clock and
-//! starts no thread: the driver (the engine thread of [`crate::engine`], or a test with a
+//! starts no thread: the driver (the device's engine thread, or a test with a
 //! virtual clock) calls [`Stack::poll`] with the current time and gets back the next
 //! deadline, and reads what happened from [`Stack::poll_event`]. Two stacks joined by a
 //! [`MemoryLink`](crate::link::MemoryLink) pair therefore run deterministically in one

@@ -10,7 +10,9 @@ use ddp_rdmap::terminate::{
 use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
 use verbs::{AccessFlags, AsyncEvent, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
 
-use super::{status_for_terminate, vendor_err_for, IrqEntry, Phase, Piece, Qp, QpEvent, RxError};
+use super::{
+    status_for_terminate, vendor_err_for, IrqEntry, Phase, Piece, QpEngine, QpEvent, RxError,
+};
 
 /// Which local WR a protocol error concerns.
 #[derive(Debug, Clone, Copy)]
@@ -27,7 +29,7 @@ fn op_error(code: RdmapOperationCode) -> ErrorCause {
     ErrorCause::RdmapRemoteOperation(code)
 }
 
-impl Qp {
+impl QpEngine {
     /// Processes one incoming ULPDU: the bytes MPA delivers after the ULPDU Length
     /// field, before pad and CRC (RFC 5044 §4.1), already CRC-checked by the driver.
     ///
@@ -343,7 +345,7 @@ impl Qp {
         len: usize,
     ) -> Option<
         Vec<(
-            std::sync::Arc<crate::resources::stag_table::Mr>,
+            std::sync::Arc<crate::resources::stag_table::MemoryRegion>,
             usize,
             usize,
         )>,
