@@ -1,5 +1,5 @@
 //! `iwping`'s engine: rping's client and server ([`crate::rping`]) on softiwarp's public
-//! RDMA CM ([`rdma_cm::soft::SoftRdmaCm`]) and verbs objects, with rping's options and
+//! RDMA CM ([`softiwarp::cm::rdmacm::SoftRdmaCm`]) and verbs objects, with rping's options and
 //! output. The binary (`src/bin/iwping.rs`) opens the soft device on a TAP and calls
 //! [`run`]; tests call [`run`] on devices over memory links.
 //!
@@ -29,8 +29,8 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmError, CmId, CmIdRef, ConnParam, EventChannel, EventKind};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::{Cq, CqError, Mr, Pd, QpInitAttr};
 use verbs::{
     AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, VerbsError, WcOpcode, WcStatus,

@@ -53,12 +53,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{
     CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, Handler, IdState, RdmaCmConfig,
 };
 use serde::{Deserialize, Serialize};
 use softiwarp::cm::iwcm::SoftQp;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::transport::smoltcp_glue::TcpConfig;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
 use softiwarp::{Device, DeviceConfig, LinkConfig};

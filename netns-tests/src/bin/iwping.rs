@@ -23,8 +23,8 @@ use mpa::negotiate::CrcPolicy;
 use mpa::wire::RtrKinds;
 use netns_tests::iwping::{run, PingOptions, Role};
 use netns_tests::{parse_cidr, parse_mac, rping};
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::RdmaCmConfig;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::{Device, DeviceConfig, LinkConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -3,13 +3,12 @@
 //! whose bytes are checked, and device removal (link cut, link down, `remove_device`)
 //! delivering exactly one `DeviceRemoval` and flushing every posted WR (design.md
 //! section 5, rdma-cm rules 3 and 4).
-#![cfg(not(loom))]
 
-mod soft_support;
+mod rdmacm_support;
 
-use rdma_cm::soft::SoftDevice;
 use rdma_cm::{CmId, ConnParam, EventChannel, EventKind};
-use soft_support::*;
+use rdmacm_support::*;
+use softiwarp::cm::rdmacm::SoftDevice;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
