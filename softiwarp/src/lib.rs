@@ -1,5 +1,17 @@
-//! The soft iWARP device: PD/MR/CQ/QP objects, the STag table, the per-QP protocol
-//! engine, the smoltcp transport over a TAP or in-memory link, and the engine thread.
+//! The soft iWARP device (Linux siw's role): iWARP (RFC 5040/5041/5044) over smoltcp TCP
+//! on a TAP or in-memory link, with the verbs objects (PD, MR, CQ, QP) on top and the
+//! glue that puts the device under the two connection managers.
+//!
+//! **Room.** The crate owns everything between a link's Ethernet frames and the verbs
+//! calls of an application: the link layer, the sans-IO transport (TCP through smoltcp,
+//! MPA per connection), the sans-IO per-QP RDMAP/DDP engine, the state shared with the
+//! application threads (STag table, CQs, event queues), the engine thread that drives it
+//! all, the public device and verbs API, and the device's adapters to iw-cm and rdma-cm.
+//! It touches the wire crates (`mpa`, `ddp-rdmap`), `verbs` and smoltcp; it touches
+//! `iw-cm` and `rdma-cm` from [`cm`] only, implementing their provider / device traits
+//! (their cores never name this crate). Its threads (the engine, the iw-cm provider
+//! thread, the rdma-cm link watcher) only enqueue towards their users and never wait
+//! for them.
 //!
 //! Applications use the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) made from a
 //! [`Device`], and bind a QP to an iWARP connection with
@@ -114,31 +126,26 @@
 //! [`VerbsError::InUse`]: verbs::VerbsError::InUse
 //! [`VerbsError::DeviceGone`]: verbs::VerbsError::DeviceGone
 //!
-//! The modules, bottom up:
+//! # Layers
 //!
-//! - [`link`]: whole Ethernet frames over a TAP ([`link::TapLink`]) or an in-process pair
-//!   ([`link::MemoryLink`]), with stackable middlewares ([`link::Pcap`],
-//!   [`link::Faults`]) and link failure as events ([`link::LinkEvent`]).
-//! - [`netns`]: network namespaces and the two-TAP topology for root-only tests.
-//! - [`transport`]: the sans-IO transport core (smoltcp interface, TCP sockets, an
-//!   [`transport::mpa_conn::MpaConn`] and an upper layer per connection, listeners with a
-//!   backlog); [`transport::smoltcp_glue`] (the smoltcp `Device` over any link, the
-//!   `Interface` and TCP socket builders), [`transport::mpa_conn`] (the sans-IO MPA
-//!   endpoint of one connection, RFC 5044, RFC 6581), [`transport::stream`] (the stream
-//!   upper: bounded ULPDU queues between a connection and its user) and
-//!   [`transport::neighbor`] (ARP resolution on request, `rdma_resolve_addr`'s neighbour
-//!   step).
-//! - [`resources`]: the STag table and MRs ([`resources::stag_table`]) and completion
-//!   queues ([`resources::completion_queue`]).
-//! - [`rdmap`]: the sans-IO per-QP RDMAP/DDP engine ([`rdmap::engine`]) and the QP engine
-//!   as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP
-//!   receive buffer, header + MR slice framed with the CRC in one pass).
-//! - `engine/` (private): the engine thread that owns a device's stack, link and QPs.
-//! - `api/` (private, re-exported here): the public device API ([`Device`]: open,
-//!   listen, connect, accept/reject, ULPDUs, close; binding QPs to connections) and the
-//!   verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]).
-//! - [`cm`]: the device as an iw-cm provider ([`cm::iwcm::SoftProvider`],
-//!   `iw_cm::Provider`), with its provider thread.
+//! One folder per layer, bottom up (as smoltcp's `phy/ iface/ socket/`); a folder uses
+//! only the folders listed before it (`scripts/module-cycles.sh` prints the module graph
+//! and fails on a cycle):
+//!
+//! | folder | owns | may touch |
+//! |---|---|---|
+//! | [`link`] | whole Ethernet frames: a TAP ([`link::TapLink`]) or an in-process pair ([`link::MemoryLink`]), stackable middlewares ([`link::Pcap`], [`link::Faults`]), link failure as events ([`link::LinkEvent`]), rtnetlink | nothing of ours |
+//! | [`transport`] | sans-IO, no threads, no clock: the [`transport::Stack`] (smoltcp interface, TCP sockets, listeners with a backlog, an upper layer per connection), [`transport::smoltcp_glue`] (smoltcp's `Device` over any link), [`transport::mpa_conn`] (one connection's MPA endpoint, RFC 5044/6581), [`transport::stream`] (the stream upper: bounded ULPDU queues), [`transport::neighbor`] (ARP on request) | `link` |
+//! | [`resources`] | state shared by application threads and the engine: the STag table and MRs ([`resources::stag_table`], siw_mem.c), completion queues ([`resources::completion_queue`], siw_cq.c), the event queues and [`DeviceEnd`] | `link` |
+//! | [`rdmap`] | sans-IO, no threads: the per-QP RDMAP/DDP engine ([`rdmap::engine::QpEngine`] with its `tx`/`rx` paths, siw_qp.c, siw_qp_tx.c, siw_qp_rx.c) and the QP as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP receive buffer, header + MR slice framed with the CRC in one pass) | `resources`, `transport` |
+//! | `engine/` (private) | the engine thread (the NIC's firmware): its commands, the handle every device object holds, [`DeviceError`], [`DeviceEvent`], [`EngineConfig`] | `rdmap`, `resources`, `transport`, `link` |
+//! | `api/` (private; re-exported here) | the public surface, siw_verbs.c's role: [`Device`] (open, listen, connect, accept/reject, ULPDUs, close; binding QPs to connections) and the verbs objects [`Pd`], [`Mr`], [`Cq`], [`Qp`] (checked on the caller's thread, handed to the engine) | every folder above |
+//! | [`cm`] | the device under the connection managers, siw_cm.c's role: [`cm::iwcm::SoftProvider`] (`iw_cm::Provider`, with its provider thread) and [`cm::rdmacm::SoftDevice`] (`rdma_cm::CmDevice`) | the crate's public surface (root, `link`, `transport`); `iw-cm`, `rdma-cm` |
+//!
+//! [`netns`] (network namespaces and the two-TAP topology for root-only tests) is test
+//! infrastructure on its way out of the crate. [`rdmap`] and [`resources`] are public for
+//! the crate's own tests and benchmarks; applications need only the root and [`link`],
+//! [`transport`] (MPA parameters, connection events) and [`cm`].
 //!
 //! See `docs/ARCHITECTURE.md` for the threads and the rules of design.md §5.
 

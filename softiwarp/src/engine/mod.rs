@@ -1,6 +1,13 @@
 //! The engine thread: one per device, owning the device's [`Stack`] and [`Link`] the way a
 //! NIC owns its firmware state.
 //!
+//! **Room.** The device's engine thread and what crosses into it: the engine loop, the
+//! commands other threads send it, the [`Handle`] every device object holds (with
+//! [`DeviceError`] and [`COMMAND_TIMEOUT`]), and the device's events ([`DeviceEvent`]).
+//! It drives `transport`'s stack, `rdmap`'s QPs and `resources`' queues over a `link`;
+//! it never names the API objects above it (a QP's hold on its PD and CQs is an opaque
+//! guard here).
+//!
 //! Other threads never touch the stack. They talk to the engine through
 //!
 //! - a **command queue** (`std::sync::mpsc`, unbounded, so a sender never blocks) for

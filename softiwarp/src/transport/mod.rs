@@ -1,6 +1,12 @@
 //! The device's transport core: one smoltcp interface, its TCP sockets, and an MPA
 //! connection with an upper layer on each socket, driven sans-IO.
 //!
+//! **Room.** Sans-IO: no threads, no clock (time is an argument). It owns the
+//! smoltcp interface and sockets (`smoltcp_glue`), each connection's MPA endpoint
+//! (`mpa_conn`), the listeners, the [`Ulp`] trait an upper layer implements, the stream
+//! upper (`stream`) and ARP on request (`neighbor`). It touches `link` only (and the wire
+//! crates); the QP engine plugs in from above through [`Ulp`] (`crate::rdmap::binding`).
+//!
 //! A [`Stack`] owns the [`Link`] (through a [`LinkDevice`]), the smoltcp `Interface` and
 //! `SocketSet`, a table of connections and a table of listeners. It reads no clock and
 //! starts no thread: the driver (the device's engine thread, or a test with a
