@@ -164,7 +164,7 @@ pub mod transport;
 
 pub use api::device::{
     ConnectError, ConnectRequest, Connection, Device, DeviceConfig, FaultSpec, LinkConfig,
-    LinkSpec, ListenError, Listener, QpConnection,
+    LinkSpec, ListenError, Listener, QpBound, QpConnection, UlpduStream,
 };
 pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
 pub use engine::{DeviceError, DeviceEvent, EngineConfig, COMMAND_TIMEOUT};

@@ -512,7 +512,7 @@ impl Device {
             end: e,
             reply,
         })?;
-        Ok(Connection::new(id, end, self.handle.clone()))
+        Ok(Connection::new(id, end, self.handle.clone(), UlpduStream))
     }
 
     /// Shuts the device down: every connection is reset and fails with
@@ -606,10 +606,12 @@ impl Device {
             qpn,
             reply,
         })?;
-        Ok(QpConnection {
-            conn: Connection::new(id, end, self.handle.clone()),
-            qp_num: qpn,
-        })
+        Ok(Connection::new(
+            id,
+            end,
+            self.handle.clone(),
+            QpBound { qp_num: qpn },
+        ))
     }
 }
 
@@ -733,7 +735,12 @@ impl ConnectRequest {
             reply,
         })?;
         self.decided = true;
-        Ok(Connection::new(conn, self.end.clone(), self.handle.clone()))
+        Ok(Connection::new(
+            conn,
+            self.end.clone(),
+            self.handle.clone(),
+            UlpduStream,
+        ))
     }
 
     /// Accepts with `private_data` (bytes), `ird` and `ord` (14 bits) and binds `qp`
@@ -767,10 +774,12 @@ impl ConnectRequest {
             reply,
         })?;
         self.decided = true;
-        Ok(QpConnection {
-            conn: Connection::new(conn, self.end.clone(), self.handle.clone()),
-            qp_num: qpn,
-        })
+        Ok(Connection::new(
+            conn,
+            self.end.clone(),
+            self.handle.clone(),
+            QpBound { qp_num: qpn },
+        ))
     }
 
     /// Rejects with `private_data` (bytes): a reject Reply (R set, RFC 5044 7.1.1) is
@@ -802,24 +811,49 @@ impl Drop for ConnectRequest {
     }
 }
 
-/// One connection (pending, established, or ended). ULPDUs go through bounded queues
-/// ([`StreamConfig`]); events come in order ([`Connection::next_event`]). Dropping it
-/// closes it gracefully if it is still open.
+/// One connection (pending, established, or ended); events come in order
+/// ([`Connection::next_event`]). `K` is what runs on it: the stream upper
+/// ([`UlpduStream`], the default: the application's ULPDUs go through bounded queues,
+/// [`StreamConfig`]) or a QP ([`QpBound`]: a [`QpConnection`]). Dropping it closes it
+/// gracefully if it is still open.
 #[derive(Debug)]
-pub struct Connection {
+pub struct Connection<K = UlpduStream> {
     id: ConnId,
     end: StreamEnd,
     handle: Arc<Handle>,
     closed: AtomicBool,
+    kind: K,
 }
 
-impl Connection {
-    fn new(id: ConnId, end: StreamEnd, handle: Arc<Handle>) -> Self {
+/// What runs on a [`Connection`] of the stream upper: ULPDUs the application sends
+/// ([`Connection::send_ulpdu`]) and receives ([`Connection::recv_ulpdu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UlpduStream;
+
+/// What runs on a [`QpConnection`]: the RDMAP traffic of the QP numbered
+/// [`QpConnection::qp_num`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpBound {
+    qp_num: u32,
+}
+
+/// A connection bound to a QP ([`Device::connect_qp`], [`ConnectRequest::accept_qp`]):
+/// the QP's RDMAP traffic runs on it, so unlike a stream [`Connection`] it moves no
+/// ULPDUs of its own; it carries the connection's events ([`ConnEvent::Established`],
+/// [`ConnEvent::Disconnected`], [`ConnEvent::Closed`], [`ConnEvent::Failed`]) and closes
+/// it. Dropping it closes the connection gracefully if it is still open (the QP then
+/// goes to Error).
+pub type QpConnection = Connection<QpBound>;
+
+/// The calls of every connection, whatever runs on it.
+impl<K> Connection<K> {
+    fn new(id: ConnId, end: StreamEnd, handle: Arc<Handle>, kind: K) -> Self {
         Connection {
             id,
             end,
             handle,
             closed: AtomicBool::new(false),
+            kind,
         }
     }
 
@@ -828,8 +862,8 @@ impl Connection {
         self.id
     }
 
-    /// Waits up to `timeout` until the connection is established and returns its
-    /// parameters. Events are not consumed.
+    /// Waits up to `timeout` until the connection is established (a bound QP is then in
+    /// RTS) and returns its parameters. Events are not consumed.
     ///
     /// Errors: [`ConnectError::Timeout`], [`ConnectError::Failed`] (rejected with the
     /// reply's private data, refused, timed out, reset, MPA error, device gone),
@@ -857,7 +891,7 @@ impl Connection {
         self.end.established()
     }
 
-    /// The agreed MPA settings, once established.
+    /// The agreed MPA settings (with the negotiated IRD and ORD), once established.
     pub fn agreed(&self) -> Option<Agreed> {
         self.end.established().map(|e| e.agreed)
     }
@@ -877,6 +911,28 @@ impl Connection {
         self.end.wait_ended(timeout)
     }
 
+    /// Closes the connection (`rdma_disconnect(3)` for a QP's). Graceful: ULPDUs already
+    /// queued (or what the QP is sending) are sent, then MPA/TCP close (FIN); abortive:
+    /// RST now. [`ConnEvent::Closed`] follows (unless it failed first). Sends fail from
+    /// now on; a bound QP goes to Error and its outstanding WRs are flushed once the
+    /// connection has ended.
+    ///
+    /// Errors: [`DeviceError::Stack`] with `WrongState` if it already ended,
+    /// `NoSuchConnection` if it is gone; [`DeviceError::Gone`], [`DeviceError::Closed`].
+    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
+        self.closed.store(true, Ordering::Relaxed);
+        self.end.mark_closed();
+        let conn = self.id;
+        self.handle.call(|reply| Command::Close {
+            conn,
+            mode,
+            reply: Some(reply),
+        })
+    }
+}
+
+/// The ULPDU calls of a stream connection.
+impl Connection {
     /// Queues one ULPDU (1..=MULPDU bytes) to send, waiting up to `timeout` for room in
     /// the send queue (backpressure).
     ///
@@ -965,26 +1021,9 @@ impl Connection {
     pub fn try_recv_ulpdu(&self) -> Result<Vec<u8>, RecvError> {
         self.end.try_recv()
     }
-
-    /// Closes the connection. Graceful: ULPDUs already queued are sent, then MPA/TCP
-    /// close (FIN); abortive: RST now. [`ConnEvent::Closed`] follows (unless it failed
-    /// first). Sends fail from now on.
-    ///
-    /// Errors: [`DeviceError::Stack`] with `WrongState` if it already ended,
-    /// `NoSuchConnection` if it is gone; [`DeviceError::Gone`], [`DeviceError::Closed`].
-    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
-        self.closed.store(true, Ordering::Relaxed);
-        self.end.mark_closed();
-        let conn = self.id;
-        self.handle.call(|reply| Command::Close {
-            conn,
-            mode,
-            reply: Some(reply),
-        })
-    }
 }
 
-impl Drop for Connection {
+impl<K> Drop for Connection<K> {
     fn drop(&mut self) {
         if !self.closed.load(Ordering::Relaxed) && self.end.ended().is_none() {
             let _ = self.handle.post(Command::Close {
@@ -996,73 +1035,9 @@ impl Drop for Connection {
     }
 }
 
-/// A connection bound to a QP ([`Device::connect_qp`], [`ConnectRequest::accept_qp`]):
-/// the QP's RDMAP traffic runs on it, so unlike [`Connection`] it moves no ULPDUs of
-/// its own; it carries the connection's events ([`ConnEvent::Established`],
-/// [`ConnEvent::Disconnected`], [`ConnEvent::Closed`], [`ConnEvent::Failed`]) and closes
-/// it. Dropping it closes the connection gracefully if it is still open (the QP then
-/// goes to Error).
-#[derive(Debug)]
-pub struct QpConnection {
-    conn: Connection,
-    qp_num: u32,
-}
-
 impl QpConnection {
-    /// The connection's id on its device.
-    pub fn id(&self) -> ConnId {
-        self.conn.id()
-    }
-
     /// The number of the QP bound to it.
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
-    }
-
-    /// Waits up to `timeout` until the connection is established (the QP is then in
-    /// RTS) and returns its parameters. Events are not consumed.
-    ///
-    /// Errors: as [`Connection::wait_established`].
-    pub fn wait_established(&self, timeout: Duration) -> Result<Established, ConnectError> {
-        self.conn.wait_established(timeout)
-    }
-
-    /// The next event, waiting up to `timeout`; `None` if none came.
-    pub fn next_event(&self, timeout: Duration) -> Option<ConnEvent> {
-        self.conn.next_event(timeout)
-    }
-
-    /// The parameters, once established.
-    pub fn established(&self) -> Option<Established> {
-        self.conn.established()
-    }
-
-    /// The agreed MPA settings (with the negotiated IRD and ORD), once established.
-    pub fn agreed(&self) -> Option<Agreed> {
-        self.conn.agreed()
-    }
-
-    /// MULPDU in bytes, once established.
-    pub fn mulpdu(&self) -> Option<usize> {
-        self.conn.mulpdu()
-    }
-
-    /// The outcome once ended: `Some(None)` closed, `Some(Some(e))` failed.
-    pub fn ended(&self) -> Option<Option<ConnError>> {
-        self.conn.ended()
-    }
-
-    /// Waits up to `timeout` for the connection to end.
-    pub fn wait_ended(&self, timeout: Duration) -> Option<Option<ConnError>> {
-        self.conn.wait_ended(timeout)
-    }
-
-    /// Closes the connection (`rdma_disconnect(3)`). Graceful: what the QP is
-    /// sending goes out, then FIN; abortive: RST now. Either way the QP goes to Error
-    /// and its outstanding WRs are flushed once the connection has ended.
-    ///
-    /// Errors: as [`Connection::close`].
-    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
-        self.conn.close(mode)
+        self.kind.qp_num
     }
 }
