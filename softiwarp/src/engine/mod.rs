@@ -46,7 +46,7 @@
 //! and the engine never waits for a user: every lock it takes is held only by short
 //! critical sections that never block.
 //!
-//! QPs: the engine keeps every QP's protocol state (`qp_ulp::QpCore`) in its
+//! QPs: the engine keeps every QP's protocol state (`rdmap::binding::QpCore`) in its
 //! table; a QP bound to a connection is also that connection's upper layer inside the
 //! stack, so the stack's poll drives its transmit and receive paths. Verbs asynchronous
 //! events go to the device's queue. When the engine stops (shutdown or link gone) every
