@@ -13,7 +13,7 @@ cargo build --workspace --all-targets --locked
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
 # The rdma-cm example a verbs programmer recognises (soft devices on a memory link).
-cargo run --locked -p rdma-cm --example rdma_write_send
+cargo run --locked -p softiwarp --example rdma_write_send
 # The loom models (exhaustive interleavings of the destroy / delivery / removal races);
 # their own target dir, since --cfg loom rebuilds everything.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \

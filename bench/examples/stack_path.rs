@@ -21,7 +21,7 @@ use bench::inline::{self, InlineConfig};
 use bench::tcp::{self, Amount, Role, TcpBenchConfig};
 use mpa::negotiate::CrcPolicy;
 use softiwarp::link::{MemoryConfig, MemoryLink};
-use softiwarp::phy::{InterfaceConfig, TcpConfig};
+use softiwarp::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 
 fn iface(n: u8) -> InterfaceConfig {
     tcp::test_iface(9, n)

@@ -20,10 +20,10 @@ use crate::ulpdu::{HEADER_LEN, PATTERN_LEN, STAG};
 use mpa::negotiate::CrcPolicy;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use softiwarp::link::Link;
-use softiwarp::mpa_conn::CallError;
-use softiwarp::phy::{InterfaceConfig, TcpConfig};
 use softiwarp::smoltcp::time::Instant;
-use softiwarp::stack::{
+use softiwarp::transport::mpa_conn::CallError;
+use softiwarp::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
+use softiwarp::transport::{
     CloseMode, ConnEvent, EmitUlpdu, Established, MpaParams, Stack, StackConfig, StackEvent, Ulp,
 };
 
@@ -213,7 +213,7 @@ impl Ulp for BenchUlp {
         self.publish(&mut c);
     }
 
-    fn on_error(&mut self, error: &softiwarp::stack::ConnError) {
+    fn on_error(&mut self, error: &softiwarp::transport::ConnError) {
         self.shared.lock().error = Some(error.to_string());
     }
 }
@@ -264,7 +264,7 @@ pub fn run<L: Link>(
             pass_bytes: 0,
         })
     };
-    let stack_err = |e: softiwarp::stack::StackError| BenchError::Tcp(e.to_string());
+    let stack_err = |e: softiwarp::transport::StackError| BenchError::Tcp(e.to_string());
     let mut conn = None;
     match cfg.role {
         Role::Server => {

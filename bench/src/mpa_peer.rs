@@ -1,5 +1,5 @@
 //! One side of an MPA ULPDU transfer between two processes, on the public
-//! [`softiwarp::device`] API over a TAP: what the `iwarp-peer` binary (and `bench-peer
+//! [`softiwarp::Device`] API over a TAP: what the `iwarp-peer` binary (and `bench-peer
 //! fpdu`) run inside a namespace.
 //!
 //! The server opens a [`Device`] on its TAP, listens, reports readiness, accepts one
@@ -15,10 +15,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mpa::negotiate::CrcPolicy;
-use softiwarp::device::{Device, DeviceConfig, LinkConfig, LinkSpec};
 use softiwarp::link::{Link, LinkEvent, Pcap, TapLink};
-use softiwarp::phy::TcpConfig;
-use softiwarp::stack::{MpaDefaults, MpaParams};
+use softiwarp::transport::smoltcp_glue::TcpConfig;
+use softiwarp::transport::{MpaDefaults, MpaParams};
+use softiwarp::{Device, DeviceConfig, LinkConfig, LinkSpec};
 
 use crate::ulpdu::{recv_stream, send_stream, TransferConfig, TransferError, TransferStats};
 use netlab::capture::CappedPcap;
@@ -83,7 +83,7 @@ impl MpaPeerOptions {
                 abort_after: None,
             },
             pcap: None,
-            spin: softiwarp::engine::EngineConfig::default().spin,
+            spin: softiwarp::EngineConfig::default().spin,
             tcp: TcpConfig::default(),
             setup_timeout: Duration::from_secs(20),
         }
@@ -98,13 +98,13 @@ pub enum MpaPeerError {
     Link(String),
     /// The device could not be opened, or a device call failed.
     #[error("device: {0}")]
-    Device(#[from] softiwarp::device::DeviceError),
+    Device(#[from] softiwarp::DeviceError),
     /// No connection request came in time, or the listener ended.
     #[error("listen: {0}")]
-    Listen(#[from] softiwarp::device::ListenError),
+    Listen(#[from] softiwarp::ListenError),
     /// The connection did not get established.
     #[error("connect: {0}")]
-    Connect(#[from] softiwarp::device::ConnectError),
+    Connect(#[from] softiwarp::ConnectError),
     /// The transfer failed.
     #[error("transfer: {0}")]
     Transfer(#[from] TransferError),

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant as StdInstant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 use softiwarp::link::Link;
-use softiwarp::phy::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
 use softiwarp::smoltcp::iface::{Interface, SocketHandle, SocketSet};
 use softiwarp::smoltcp::socket::tcp;
 use softiwarp::smoltcp::time::Instant;
+use softiwarp::transport::smoltcp_glue::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
 
 use crate::BenchError;
 

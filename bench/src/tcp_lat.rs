@@ -184,7 +184,7 @@ mod tests {
     use softiwarp::link::{MemoryConfig, MemoryLink};
     use std::net::Ipv4Addr;
 
-    fn iface(n: u8) -> softiwarp::phy::InterfaceConfig {
+    fn iface(n: u8) -> softiwarp::transport::smoltcp_glue::InterfaceConfig {
         test_iface(1, n)
     }
 

@@ -1,5 +1,5 @@
 //! A verifiable stream of ULPDUs over one MPA connection of a
-//! [`softiwarp::device::Device`], for the two-process tests and the FPDU benchmark.
+//! [`softiwarp::Device`], for the two-process tests and the FPDU benchmark.
 //!
 //! Every ULPDU is a real DDP segment, so a capture of the stream decodes cleanly in
 //! Wireshark's `iwarp_ddp_rdmap` dissector: an RDMAP RDMA Write (RFC 5040 4.3, opcode 0),
@@ -17,8 +17,8 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use softiwarp::device::Connection;
-use softiwarp::stream::{RecvError, SendError};
+use softiwarp::transport::stream::{RecvError, SendError};
+use softiwarp::Connection;
 
 /// Length in bytes of the tagged DDP + RDMAP header at the start of each ULPDU.
 pub const HEADER_LEN: usize = 14;
@@ -258,7 +258,7 @@ pub fn send_stream(
     // the TCP baseline reads it once per poll of up to 64 KiB.
     while bytes < limit && (!index.is_multiple_of(64) || until.is_none_or(|u| Instant::now() < u)) {
         if cfg.abort_after.is_some_and(|a| bytes >= a) {
-            conn.close(softiwarp::stack::CloseMode::Abortive)
+            conn.close(softiwarp::transport::CloseMode::Abortive)
                 .map_err(|e| TransferError::Close(e.to_string()))?;
             return Err(TransferError::Close(format!(
                 "aborted on request after {bytes} bytes"
@@ -288,7 +288,7 @@ pub fn send_stream(
         to += (len - HEADER_LEN) as u64;
         index += 1;
     }
-    conn.close(softiwarp::stack::CloseMode::Graceful)
+    conn.close(softiwarp::transport::CloseMode::Graceful)
         .map_err(|e| TransferError::Close(e.to_string()))?;
     match conn.wait_ended(STALL_TIMEOUT + Duration::from_secs(10)) {
         Some(None) => {}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bench::runner::{run_one, RunLength, RunnerConfig, Variant};
 use bench::tcp::{pattern, PATTERN_LEN};
 use netlab::{leftover_namespaces, skip_unless_root, Topology};
-use softiwarp::phy::mss_for_mtu;
+use softiwarp::transport::smoltcp_glue::mss_for_mtu;
 
 /// CRC32c of the first `n` bytes of the client's repeating pattern.
 fn expected_crc(n: u64) -> u32 {

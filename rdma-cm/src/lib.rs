@@ -1,6 +1,8 @@
 //! The RDMA connection manager of softiwarp: the librdmacm / kernel `rdma_cm` API
 //! (`drivers/infiniband/core/cma.c`) over [`iw_cm`], for any device that implements
-//! [`CmDevice`]. It knows no wire format; the soft device plugs in through `soft`.
+//! [`CmDevice`]. It knows no wire format and names no device: the soft iWARP device
+//! implements [`CmDevice`] in its own crate (`softiwarp::cm::rdmacm`, as siw's `siw_cm.c`
+//! is the driver's own).
 //!
 //! # Room
 //!
@@ -34,7 +36,6 @@
 //! | [`EventChannel`], [`ChannelEvent`], [`EventStream`] | channel mode: blocking `get_event` + ack, or an async `Stream` | `rdma_event_channel`, `rdma_get_cm_event`, `rdma_ack_cm_event` |
 //! | [`machine`] | the id state machine: `(state, input) -> Result<state, Refused>` | `cma_comp_exch` and the state checks of every `rdma_*` |
 //! | [`route`] | sans-IO route selection | `addr4_resolve` |
-//! | `soft` (feature `soft`) | the soft iWARP device as a [`CmDevice`] | siw |
 //!
 //! # The rules (design.md section 5, rdma-cm) and where they are kept
 //!
@@ -83,11 +84,11 @@
 //!
 //! # The soft device
 //!
-//! [`soft::SoftDevice`] (cargo feature `soft`, on by default) is the soft iWARP device
-//! as a [`CmDevice`]: its address and gateway, ARP through its own stack, QPs through
-//! its verbs API, and its removal reported when the device ends or its link goes down;
-//! [`soft::SoftRdmaCm`] is `RdmaCm<SoftDevice>`. `examples/rdma_write_send.rs` is a
-//! complete client and server.
+//! `softiwarp::cm::rdmacm::SoftDevice` is the soft iWARP device as a [`CmDevice`]: its
+//! address and gateway, ARP through its own stack, QPs through its verbs API, and its
+//! removal reported when the device ends or its link goes down;
+//! `softiwarp::cm::rdmacm::SoftRdmaCm` is `RdmaCm<SoftDevice>`.
+//! `softiwarp/examples/rdma_write_send.rs` is a complete client and server.
 //!
 //! # Example (callback mode, with a device that has no connections)
 //!
@@ -149,8 +150,6 @@ mod id;
 pub mod machine;
 mod registry;
 pub mod route;
-#[cfg(all(feature = "soft", not(loom)))]
-pub mod soft;
 mod stats;
 mod sync;
 

@@ -1,10 +1,10 @@
 //! The FPDU data path of one QP, per core, with MPA CRC32c on:
 //!
-//! - `tx`: `Qp::poll_transmit` of a 64 KiB RDMA Write into an `mpa` `Framer` through
+//! - `tx`: `QpEngine::poll_transmit` of a 64 KiB RDMA Write into an `mpa` `Framer` through
 //!   the `PartsSink` the device uses (DDP/RDMAP header + MR slice as two parts; the
 //!   framer copies them and computes the CRC in the same pass);
 //! - `rx`: the `mpa` `Deframer` (CRC check) over the FPDU stream of a 64 KiB Write,
-//!   each ULPDU handed in place to `Qp::handle_ulpdu`, which checks the STag and
+//!   each ULPDU handed in place to `QpEngine::handle_ulpdu`, which checks the STag and
 //!   places the payload into the MR.
 //!
 //! Throughput is payload bytes per second. MULPDUs: 1454 (MTU 1500, EMSS 1460) and
@@ -26,10 +26,10 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use mpa::deframer::{Deframer, DeframerConfig};
 use mpa::fpdu::{Framer, Framing};
-use softiwarp::cq::Cq;
-use softiwarp::mr::{Mr, MrTable};
-use softiwarp::qp::{Qp, QpInit};
-use softiwarp::qp_ulp::PartsSink;
+use softiwarp::rdmap::binding::PartsSink;
+use softiwarp::rdmap::engine::{QpEngine, QpInit};
+use softiwarp::resources::completion_queue::CompletionQueue;
+use softiwarp::resources::stag_table::{MemoryRegion, MrTable};
 use verbs::{AccessFlags, QpCap, QpState, SendWr, Sge};
 
 const LEN: usize = 64 * 1024;
@@ -40,14 +40,14 @@ const CRC: Framing = Framing {
 };
 
 struct End {
-    qp: Qp,
-    mr: Arc<Mr>,
+    qp: QpEngine,
+    mr: Arc<MemoryRegion>,
 }
 
 fn end(qp_num: u32) -> End {
     let mrs = Arc::new(MrTable::new());
     let pd = mrs.alloc_pd().unwrap();
-    let cq = Cq::new(qp_num, 1 << 16).unwrap();
+    let cq = CompletionQueue::new(qp_num, 1 << 16).unwrap();
     let cap = QpCap {
         max_send_wr: 64,
         max_recv_wr: 64,
@@ -55,7 +55,7 @@ fn end(qp_num: u32) -> End {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let mut qp = Qp::new(
+    let mut qp = QpEngine::new(
         QpInit::new(qp_num, pd, cap),
         Arc::clone(&mrs),
         Arc::clone(&cq),
@@ -88,7 +88,12 @@ fn post_write(src: &mut End, dst: &End) {
 /// Frames every ULPDU of the QP's pending work into `out` (initialised room, as the
 /// device's MPA transmit queue keeps it: no zero-fill per FPDU); returns the FPDU
 /// count and the bytes framed.
-fn transmit(qp: &mut Qp, framer: &mut Framer, out: &mut [u8], mulpdu: usize) -> (usize, usize) {
+fn transmit(
+    qp: &mut QpEngine,
+    framer: &mut Framer,
+    out: &mut [u8],
+    mulpdu: usize,
+) -> (usize, usize) {
     let mut end = 0usize;
     let mut sink = PartsSink::new(|parts: &[&[u8]]| {
         let n = framer.write_parts(parts, &mut out[end..])?;
@@ -102,7 +107,7 @@ fn transmit(qp: &mut Qp, framer: &mut Framer, out: &mut [u8], mulpdu: usize) -> 
 
 /// Deframes `stream` (the FPDUs of one 64 KiB Write) and places each ULPDU into `qp`'s
 /// memory; returns the FPDU count.
-fn receive(qp: &mut Qp, stream: &[u8]) -> usize {
+fn receive(qp: &mut QpEngine, stream: &[u8]) -> usize {
     let mut deframer = Deframer::new(DeframerConfig::new(CRC));
     let mut n = 0;
     let mut input = stream;

@@ -1,17 +1,28 @@
-//! The soft iWARP device: PD/MR/CQ/QP objects, the STag table, the per-QP protocol
-//! engine, the smoltcp transport over a TAP or in-memory link, and the engine thread.
+//! The soft iWARP device (Linux siw's role): iWARP (RFC 5040/5041/5044) over smoltcp TCP
+//! on a TAP or in-memory link, with the verbs objects (PD, MR, CQ, QP) on top and the
+//! glue that puts the device under the two connection managers.
 //!
-//! Applications use the verbs objects of [`verbs_api`] (re-exported here: [`Pd`],
-//! [`Mr`], [`Cq`], [`Qp`]) made from a [`device::Device`], and bind a QP to an iWARP
-//! connection with [`device::Device::connect_qp`] or
-//! [`device::ConnectRequest::accept_qp`]:
+//! **Room.** The crate owns everything between a link's Ethernet frames and the verbs
+//! calls of an application: the link layer, the sans-IO transport (TCP through smoltcp,
+//! MPA per connection), the sans-IO per-QP RDMAP/DDP engine, the state shared with the
+//! application threads (STag table, CQs, event queues), the engine thread that drives it
+//! all, the public device and verbs API, and the device's adapters to iw-cm and rdma-cm.
+//! It touches the wire crates (`mpa`, `ddp-rdmap`), `verbs` and smoltcp; it touches
+//! `iw-cm` and `rdma-cm` from [`cm`] only, implementing their provider / device traits
+//! (their cores never name this crate). Its threads (the engine, the iw-cm provider
+//! thread, the rdma-cm link watcher) only enqueue towards their users and never wait
+//! for them.
+//!
+//! Applications use the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) made from a
+//! [`Device`], and bind a QP to an iWARP connection with
+//! [`Device::connect_qp`] or [`ConnectRequest::accept_qp`]:
 //!
 //! ```
 //! use std::net::Ipv4Addr;
 //! use std::time::Duration;
-//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::{Device, DeviceConfig, LinkConfig};
 //! use softiwarp::link::{MemoryConfig, MemoryLink};
-//! use softiwarp::stack::MpaParams;
+//! use softiwarp::transport::MpaParams;
 //! use softiwarp::QpInitAttr;
 //! use verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendWr, WcStatus};
 //!
@@ -48,48 +59,114 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The modules, bottom up:
+//! # The verbs objects
 //!
-//! - [`link`]: whole Ethernet frames over a TAP ([`link::TapLink`]) or an in-process pair
-//!   ([`link::MemoryLink`]), with stackable middlewares ([`link::Pcap`],
-//!   [`link::Faults`]) and link failure as events ([`link::LinkEvent`]).
-//! - [`phy`]: the smoltcp `Device` over any link, the `Interface` and TCP socket builders.
-//! - [`mpa_conn`]: the sans-IO MPA endpoint of one connection (RFC 5044, RFC 6581).
-//! - [`stack`]: the sans-IO transport core (smoltcp interface, TCP sockets, an
-//!   [`mpa_conn::MpaConn`] and an upper layer per connection, listeners with a backlog).
-//! - [`stream`]: the stream upper (bounded ULPDU queues between a connection and its user).
-//! - [`mr`], [`cq`], [`qp`]: the STag table and MRs, completion queues, and the sans-IO
-//!   per-QP RDMAP/DDP engine.
-//! - [`qp_ulp`]: the QP engine as a connection's upper layer (placement in place from
-//!   the TCP receive buffer, header + MR slice framed with the CRC in one pass).
-//! - [`neighbor`]: ARP resolution on request (`rdma_resolve_addr`'s neighbour step).
-//! - [`engine`]: the engine thread that owns a device's stack, link and QPs.
-//! - [`device`]: the public device API (open, listen, connect, accept/reject, ULPDUs, close;
-//!   binding QPs to connections).
-//! - [`verbs_api`]: the verbs objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]).
-//! - [`iwcm_provider`]: the device as an iw-cm provider
-//!   ([`iwcm_provider::SoftProvider`], `iw_cm::Provider`), with its provider thread.
+//! The verbs objects of a soft device: [`Pd`], [`Mr`], [`Cq`] and [`Qp`], named and
+//! behaving as their libibverbs counterparts (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`,
+//! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_qp(3)`, `ibv_modify_qp(3)`,
+//! `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
+//!
+//! They are made from a [`Device`]: [`Device::alloc_pd`],
+//! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_qp`]; a QP is bound to an
+//! iWARP connection by [`Device::connect_qp`] or
+//! [`ConnectRequest::accept_qp`].
+//!
+//!
+//! ## Threads (design.md §5)
+//!
+//! Every object is `Send + Sync`; calls take `&self` and may come from any number of
+//! application threads. A QP's protocol state belongs to the device's engine thread,
+//! which no call touches:
+//!
+//! - [`Qp::post_send`] / [`Qp::post_recv`] check the WR **on the caller's thread**
+//!   (the `ibv_post_send(3)` rules against the QP's capabilities, its ORD, the state
+//!   the engine last published, and the queue occupancy counted from the WRs posted
+//!   and the WRs the engine retired), return a typed [`VerbsError`] if it is refused,
+//!   and otherwise queue it on the QP's work queue and ring the doorbell (the engine
+//!   is woken once per batch it has not taken yet). The engine takes the queued WRs
+//!   before it handles anything else for the QP, in particular before every received
+//!   ULPDU, so a receive posted before the peer was told to send is there when the
+//!   Send arrives (as with a NIC reading its rings from host memory). From then on
+//!   the WR completes exactly once, on the QP's CQ (unless it is an unsignaled
+//!   successful send WR), whatever happens to the QP, the connection or the device.
+//! - [`Qp::modify_qp`] and [`Qp::destroy`] are answered by the engine (a round trip
+//!   of microseconds); [`Qp::query_qp`] reads what the engine published.
+//! - Completions come back through the [`Cq`]: [`Cq::poll`], the blocking
+//!   [`Cq::wait`] / [`Cq::poll_wait`], or the executor-agnostic [`Cq::wait_async`]
+//!   (usable from tokio). The engine never waits for the application and runs no
+//!   application code.
+//!
+//! ## Memory
+//!
+//! An [`Mr`]'s buffer is allocated and owned by the library (zeroed at registration):
+//! the application fills and reads it with [`Mr::write`] / [`Mr::read`] at byte
+//! offsets, and names it in WRs by iova (`Mr::iova() + offset`) and STag
+//! ([`Mr::lkey`] = [`Mr::rkey`] = [`Mr::stag`]; [`Mr::sge`] builds an SGE). Data placed
+//! by the peer is visible once the WR's completion was polled (as with any RDMA
+//! device).
+//!
+//! ## Object lifetime
+//!
+//! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs or QPs use
+//!   the PD, [`Cq::destroy`] while QPs use the CQ. A dropped QP uses them until the
+//!   engine flushed and removed it (so no completion reaches a destroyed CQ; a
+//!   destroyed CQ's [`Cq::poll`] fails with [`CqError::Destroyed`]). Dropping a handle
+//!   releases its object as the explicit call would (a PD or CQ once nothing uses it
+//!   any more).
+//! - [`Qp::destroy`] (and dropping a [`Qp`]) is safe at any time: the QP goes to Error
+//!   (every outstanding WR is flushed onto its CQ), its connection is closed, and no
+//!   completion of it is produced after `destroy` returns. After the device is gone
+//!   (or shut down) the engine has already flushed every QP, and destroy just
+//!   releases the handle.
+//! - After the device ended, calls that need the engine fail with
+//!   [`VerbsError::DeviceGone`] (`EIO`, as a disassociated uverbs device); CQs still
+//!   poll, MRs still read and write, QPs still answer [`Qp::query_qp`].
+//!
+//! [`VerbsError`]: verbs::VerbsError
+//! [`VerbsError::InUse`]: verbs::VerbsError::InUse
+//! [`VerbsError::DeviceGone`]: verbs::VerbsError::DeviceGone
+//!
+//! # Layers
+//!
+//! One folder per layer, bottom up (as smoltcp's `phy/ iface/ socket/`); a folder uses
+//! only the folders listed before it (`scripts/module-cycles.sh` prints the module graph
+//! and fails on a cycle):
+//!
+//! | folder | owns | may touch |
+//! |---|---|---|
+//! | [`link`] | whole Ethernet frames: a TAP ([`link::TapLink`]) or an in-process pair ([`link::MemoryLink`]), stackable middlewares ([`link::Pcap`], [`link::Faults`]), link failure as events ([`link::LinkEvent`]), rtnetlink | nothing of ours |
+//! | [`transport`] | sans-IO, no threads, no clock: the [`transport::Stack`] (smoltcp interface, TCP sockets, listeners with a backlog, an upper layer per connection), [`transport::smoltcp_glue`] (smoltcp's `Device` over any link), [`transport::mpa_conn`] (one connection's MPA endpoint, RFC 5044/6581), [`transport::stream`] (the stream upper: bounded ULPDU queues), [`transport::neighbor`] (ARP on request) | `link` |
+//! | [`resources`] | state shared by application threads and the engine: the STag table and MRs ([`resources::stag_table`], siw_mem.c), completion queues ([`resources::completion_queue`], siw_cq.c), the event queues and [`DeviceEnd`] | `link` |
+//! | [`rdmap`] | sans-IO, no threads: the per-QP RDMAP/DDP engine ([`rdmap::engine::QpEngine`] with its `tx`/`rx` paths, siw_qp.c, siw_qp_tx.c, siw_qp_rx.c) and the QP as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP receive buffer, header + MR slice framed with the CRC in one pass) | `resources`, `transport` |
+//! | `engine/` (private) | the engine thread (the NIC's firmware): its commands, the handle every device object holds, [`DeviceError`], [`DeviceEvent`], [`EngineConfig`] | `rdmap`, `resources`, `transport`, `link` |
+//! | `api/` (private; re-exported here) | the public surface, siw_verbs.c's role: [`Device`] (open, listen, connect, accept/reject, ULPDUs, close; binding QPs to connections) and the verbs objects [`Pd`], [`Mr`], [`Cq`], [`Qp`] (checked on the caller's thread, handed to the engine) | every folder above |
+//! | [`cm`] | the device under the connection managers, siw_cm.c's role: [`cm::iwcm::SoftProvider`] (`iw_cm::Provider`, with its provider thread) and [`cm::rdmacm::SoftDevice`] (`rdma_cm::CmDevice`) | the crate's public surface (root, `link`, `transport`); `iw-cm`, `rdma-cm` |
+//!
+//! [`rdmap`] and [`resources`] are public for
+//! the crate's own tests and benchmarks; applications need only the root and [`link`],
+//! [`transport`] (MPA parameters, connection events) and [`cm`].
 //!
 //! See `docs/ARCHITECTURE.md` for the threads and the rules of design.md §5.
 
 /// The smoltcp version this crate is built with (its `phy`, `iface` and `socket` types
-/// appear in [`phy`]'s API).
+/// appear in [`transport::smoltcp_glue`]'s API).
 pub use smoltcp;
 
-pub mod cq;
-pub mod device;
-pub mod engine;
-mod event_signal;
-pub mod iwcm_provider;
+mod api;
+pub mod cm;
+mod engine;
 pub mod link;
-pub mod mpa_conn;
-pub mod mr;
-pub mod neighbor;
-pub mod phy;
-pub mod qp;
-pub mod qp_ulp;
-pub mod stack;
-pub mod stream;
-pub mod verbs_api;
+pub mod rdmap;
+pub mod resources;
+pub mod transport;
 
-pub use verbs_api::{Cq, DeviceAttr, Mr, Pd, Qp, QpAttributes, QpInitAttr};
+pub use api::device::{
+    ConnectError, ConnectRequest, Connection, Device, DeviceConfig, FaultSpec, LinkConfig,
+    LinkSpec, ListenError, Listener, QpBound, QpConnection, UlpduStream,
+};
+pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
+pub use engine::{DeviceError, DeviceEvent, EngineConfig, COMMAND_TIMEOUT};
+pub use rdmap::binding::QpStats;
+pub use resources::completion_queue::{CqError, WaitAsync};
+pub use resources::event_queue::DeviceEnd;
+pub use resources::stag_table::{MrState, PdId};

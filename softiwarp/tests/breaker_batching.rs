@@ -1,5 +1,5 @@
 //! Adversarial tests of the stack writing several full-sized FPDUs per connection round
-//! ("One FPDU per TCP segment" in `softiwarp::stack`, `StackStats::fpdus_batched`): the
+//! ("One FPDU per TCP segment" in `softiwarp::transport`, `StackStats::fpdus_batched`): the
 //! peer's window as the segment tracker takes it against the window smoltcp really sends
 //! by, under tampered and lost frames, tiny, closed and unscaled windows, odd MTUs with
 //! and without Markers, several connections, sequence-number wraparound, and a close or
@@ -21,13 +21,13 @@ use smoltcp::time::Duration;
 use softiwarp::link::{
     Direction, FaultConfig, Faults, Link, LinkError, LinkEvent, MemoryLink, Pcap, PcapClock,
 };
-use softiwarp::mpa_conn::CallError;
-use softiwarp::phy::TcpConfig;
-use softiwarp::stack::{
+use softiwarp::transport::mpa_conn::CallError;
+use softiwarp::transport::smoltcp_glue::TcpConfig;
+use softiwarp::transport::stream::StreamEnd;
+use softiwarp::transport::{
     CloseMode, ConnError, ConnEvent, ConnId, EmitUlpdu, Established, MpaParams, StackConfig,
     StackStats, Ulp,
 };
-use softiwarp::stream::StreamEnd;
 
 const PORT: u16 = 7180;
 

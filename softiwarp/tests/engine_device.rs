@@ -5,11 +5,11 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use softiwarp::device::{ConnectError, Connection, Device, DeviceConfig, LinkConfig, ListenError};
-use softiwarp::engine::{DeviceEnd, DeviceEvent};
 use softiwarp::link::{GoneReason, MemoryConfig, MemoryControl, MemoryLink};
-use softiwarp::stack::{CloseMode, ConnError, ConnEvent, MpaParams, StackError};
-use softiwarp::stream::{RecvError, SendError};
+use softiwarp::transport::stream::{RecvError, SendError};
+use softiwarp::transport::{CloseMode, ConnError, ConnEvent, MpaParams, StackError};
+use softiwarp::{ConnectError, Connection, Device, DeviceConfig, LinkConfig, ListenError};
+use softiwarp::{DeviceEnd, DeviceEvent};
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(10);
@@ -43,7 +43,7 @@ fn params(pd: &[u8]) -> MpaParams {
 }
 
 /// Connects `client` to `server`'s listener and accepts: (client side, server side).
-fn pair(client: &Device, listener: &softiwarp::device::Listener) -> (Connection, Connection) {
+fn pair(client: &Device, listener: &softiwarp::Listener) -> (Connection, Connection) {
     let c = client.connect(addr(2), PORT, params(b"x")).unwrap();
     let r = listener.next_request(T).unwrap();
     let s = r.accept(b"y", 4, 4).unwrap();
@@ -154,11 +154,10 @@ fn listen_connect_accept_64mib_close() {
     assert_eq!(c.try_send_ulpdu(b"late"), Err(SendError::Closed));
     assert!(matches!(
         c.close(CloseMode::Graceful),
-        Err(softiwarp::device::DeviceError::Stack(
-            StackError::WrongState { .. }
-        )) | Err(softiwarp::device::DeviceError::Stack(
-            StackError::NoSuchConnection(_)
-        ))
+        Err(softiwarp::DeviceError::Stack(StackError::WrongState { .. }))
+            | Err(softiwarp::DeviceError::Stack(StackError::NoSuchConnection(
+                _
+            )))
     ));
 }
 
@@ -200,7 +199,7 @@ fn link_removal_fails_every_connection_within_100ms() {
     );
     assert!(matches!(
         client.connect(addr(2), PORT, params(b"")),
-        Err(softiwarp::device::DeviceError::Gone(GoneReason::Injected))
+        Err(softiwarp::DeviceError::Gone(GoneReason::Injected))
     ));
     // Sends and receives report the failure.
     let (c0, _) = &conns[0];
@@ -291,9 +290,7 @@ fn refused_rejected_backpressure_and_shutdown() {
     // Too much private data is refused at once.
     assert!(matches!(
         client.connect(addr(2), PORT, params(&[0; 600])),
-        Err(softiwarp::device::DeviceError::Stack(StackError::Settings(
-            _
-        )))
+        Err(softiwarp::DeviceError::Stack(StackError::Settings(_)))
     ));
     // Backpressure: the server does not read; the client's queues fill up.
     let (c, s) = pair(&client, &listener);

@@ -11,11 +11,11 @@ use mpa::negotiate::{CrcPolicy, LocalSettings, NegotiationError, SettingsError};
 use mpa::wire::{RtrKind, RtrKinds};
 use smoltcp::time::Duration;
 use softiwarp::link::MemoryLink;
-use softiwarp::mpa_conn::{CallError, MpaError, State};
-use softiwarp::stack::{
+use softiwarp::transport::mpa_conn::{CallError, MpaError, State};
+use softiwarp::transport::stream::StreamEnd;
+use softiwarp::transport::{
     ConnError, ConnEvent, ConnId, Established, MpaParams, StackError, TimeoutPhase,
 };
-use softiwarp::stream::StreamEnd;
 
 const PORT: u16 = 7174;
 
@@ -438,7 +438,7 @@ fn private_data_too_long() {
         &[0; 513],
         1,
         1,
-        Box::new(softiwarp::stream::pair(Default::default(), Default::default()).0),
+        Box::new(softiwarp::transport::stream::pair(Default::default(), Default::default()).0),
     ) {
         Err(StackError::Mpa(CallError::Settings(SettingsError::PrivateDataTooLong { .. }))) => {}
         other => panic!("{other:?}"),

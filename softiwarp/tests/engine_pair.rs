@@ -6,7 +6,7 @@ mod engine_support;
 use engine_support::{links, Flow, Pair, Side};
 use smoltcp::time::Duration;
 use softiwarp::link::MemoryLink;
-use softiwarp::stack::{ConnEvent, MpaParams};
+use softiwarp::transport::{ConnEvent, MpaParams};
 
 const PORT: u16 = 7174;
 
@@ -65,7 +65,7 @@ fn connect_accept_exchange_close() {
     );
 
     p.a.stack
-        .close(ca, softiwarp::stack::CloseMode::Graceful)
+        .close(ca, softiwarp::transport::CloseMode::Graceful)
         .unwrap();
     assert!(p.run_until(Duration::from_secs(5), |p| {
         p.a.final_of(ca).is_some() && p.b.final_of(cb).is_some()
@@ -86,8 +86,8 @@ fn connect_accept_exchange_close() {
 use std::io::Cursor;
 
 use softiwarp::link::{Direction, FaultConfig, Faults, Link, MemoryControl, Pcap, PcapClock};
-use softiwarp::stack::{CloseMode, ConnError, ConnId};
-use softiwarp::stream::StreamEnd;
+use softiwarp::transport::stream::StreamEnd;
+use softiwarp::transport::{CloseMode, ConnError, ConnId};
 
 /// Connects A to B and accepts; returns both connections once established.
 fn establish<A: Link, B: Link>(
@@ -121,7 +121,7 @@ fn random_ulpdus_through_loss_duplication_reordering_and_corruption() {
     // and more before a new RTT sample resets it; the default 20 s user timeout can then
     // abort the connection before its retransmission. This test is about integrity, so
     // both sides wait as long as the test does.
-    let patient = |c: &mut softiwarp::stack::StackConfig| {
+    let patient = |c: &mut softiwarp::transport::StackConfig| {
         c.tcp.timeout = Some(std::time::Duration::from_secs(600));
     };
     for (seed, markers) in [(5u64, false), (6, true)] {
@@ -184,7 +184,7 @@ fn random_ulpdus_through_loss_duplication_reordering_and_corruption() {
 
 /// Flips one byte of the receive stream at stream offset `at` (a CRC error that TCP's
 /// checksum missed).
-fn flip_at(at: u64) -> softiwarp::stack::RxHook {
+fn flip_at(at: u64) -> softiwarp::transport::RxHook {
     Box::new(move |offset, buf| {
         if (offset..offset + buf.len() as u64).contains(&at) {
             buf[(at - offset) as usize] ^= 0x5a;
@@ -220,7 +220,9 @@ fn corruption_above_tcp_is_caught_by_the_mpa_crc_and_a_second_connection_survive
         f1.received, f2.received, f2back.received
     );
     match p.b.final_of(c1b) {
-        Some(ConnEvent::Failed(ConnError::Mpa(softiwarp::mpa_conn::MpaError::Crc { .. }))) => {}
+        Some(ConnEvent::Failed(ConnError::Mpa(
+            softiwarp::transport::mpa_conn::MpaError::Crc { .. },
+        ))) => {}
         other => panic!("receiver: {other:?}"),
     }
     assert_eq!(
@@ -241,7 +243,9 @@ fn corruption_above_tcp_is_caught_by_the_mpa_crc_and_a_second_connection_survive
     // After the failure, the receiving end reports it once the queue is drained.
     assert!(matches!(
         e1b.try_recv(),
-        Err(softiwarp::stream::RecvError::Failed(ConnError::Mpa(_)))
+        Err(softiwarp::transport::stream::RecvError::Failed(
+            ConnError::Mpa(_)
+        ))
     ));
 }
 
@@ -546,7 +550,10 @@ fn abortive_close_resets_the_peer_and_responder_close_disconnects() {
     assert_eq!(ev, vec![ConnEvent::Disconnected, ConnEvent::Closed]);
     assert_eq!(p.b.events_of(cb).last(), Some(&ConnEvent::Closed));
     assert_eq!(ea.try_recv().unwrap(), b"last words");
-    assert_eq!(ea.try_recv(), Err(softiwarp::stream::RecvError::Closed));
+    assert_eq!(
+        ea.try_recv(),
+        Err(softiwarp::transport::stream::RecvError::Closed)
+    );
 }
 
 #[test]
@@ -572,15 +579,15 @@ fn link_gone_fails_every_connection() {
     }
     assert!(matches!(
         e2.try_send(b"x"),
-        Err(softiwarp::stream::SendError::Failed(ConnError::DeviceGone(
-            _
-        )))
+        Err(softiwarp::transport::stream::SendError::Failed(
+            ConnError::DeviceGone(_)
+        ))
     ));
     assert_eq!(p.a.stack.connection_count(), 0);
     assert!(p.a.stack.poll(p.now).is_none());
     assert!(matches!(
         p.a.stack.listen(PORT + 1, 1, None),
-        Err(softiwarp::stack::StackError::Gone(_))
+        Err(softiwarp::transport::StackError::Gone(_))
     ));
 }
 

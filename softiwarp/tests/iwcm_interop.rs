@@ -24,7 +24,7 @@ use iw_cm::{
     Disposition, ProviderError,
 };
 use iwcm_support::*;
-use softiwarp::iwcm_provider::SoftProvider;
+use softiwarp::cm::iwcm::SoftProvider;
 use softiwarp::link::{GoneReason, MemoryConfig, MemoryLink};
 use verbs::{AccessFlags, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};
 
@@ -567,7 +567,7 @@ fn device_gone_closes_connected_ids_and_runs_the_end_hook() {
     assert_eq!(reply(&rx), Seen::Close);
     assert_eq!(
         end_rx.recv_timeout(WAIT).unwrap(),
-        softiwarp::engine::DeviceEnd::Gone(GoneReason::Injected)
+        softiwarp::DeviceEnd::Gone(GoneReason::Injected)
     );
     assert_eq!(cqp.state(), verbs::QpState::Error);
     assert_eq!(client.provider.qp_refs(cqp.qp_num()), 0);

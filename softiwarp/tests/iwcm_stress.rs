@@ -28,7 +28,7 @@ use iw_cm::{
     AcceptParams, CmEvent, CmId, CmIdRef, ConnectParams, ConnectStatus, DisconnectMode, Disposition,
 };
 use iwcm_support::*;
-use softiwarp::iwcm_provider::SoftProvider;
+use softiwarp::cm::iwcm::SoftProvider;
 
 const CLIENT_THREADS: usize = 16;
 const PORT: u16 = 4791;

@@ -1,4 +1,4 @@
-//! Deterministic pair tests of `softiwarp::mpa_conn`: two `MpaConn`s wired
+//! Deterministic pair tests of `softiwarp::transport::mpa_conn`: two `MpaConn`s wired
 //! back to back (no sockets, no clock), bytes moved from one's
 //! `poll_transmit` into the other's `handle_rx` with configurable chunking,
 //! plus replays of the Linux siw captures in `shared/pcaps`.
@@ -13,7 +13,7 @@ use mpa::negotiate::{
 };
 use mpa::wire::{FrameKind, RtrKind, RtrKinds, WireError};
 use mpa::LlpErrorCode;
-use softiwarp::mpa_conn::{
+use softiwarp::transport::mpa_conn::{
     CallError, InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, RtrError, State,
     DEFAULT_STARTUP_TIMEOUT_US,
 };

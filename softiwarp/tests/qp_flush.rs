@@ -5,7 +5,7 @@
 mod qp_support;
 
 use qp_support::*;
-use softiwarp::qp::{QpEvent, RxError};
+use softiwarp::rdmap::engine::{QpEvent, RxError};
 use verbs::{
     AsyncEvent, Payload, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag, VerbsError,
     WcOpcode, WcStatus, WorkQueue,
@@ -314,9 +314,9 @@ fn post_time_validation_is_typed() {
 fn cq_overflow_moves_qp_to_error() {
     let mut p = Pair::new(cap(8, 1));
     // Replace A's QP with one whose send CQ holds 2 completions.
-    let small = softiwarp::cq::Cq::new(99, 2).unwrap();
+    let small = softiwarp::resources::completion_queue::CompletionQueue::new(99, 2).unwrap();
     let init = *p.a.qp.init();
-    p.a.qp = softiwarp::qp::Qp::new(
+    p.a.qp = softiwarp::rdmap::engine::QpEngine::new(
         init,
         std::sync::Arc::clone(&p.a.mrs),
         std::sync::Arc::clone(&small),

@@ -15,8 +15,9 @@ use ddp_rdmap::terminate::{
     DdpTaggedCode, DdpUntaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode,
 };
 use qp_support::*;
-use softiwarp::mr::{Mr, MrState};
-use softiwarp::qp::{QpEvent, QpInit, RxError};
+use softiwarp::rdmap::engine::{QpEvent, QpInit, RxError};
+use softiwarp::resources::stag_table::MemoryRegion;
+use softiwarp::MrState;
 use verbs::{AccessFlags, AsyncEvent, QpState, WcOpcode, WcStatus};
 
 // Opcodes (RFC 5040 §4.2, RFC 7306).
@@ -102,15 +103,15 @@ fn terminate(layer: u8, etype: u8, code: u8, offending: Option<&[u8]>, rdma: boo
 struct Victim {
     side: Side,
     /// All rights, iova 0x1000, 4096 bytes.
-    m: Arc<Mr>,
+    m: Arc<MemoryRegion>,
     /// LOCAL_WRITE | REMOTE_READ: no remote write.
-    ro: Arc<Mr>,
+    ro: Arc<MemoryRegion>,
     /// LOCAL_WRITE | REMOTE_WRITE: no remote read.
-    wo: Arc<Mr>,
+    wo: Arc<MemoryRegion>,
     /// All rights, but in another PD.
-    foreign: Arc<Mr>,
+    foreign: Arc<MemoryRegion>,
     /// Receive buffers: `recvs` WRs of 64 bytes each.
-    rb: Arc<Mr>,
+    rb: Arc<MemoryRegion>,
     snapshot: Vec<Vec<u8>>,
     recvs: u64,
 }

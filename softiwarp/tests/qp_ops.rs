@@ -7,8 +7,9 @@
 mod qp_support;
 
 use qp_support::*;
-use softiwarp::mr::{Mr, MrState};
-use softiwarp::qp::QpEvent;
+use softiwarp::rdmap::engine::QpEvent;
+use softiwarp::resources::stag_table::MemoryRegion;
+use softiwarp::MrState;
 use verbs::{AccessFlags, FastReg, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 const SIZES: &[usize] = &[
@@ -36,7 +37,7 @@ fn split3(len: usize) -> [usize; 3] {
 
 /// SGEs covering `lens` consecutive pieces: the middle one in `mr2`, the others in
 /// `mr1`, starting at buffer offset `off` in each.
-fn sges(mr1: &Mr, mr2: &Mr, off: usize, lens: [usize; 3]) -> Vec<Sge> {
+fn sges(mr1: &MemoryRegion, mr2: &MemoryRegion, off: usize, lens: [usize; 3]) -> Vec<Sge> {
     let s0 = Sge::new(mr1.iova() + off as u64, lens[0] as u32, mr1.stag());
     let s1 = Sge::new(mr2.iova() + off as u64, lens[1] as u32, mr2.stag());
     let s2 = Sge::new(
@@ -48,7 +49,7 @@ fn sges(mr1: &Mr, mr2: &Mr, off: usize, lens: [usize; 3]) -> Vec<Sge> {
 }
 
 /// Writes `data` into the two MRs as [`sges`] lays it out.
-fn scatter(mr1: &Mr, mr2: &Mr, off: usize, lens: [usize; 3], data: &[u8]) {
+fn scatter(mr1: &MemoryRegion, mr2: &MemoryRegion, off: usize, lens: [usize; 3], data: &[u8]) {
     mr1.write(off, &data[..lens[0]]).unwrap();
     mr2.write(off, &data[lens[0]..lens[0] + lens[1]]).unwrap();
     mr1.write(off + lens[0], &data[lens[0] + lens[1]..])
@@ -56,7 +57,7 @@ fn scatter(mr1: &Mr, mr2: &Mr, off: usize, lens: [usize; 3], data: &[u8]) {
 }
 
 /// Reads back what [`scatter`] wrote.
-fn gather(mr1: &Mr, mr2: &Mr, off: usize, lens: [usize; 3]) -> Vec<u8> {
+fn gather(mr1: &MemoryRegion, mr2: &MemoryRegion, off: usize, lens: [usize; 3]) -> Vec<u8> {
     let v1 = mr1.to_vec();
     let v2 = mr2.to_vec();
     let mut out = v1[off..off + lens[0]].to_vec();
@@ -248,7 +249,7 @@ fn sixteen_mib_send_write_read() {
     let wbuf = p.b.reg(0x3_0000_0000, LEN as u64, all_access());
     let back = p.a.reg(0x4_0000_0000, LEN as u64, all_access());
     p.b.post_recv(1, &rbuf, 0, LEN as u32);
-    let full = |mr: &Mr| vec![Sge::new(mr.iova(), LEN as u32, mr.stag())];
+    let full = |mr: &MemoryRegion| vec![Sge::new(mr.iova(), LEN as u32, mr.stag())];
     p.a.qp
         .post_send(SendWr::send(10, full(&src)).with_flags(SendFlags::SIGNALED))
         .unwrap();
@@ -558,7 +559,7 @@ fn ird_limit_reached() {
     );
     assert_eq!(
         p.rx_errors,
-        vec![('b', softiwarp::qp::RxError::Protocol { cause })]
+        vec![('b', softiwarp::rdmap::engine::RxError::Protocol { cause })]
     );
     assert!(p.b.events().contains(&QpEvent::TerminateQueued { cause }));
     // The requester learns of it: its Reads fail with a remote error / flush.
@@ -717,7 +718,7 @@ fn fast_register_and_local_invalidate() {
     let cause = ddp_rdmap::ErrorCause::DdpTagged(ddp_rdmap::terminate::DdpTaggedCode::InvalidStag);
     assert!(p
         .rx_errors
-        .contains(&('b', softiwarp::qp::RxError::Protocol { cause })));
+        .contains(&('b', softiwarp::rdmap::engine::RxError::Protocol { cause })));
 }
 
 #[test]

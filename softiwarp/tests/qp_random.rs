@@ -10,7 +10,8 @@ mod qp_support;
 use std::sync::Arc;
 
 use qp_support::*;
-use softiwarp::mr::{Mr, MrState};
+use softiwarp::resources::stag_table::MemoryRegion;
+use softiwarp::MrState;
 use verbs::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 const REGION: u64 = 4 << 20;
@@ -19,11 +20,11 @@ const REGION: u64 = 4 << 20;
 /// receive buffers, and a destination for its own Reads. Regions are handed out
 /// by bump allocation so every transfer lands in fresh bytes.
 struct Mem {
-    src: Arc<Mr>,
+    src: Arc<MemoryRegion>,
     src_data: Vec<u8>,
-    write_target: Arc<Mr>,
-    recv: Arc<Mr>,
-    read_dst: Arc<Mr>,
+    write_target: Arc<MemoryRegion>,
+    recv: Arc<MemoryRegion>,
+    read_dst: Arc<MemoryRegion>,
     next_write: u64,
     next_recv: u64,
     next_read: u64,
@@ -58,7 +59,7 @@ fn bump(next: &mut u64, len: u64) -> Option<u64> {
 }
 
 /// Splits `[off, off + len)` of `mr` into 1..=3 SGEs.
-fn split(rng: &mut Rng, mr: &Mr, off: u64, len: u32) -> Vec<Sge> {
+fn split(rng: &mut Rng, mr: &MemoryRegion, off: u64, len: u32) -> Vec<Sge> {
     let n = 1 + rng.below(3) as u32;
     let mut out = Vec::new();
     let mut at = 0u32;
@@ -79,14 +80,14 @@ fn split(rng: &mut Rng, mr: &Mr, off: u64, len: u32) -> Vec<Sge> {
 enum Check {
     /// `len` bytes at `dst_off` of `dst` equal the sender's source at `src_off`.
     Bytes {
-        dst: Arc<Mr>,
+        dst: Arc<MemoryRegion>,
         dst_off: u64,
         src_data_of: char,
         src_off: u64,
         len: u64,
     },
     /// The MR was invalidated by a Send with Invalidate.
-    Invalidated(Arc<Mr>),
+    Invalidated(Arc<MemoryRegion>),
 }
 
 #[derive(Default)]

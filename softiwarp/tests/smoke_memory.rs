@@ -19,7 +19,7 @@ use smoltcp::wire::{
 use softiwarp::link::{
     CorruptedFrame, Direction, FaultConfig, Faults, Link, MemoryConfig, MemoryLink, Pcap, PcapClock,
 };
-use softiwarp::phy::{mss_for_mtu, TcpConfig};
+use softiwarp::transport::smoltcp_glue::{mss_for_mtu, TcpConfig};
 
 const MIB: usize = 1 << 20;
 

@@ -23,7 +23,7 @@ use smoltcp::time::Instant;
 use softiwarp::link::{
     DownReason, GoneReason, Link, LinkError, LinkEvent, Pcap, TapLink, TapOptions,
 };
-use softiwarp::phy::TcpConfig;
+use softiwarp::transport::smoltcp_glue::TcpConfig;
 
 /// The spec: a link failure is noticed within this.
 const DETECTION_BOUND: Duration = Duration::from_millis(100);

@@ -9,8 +9,8 @@ mod verbs_support;
 use std::time::Duration;
 
 use ddp_rdmap::terminate::{DdpTaggedCode, ErrorCause, RdmapProtectionCode};
-use softiwarp::qp::vendor_err_for;
-use softiwarp::stack::{ConnError, ConnEvent};
+use softiwarp::rdmap::engine::vendor_err_for;
+use softiwarp::transport::{ConnError, ConnEvent};
 use verbs::{AccessFlags, AsyncEvent, QpState, RecvWr, SendFlags, SendWr, WcStatus};
 use verbs_support::*;
 

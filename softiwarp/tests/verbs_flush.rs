@@ -8,8 +8,8 @@ mod verbs_support;
 
 use std::time::Duration;
 
-use softiwarp::engine::DeviceEvent;
-use softiwarp::stack::{CloseMode, ConnError, ConnEvent};
+use softiwarp::transport::{CloseMode, ConnError, ConnEvent};
+use softiwarp::DeviceEvent;
 use softiwarp::QpInitAttr;
 use verbs::{
     AsyncEvent, ObjectKind, QpAttr, QpState, RecvWr, SendFlags, SendWr, VerbsError, WcOpcode,
@@ -402,7 +402,7 @@ fn in_use_checks_and_state_rules() {
     assert_eq!(qp.state(), QpState::Rtr);
     assert!(matches!(
         a.dev.connect_qp(addr(2), PORT, Default::default(), &qp),
-        Err(softiwarp::device::DeviceError::Verbs(
+        Err(softiwarp::DeviceError::Verbs(
             VerbsError::InvalidQpState { .. }
         ))
     ));
@@ -421,7 +421,7 @@ fn in_use_checks_and_state_rules() {
     ));
     assert!(matches!(
         b.dev.connect_qp(addr(1), PORT, Default::default(), &qp),
-        Err(softiwarp::device::DeviceError::Verbs(
+        Err(softiwarp::DeviceError::Verbs(
             VerbsError::NotPermitted { .. }
         ))
     ));
@@ -493,7 +493,7 @@ fn cq_overflow_is_reported_never_silent() {
     flushed(&got, 0..4);
     assert_eq!(
         small.poll(16),
-        Err(softiwarp::cq::CqError::Overflow {
+        Err(softiwarp::CqError::Overflow {
             cq: small.handle(),
             lost: 2
         })

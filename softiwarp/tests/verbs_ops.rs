@@ -10,8 +10,7 @@ mod verbs_support;
 
 use std::time::Duration;
 
-use softiwarp::mr::MrState;
-use softiwarp::Mr;
+use softiwarp::{Mr, MrState};
 use verbs::{
     AccessFlags, FastReg, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WcOpcode,
     WcStatus, WorkCompletion,
@@ -700,7 +699,7 @@ fn peer_to_peer_rtr_kinds_with_receives_posted_before_the_connection() {
             ..LocalSettings::default()
         };
         let listener = b.dev.listen_with(PORT, 4, Some(responder)).unwrap();
-        let params = softiwarp::stack::MpaParams {
+        let params = softiwarp::transport::MpaParams {
             private_data: vec![],
             ird: 4,
             ord: 4,

@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use softiwarp::device::{LinkConfig, LinkSpec};
 use softiwarp::link::{
     Direction, FaultConfig, FaultStats, Faults, Link, LinkError, LinkEvent, MemoryLink,
 };
 use softiwarp::Mr;
+use softiwarp::{LinkConfig, LinkSpec};
 use verbs::{QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus};
 use verbs_support::*;
 

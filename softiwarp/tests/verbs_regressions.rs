@@ -11,8 +11,8 @@ mod verbs_support;
 
 use std::time::{Duration, Instant};
 
-use softiwarp::cq::CqError;
-use softiwarp::stack::{ConnError, MpaParams};
+use softiwarp::transport::{ConnError, MpaParams};
+use softiwarp::CqError;
 use softiwarp::QpInitAttr;
 use verbs::{ObjectKind, QpState, RecvWr, SendFlags, SendWr, VerbsError, WcStatus};
 use verbs_support::*;

@@ -27,7 +27,7 @@ use bench::BenchError;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mpa::negotiate::CrcPolicy;
 use softiwarp::link::TapLink;
-use softiwarp::phy::{InterfaceConfig, TcpConfig};
+use softiwarp::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 
 #[derive(Parser, Debug)]
 #[command(about = "One side of a benchmark transfer over a TAP (see transport-bench)")]

@@ -30,7 +30,7 @@ use bench::tcp::{self, Amount, Role, TcpBenchConfig};
 use bench::tcp_lat::{self, Rounds};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use softiwarp::link::TapLink;
-use softiwarp::phy::InterfaceConfig;
+use softiwarp::transport::smoltcp_glue::InterfaceConfig;
 
 #[derive(Parser, Debug)]
 #[command(

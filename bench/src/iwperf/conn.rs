@@ -1,5 +1,5 @@
 //! Connection setup: the soft device and everything iwperf does through rdma-cm. This
-//! is the only module that talks to rdma-cm (`rdma_cm::soft::SoftDevice`,
+//! is the only module that talks to rdma-cm (`softiwarp::cm::rdmacm::SoftDevice`,
 //! `rdma_cm::RdmaCm`, ids and their events), in the order librdmacm programs use:
 //!
 //! - server: `create_id`, `bind_addr`, `listen`; per `ConnectRequest`: read the test
@@ -27,11 +27,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mpa::negotiate::CrcPolicy;
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, RdmaCmConfig};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig, LinkSpec};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::link::{Link, MemoryLink, Pcap, TapLink};
 use softiwarp::{Cq, Pd, Qp, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig, LinkSpec};
 use verbs::QpCap;
 
 use super::datapath::MAX_RD_ATOMIC;

@@ -456,7 +456,7 @@ impl Side {
 impl VerbsSetup for Side {
     fn qp_resources(
         &mut self,
-        device: &Arc<softiwarp::device::Device>,
+        device: &Arc<softiwarp::Device>,
         params: &TestParams,
     ) -> Result<(&Pd, &Cq, QpCap), IwperfError> {
         let (_, _, data_recvs) = self.data_slots(params);
@@ -1446,8 +1446,8 @@ mod tests {
 
     #[test]
     fn write_slot_check_finds_corrupt_and_stale_slots() {
-        use softiwarp::device::{Device, DeviceConfig, LinkConfig};
         use softiwarp::link::{MemoryConfig, MemoryLink};
+        use softiwarp::{Device, DeviceConfig, LinkConfig};
         let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
         let dev = Device::open(DeviceConfig::new(
             "chk",

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use netlab::{format_mac, Endpoint, Peer, PeerOutput, Side, Topology};
 use softiwarp::link::{MemoryConfig, MemoryLink};
-use softiwarp::phy::InterfaceConfig;
+use softiwarp::transport::smoltcp_glue::InterfaceConfig;
 
 use super::conn::{DeviceOptions, LinkChoice};
 use super::datapath::{Progress, RunLength, Tuning};

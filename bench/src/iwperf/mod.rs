@@ -8,7 +8,7 @@
 //! - [`conn`]: opening the soft device and everything rdma-cm: listen / accept on the
 //!   server, resolve / connect on the client, the connection events (a `DeviceRemoval`
 //!   on any id ends the run), disconnect and destroy. Uses the public
-//!   `rdma_cm::soft::SoftDevice` and `rdma_cm::RdmaCm` APIs only.
+//!   `softiwarp::cm::rdmacm::SoftDevice` and `rdma_cm::RdmaCm` APIs only.
 //! - [`datapath`]: the verbs side: PD, CQ, MRs, the bandwidth loops (Write, Read, Send
 //!   with receive credits) and the ping-pong latency loops, `--verify` patterned data.
 //! - [`report`]: perftest's tables, latency statistics, the demo's table and JSON.

@@ -138,7 +138,7 @@ fn teardown(
     conns: Vec<Conn>,
     mut side: Side,
     initiate: bool,
-    device: Arc<softiwarp::device::Device>,
+    device: Arc<softiwarp::Device>,
 ) -> (usize, usize) {
     let n = conns.len();
     let t0 = Instant::now();
@@ -164,7 +164,7 @@ fn teardown(
 /// Drops the last handle of the device (its engine stops and its link, with a capture,
 /// is flushed and closed), waiting up to 2 s for other holders (rdma-cm's provider
 /// thread) to let go.
-fn close_device(device: Arc<softiwarp::device::Device>) {
+fn close_device(device: Arc<softiwarp::Device>) {
     let t0 = Instant::now();
     let mut device = device;
     loop {

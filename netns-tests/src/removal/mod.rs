@@ -12,7 +12,7 @@
 //! # The peer
 //!
 //! One process in one namespace, on the public APIs only: a soft iWARP device
-//! ([`softiwarp::device::Device`]) on a TAP, registered with an RDMA CM
+//! ([`softiwarp::Device`]) on a TAP, registered with an RDMA CM
 //! ([`SoftRdmaCm`]); every id in callback mode with one recording [`Handler`].
 //!
 //! - **Server**: listens (on its address, or on `0.0.0.0` over two devices), accepts
@@ -59,14 +59,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{
     CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, Handler, IdState, RdmaCmConfig,
 };
 use serde::{Deserialize, Serialize};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::SoftQp;
-use softiwarp::phy::TcpConfig;
+use softiwarp::{Device, DeviceConfig, LinkConfig};
+use softiwarp::cm::iwcm::SoftQp;
+use softiwarp::transport::smoltcp_glue::TcpConfig;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
 use verbs::{AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, WcStatus};
 
@@ -136,11 +136,11 @@ pub enum PeerError {
         tap: String,
         /// Why.
         #[source]
-        source: softiwarp::device::DeviceError,
+        source: softiwarp::DeviceError,
     },
     /// The device could not be wrapped for the RDMA CM.
     #[error("{0}")]
-    Device(#[from] softiwarp::device::DeviceError),
+    Device(#[from] softiwarp::DeviceError),
     /// The RDMA CM could not be created, or refused the device, the bind or the listen.
     #[error("{0}")]
     Cm(#[from] rdma_cm::CmError),

@@ -1,5 +1,9 @@
 //! Links: whole Ethernet frames in and out of the soft device.
 //!
+//! **Room.** The bottom layer: frames, link state and the fds to sleep on (TAP ioctls,
+//! rtnetlink, the in-memory pair, the pcap and fault middlewares). It touches nothing
+//! else of the crate; `transport` carries its frames, the engine reads its events.
+//!
 //! A [`Link`] moves complete Ethernet II frames (destination MAC, source MAC, EtherType,
 //! payload; no preamble, no FCS) between the device and "the wire". Two implementations:
 //!

@@ -58,7 +58,7 @@
 //! (`rtnl_getlink` -> `linkwatch_sync_dev`). Opening a TAP attaches it (carrier on) and
 //! then queries it with `RTM_GETLINK`, so its state is committed when `open` returns.
 //! (Without that, frames were measured to be lost for up to 0.9 s after a topology was
-//! built, although every interface already reported up; [`crate::netns::TapPair`] does
+//! built, although every interface already reported up; `netlab::netns::TapPair` does
 //! the same for its veths and bridges.)
 
 use std::fs::{File, OpenOptions};

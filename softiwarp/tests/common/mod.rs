@@ -8,7 +8,7 @@ use smoltcp::iface::{Interface, SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use softiwarp::link::Link;
-use softiwarp::phy::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
+use softiwarp::transport::smoltcp_glue::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
 
 /// TCP port the echo server listens on.
 pub const SERVER_PORT: u16 = 5001;

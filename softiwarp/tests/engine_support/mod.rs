@@ -10,11 +10,11 @@ use smoltcp::iface::{Interface, SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration, Instant};
 use softiwarp::link::{Link, LinkEvent, MemoryConfig, MemoryLink};
-use softiwarp::phy::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
-use softiwarp::stack::{
+use softiwarp::transport::smoltcp_glue::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
+use softiwarp::transport::stream::{self, StreamConfig, StreamEnd, Waker};
+use softiwarp::transport::{
     ConnEvent, ConnId, ConnectRequestInfo, MpaParams, Stack, StackConfig, StackError, StackEvent,
 };
-use softiwarp::stream::{self, StreamConfig, StreamEnd, Waker};
 
 /// The IPv4 address of host number `host` in the test subnet.
 pub fn addr(host: u8) -> Ipv4Addr {
@@ -410,7 +410,7 @@ impl Flow {
             let u = self.pending.take().unwrap_or_else(|| self.tx.next_ulpdu());
             match end.try_send(&u) {
                 Ok(()) => self.sent += 1,
-                Err(softiwarp::stream::SendError::WouldBlock) => {
+                Err(softiwarp::transport::stream::SendError::WouldBlock) => {
                     self.pending = Some(u);
                     return;
                 }

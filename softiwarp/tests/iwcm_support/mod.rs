@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use iw_cm::{CmConfig, CmEvent, IwCm};
 use smoltcp::iface::{Interface, SocketSet};
 use smoltcp::socket::tcp;
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::{SoftProvider, SoftQp};
+use softiwarp::cm::iwcm::{SoftProvider, SoftQp};
 use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
-use softiwarp::phy::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
+use softiwarp::transport::smoltcp_glue::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
 use softiwarp::{Cq, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use verbs::QpCap;
 
 pub type Cm = IwCm<SoftProvider>;

@@ -6,9 +6,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use softiwarp::cq::Cq;
-use softiwarp::mr::{Mr, MrTable, PdId};
-use softiwarp::qp::{Qp, QpEvent, QpInit, RxError};
+use softiwarp::rdmap::engine::{QpEngine, QpEvent, QpInit, RxError};
+use softiwarp::resources::completion_queue::CompletionQueue;
+use softiwarp::resources::stag_table::{MemoryRegion, MrTable};
+use softiwarp::PdId;
 use verbs::{AccessFlags, QpCap, QpState, RecvWr, Sge, WorkCompletion};
 
 /// MULPDU for an EMSS of 1448 without markers (docs/ARCHITECTURE.md).
@@ -55,9 +56,9 @@ pub use testkit::Rng;
 pub struct Side {
     pub mrs: Arc<MrTable>,
     pub pd: PdId,
-    pub qp: Qp,
-    pub scq: Arc<Cq>,
-    pub rcq: Arc<Cq>,
+    pub qp: QpEngine,
+    pub scq: Arc<CompletionQueue>,
+    pub rcq: Arc<CompletionQueue>,
 }
 
 impl Side {
@@ -65,11 +66,11 @@ impl Side {
     pub fn new(qp_num: u32, cap: QpCap, tweak: impl FnOnce(&mut QpInit)) -> Side {
         let mrs = Arc::new(MrTable::new());
         let pd = mrs.alloc_pd().unwrap();
-        let scq = Cq::new(qp_num * 2, 1 << 16).unwrap();
-        let rcq = Cq::new(qp_num * 2 + 1, 1 << 16).unwrap();
+        let scq = CompletionQueue::new(qp_num * 2, 1 << 16).unwrap();
+        let rcq = CompletionQueue::new(qp_num * 2 + 1, 1 << 16).unwrap();
         let mut init = QpInit::new(qp_num, pd, cap);
         tweak(&mut init);
-        let qp = Qp::new(init, Arc::clone(&mrs), Arc::clone(&scq), Arc::clone(&rcq)).unwrap();
+        let qp = QpEngine::new(init, Arc::clone(&mrs), Arc::clone(&scq), Arc::clone(&rcq)).unwrap();
         Side {
             mrs,
             pd,
@@ -87,12 +88,12 @@ impl Side {
     }
 
     /// Registers an MR of `len` bytes at `iova`.
-    pub fn reg(&self, iova: u64, len: u64, access: AccessFlags) -> Arc<Mr> {
+    pub fn reg(&self, iova: u64, len: u64, access: AccessFlags) -> Arc<MemoryRegion> {
         self.mrs.reg_mr(self.pd, iova, len, access).unwrap()
     }
 
     /// Posts a receive WR of one SGE covering `len` bytes at buffer offset `off`.
-    pub fn post_recv(&mut self, wr_id: u64, mr: &Mr, off: u64, len: u32) {
+    pub fn post_recv(&mut self, wr_id: u64, mr: &MemoryRegion, off: u64, len: u32) {
         let sge = Sge::new(mr.iova() + off, len, mr.stag());
         self.qp.post_recv(RecvWr::new(wr_id, vec![sge])).unwrap();
     }

@@ -7,10 +7,10 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use softiwarp::device::{Device, DeviceConfig, FaultSpec, LinkConfig, QpConnection};
 use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
-use softiwarp::stack::MpaParams;
+use softiwarp::transport::MpaParams;
 use softiwarp::{Cq, Pd, Qp, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, FaultSpec, LinkConfig, QpConnection};
 use verbs::{AccessFlags, QpCap, QpState, WorkCompletion};
 
 /// Server port of the tests.

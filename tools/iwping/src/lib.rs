@@ -5,7 +5,7 @@
 //! depends on it.
 //!
 //! The engine ([`run`]): rping's client and server ([`crate::rping`]) on softiwarp's
-//! public RDMA CM ([`rdma_cm::soft::SoftRdmaCm`]) and verbs objects, with rping's options
+//! public RDMA CM ([`softiwarp::cm::rdmacm::SoftRdmaCm`]) and verbs objects, with rping's options
 //! and output. The binary (`src/main.rs`) opens the soft device on a TAP and calls
 //! [`run`]; tests call [`run`] on devices over memory links.
 //!
@@ -37,9 +37,9 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmError, CmId, CmIdRef, ConnParam, EventChannel, EventKind};
-use softiwarp::cq::CqError;
+use softiwarp::CqError;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
 use verbs::{
     AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, VerbsError, WcOpcode, WcStatus,
@@ -816,7 +816,7 @@ fn run_server(
 mod tests {
     use super::*;
     use rdma_cm::RdmaCmConfig;
-    use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+    use softiwarp::{Device, DeviceConfig, LinkConfig};
     use softiwarp::link::{MemoryConfig, MemoryLink};
     use std::sync::Arc;
 

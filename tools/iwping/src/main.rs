@@ -22,9 +22,9 @@ use iwping::rping;
 use iwping::{run, PingOptions, Role};
 use mpa::negotiate::CrcPolicy;
 use mpa::wire::RtrKinds;
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use rdma_cm::RdmaCmConfig;
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Crc {

@@ -382,7 +382,7 @@ fn check_capture(label: &str, path: &Path, ours_initiator: bool, e: Expect) {
             ours_n += 1;
             if p.first_frame != p.frame {
                 // smoltcp re-cuts a segment when the peer's window is smaller than the
-                // FPDU, or on retransmission (documented in stack.rs): counted, and
+                // FPDU, or on retransmission (documented in softiwarp/src/transport/mod.rs): counted, and
                 // allowed only in the 64 KiB runs, where the guest's window fills.
                 split += 1;
                 assert!(e.large, "{label}: our FPDU spans frames: {p:?} {f:?}");

@@ -16,18 +16,20 @@
 //!
 //! `SOFTCM_STRESS_SEED`, `SOFTCM_STRESS_MS` (run time, default 3000),
 //! `SOFTCM_STRESS_CLIENTS` (default 3); `RDMACM_BREAK` breaks a rule of both CMs (see
-//! README.md).
-#![cfg(not(loom))]
+//! rdma-cm/README.md).
 
-mod soft_support;
+mod rdmacm_support;
+// rdma-cm's test support (the per-id callback checker, the removal tally), shared with
+// rdma-cm/tests/stress.rs; the fake provider in it is unused here.
+#[path = "../../rdma-cm/tests/support/mod.rs"]
 mod support;
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{
     CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind as K, RdmaCmConfig,
     Removal,
 };
-use soft_support::*;
+use rdmacm_support::*;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};

@@ -1,13 +1,13 @@
 //! The per-QP protocol engine: RDMAP (RFC 5040, with RFC 7306 Immediate Data) over
 //! DDP (RFC 5041) for one RC QP, sans-IO.
 //!
-//! [`Qp`] owns one QP's protocol state and nothing else: no socket, no clock, no
+//! [`QpEngine`] owns one QP's protocol state and nothing else: no socket, no clock, no
 //! thread (quinn-proto style). The driver (the device's engine thread) feeds it whole
-//! ULPDUs with [`Qp::handle_ulpdu`] (the bytes MPA delivers after the ULPDU Length,
-//! before pad and CRC) and pulls ULPDUs to send with [`Qp::poll_transmit`];
-//! application verbs arrive as [`Qp::post_send`], [`Qp::post_recv`] and
-//! [`Qp::modify_state`]. Completions go to the [`Cq`]s given at creation;
-//! asynchronous events come out of [`Qp::poll_event`].
+//! ULPDUs with [`QpEngine::handle_ulpdu`] (the bytes MPA delivers after the ULPDU Length,
+//! before pad and CRC) and pulls ULPDUs to send with [`QpEngine::poll_transmit`];
+//! application verbs arrive as [`QpEngine::post_send`], [`QpEngine::post_recv`] and
+//! [`QpEngine::modify_state`]. Completions go to the [`CompletionQueue`]s given at creation;
+//! asynchronous events come out of [`QpEngine::poll_event`].
 //!
 //! Method groups: getters; `handle_*` (input); application mutators (`post_*`,
 //! `modify_state`, `set_ord_ird`, `set_access`, `set_initial_msn`); `poll_*` (output;
@@ -22,7 +22,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use softiwarp::{cq::Cq, mr::MrTable, qp::{Qp, QpInit}};
+//! use softiwarp::rdmap::engine::{QpEngine, QpInit};
+//! use softiwarp::resources::{completion_queue::CompletionQueue, stag_table::MrTable};
 //! use verbs::{AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, WcStatus};
 //!
 //! let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
@@ -30,8 +31,8 @@
 //! for n in 1..=2 {
 //!     let mrs = Arc::new(MrTable::new());
 //!     let pd = mrs.alloc_pd()?;
-//!     let cq = Cq::new(n, 16)?;
-//!     let mut qp = Qp::new(QpInit::new(n, pd, cap), Arc::clone(&mrs), Arc::clone(&cq), Arc::clone(&cq))?;
+//!     let cq = CompletionQueue::new(n, 16)?;
+//!     let mut qp = QpEngine::new(QpInit::new(n, pd, cap), Arc::clone(&mrs), Arc::clone(&cq), Arc::clone(&cq))?;
 //!     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
 //!         qp.modify_state(s)?;
 //!     }
@@ -75,7 +76,7 @@
 //! Read Responses (for the Read Requests the peer sent, queued up to IRD) form a
 //! second stream beside the SQ: RFC 5040 §5.5 orders Read Responses among
 //! themselves (request order) but not against the responder's own outgoing Sends and
-//! Writes. [`Qp::poll_transmit`] alternates between the two streams segment by
+//! Writes. [`QpEngine::poll_transmit`] alternates between the two streams segment by
 //! segment whenever both have something ready, so a long Send does not starve the
 //! peer's Reads; untagged SQ messages interleave with a Read Response at segment
 //! granularity, Writes only at message boundaries (above).
@@ -87,7 +88,7 @@
 //!
 //! - Send, RDMA Write (and Write with Immediate, after its Immediate Data): when the
 //!   last DDP segment of the message has been handed to the driver by
-//!   [`Qp::poll_transmit`] (siw completes when the last byte is passed to TCP). The
+//!   [`QpEngine::poll_transmit`] (siw completes when the last byte is passed to TCP). The
 //!   source buffer may be reused then; iWARP has no end-to-end acknowledgement, so a
 //!   later failure at the peer surfaces as a Terminate (the QP goes to Error).
 //! - RDMA Read: when the last Read Response segment of its last Read Request has
@@ -106,7 +107,7 @@
 //! Every violation found in an incoming ULPDU is checked *before* any byte of it is
 //! placed. It queues the Terminate that [`ddp_rdmap::terminate::Repr::for_error`]
 //! builds for the cause and the offending ULPDU (QN 2, MSN 1, opcode Terminate) as the
-//! next and last ULPDU [`Qp::poll_transmit`] returns, moves the QP to Error, completes
+//! next and last ULPDU [`QpEngine::poll_transmit`] returns, moves the QP to Error, completes
 //! the WR concerned with its error status (a receive WR too small:
 //! [`WcStatus::LocLenErr`]; a Read WR whose response went wrong:
 //! [`WcStatus::LocProtErr`] / [`WcStatus::BadRespErr`]), flushes the rest, and reports
@@ -125,7 +126,7 @@
 //!
 //! # Flush
 //!
-//! Entering Error (by [`Qp::modify_state`], a Terminate, or a local failure) completes
+//! Entering Error (by [`QpEngine::modify_state`], a Terminate, or a local failure) completes
 //! every outstanding send WR and then every outstanding receive WR, each in posting
 //! order, exactly once, with [`WcStatus::WrFlushErr`] unless it is the WR the error
 //! concerns. A WR posted while the QP is in Error (or SQE) is accepted and completes
@@ -148,12 +149,12 @@ use verbs::{
     SendWr, Sge, Stag, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::cq::Cq;
-use crate::mr::{Mr, MrTable, PdId};
+use crate::resources::completion_queue::CompletionQueue;
+use crate::resources::stag_table::{MemoryRegion, MrTable, PdId};
 
 pub use tx::TxSink;
 
-/// Smallest MULPDU [`Qp::poll_transmit`] accepts, in bytes: the largest
+/// Smallest MULPDU [`QpEngine::poll_transmit`] accepts, in bytes: the largest
 /// single-segment ULPDU, a Terminate with both headers copied (18 + 52 bytes).
 pub const MIN_MULPDU: usize = 70;
 
@@ -165,7 +166,7 @@ pub const MAX_ORD_IRD: u32 = 0x3fff;
 /// §4.4), bytes. The IRD is the number of these buffers posted.
 const READ_REQUEST_BUFFER: u32 = 28;
 
-/// Largest first MSN [`Qp::set_initial_msn`] accepts (an RTR takes MSN 1, so 2 is the
+/// Largest first MSN [`QpEngine::set_initial_msn`] accepts (an RTR takes MSN 1, so 2 is the
 /// most a peer needs; a little room is left).
 pub const MAX_INITIAL_MSN: u32 = 16;
 
@@ -203,13 +204,13 @@ impl WqCounters {
     }
 }
 
-/// The checks [`Qp::post_send`] makes that depend only on the WR, the QP's
+/// The checks [`QpEngine::post_send`] makes that depend only on the WR, the QP's
 /// capabilities and its ORD (none on the QP's state or queues), so a verbs layer can
 /// run them on the caller's thread. Returns the payload length in bytes.
 ///
 /// # Errors
 ///
-/// As [`Qp::post_send`]: those of [`SendWr::validate`], [`VerbsError::Unsupported`]
+/// As [`QpEngine::post_send`]: those of [`SendWr::validate`], [`VerbsError::Unsupported`]
 /// (atomics; RDMA Read with ORD 0), [`VerbsError::MessageTooLong`],
 /// [`VerbsError::InvalidArgument`] `"remote_addr"`.
 pub fn validate_send_wr(cap: &QpCap, ord: u32, wr: &SendWr) -> Result<u32, VerbsError> {
@@ -286,7 +287,7 @@ pub enum QpEvent {
     /// A verbs asynchronous event for this QP (`ibv_get_async_event(3)`).
     Async(AsyncEvent),
     /// The engine found an error and queued a Terminate with this cause; it is the
-    /// next ULPDU [`Qp::poll_transmit`] returns, and the last. The driver closes the
+    /// next ULPDU [`QpEngine::poll_transmit`] returns, and the last. The driver closes the
     /// connection after sending it.
     TerminateQueued {
         /// Layer / EType / Error Code sent.
@@ -298,7 +299,7 @@ pub enum QpEvent {
         /// The peer's Layer / EType / Error Code.
         cause: Option<ErrorCause>,
     },
-    /// A completion did not fit in the CQ named `cq` (see [`crate::cq`]); the QP went
+    /// A completion did not fit in the CQ named `cq` (see [`crate::resources::completion_queue`]); the QP went
     /// to Error.
     CqOverflow {
         /// Handle of the CQ.
@@ -306,7 +307,7 @@ pub enum QpEvent {
     },
 }
 
-/// Why [`Qp::handle_ulpdu`] did not process a ULPDU normally. The QP's state and
+/// Why [`QpEngine::handle_ulpdu`] did not process a ULPDU normally. The QP's state and
 /// events tell the same story; this is for the driver's convenience.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RxError {
@@ -343,7 +344,7 @@ pub enum RxError {
     },
 }
 
-/// Why [`Qp::poll_transmit`] could not run.
+/// Why [`QpEngine::poll_transmit`] could not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TxError {
     /// The MULPDU is below [`MIN_MULPDU`] bytes.
@@ -395,7 +396,7 @@ pub fn vendor_err_for(cause: ErrorCause) -> u32 {
 /// A resolved piece of local memory: `len` bytes at buffer offset `off` of `mr`.
 #[derive(Debug, Clone)]
 pub(crate) struct Piece {
-    pub(crate) mr: Arc<Mr>,
+    pub(crate) mr: Arc<MemoryRegion>,
     pub(crate) off: usize,
     pub(crate) len: usize,
 }
@@ -430,7 +431,7 @@ struct RqEntry {
     sges: Vec<Sge>,
     /// Per SGE, the resolved buffer offset once checked (lazily, before the first
     /// byte lands in it).
-    resolved: Vec<Option<(Arc<Mr>, usize)>>,
+    resolved: Vec<Option<(Arc<MemoryRegion>, usize)>>,
 }
 
 /// An outbound RDMA Read Request awaiting its Read Response (ORQ entry).
@@ -454,11 +455,11 @@ struct IrqEntry {
 
 /// The per-QP protocol engine. See the [module documentation](self).
 #[derive(Debug)]
-pub struct Qp {
+pub struct QpEngine {
     init: QpInit,
     mrs: Arc<MrTable>,
-    send_cq: Arc<Cq>,
-    recv_cq: Arc<Cq>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
     state: QpState,
 
     // Send queue.
@@ -478,7 +479,7 @@ pub struct Qp {
     rq: VecDeque<RqEntry>,
     q0: UntaggedQueue,
     q1: UntaggedQueue,
-    rx_cache: Option<Arc<Mr>>,
+    rx_cache: Option<Arc<MemoryRegion>>,
 
     // Termination.
     terminate_out: Option<Vec<u8>>,
@@ -490,7 +491,7 @@ pub struct Qp {
     counters: Arc<WqCounters>,
 }
 
-impl Qp {
+impl QpEngine {
     /// Creates a QP in Reset (`ibv_create_qp(3)`).
     ///
     /// # Errors
@@ -501,9 +502,9 @@ impl Qp {
     pub fn new(
         init: QpInit,
         mrs: Arc<MrTable>,
-        send_cq: Arc<Cq>,
-        recv_cq: Arc<Cq>,
-    ) -> Result<Qp, VerbsError> {
+        send_cq: Arc<CompletionQueue>,
+        recv_cq: Arc<CompletionQueue>,
+    ) -> Result<QpEngine, VerbsError> {
         if !mrs.pd_exists(init.pd) {
             return Err(VerbsError::InvalidHandle {
                 object: verbs::ObjectKind::Pd,
@@ -521,7 +522,7 @@ impl Qp {
         if init.ird > MAX_ORD_IRD {
             return Err(VerbsError::InvalidArgument { what: "ird" });
         }
-        let mut qp = Qp {
+        let mut qp = QpEngine {
             init,
             mrs,
             send_cq,
@@ -604,7 +605,7 @@ impl Qp {
     }
 
     /// True if a Terminate is queued and not yet handed out (by
-    /// [`Qp::poll_transmit`] or [`Qp::take_terminate`]).
+    /// [`QpEngine::poll_transmit`] or [`QpEngine::take_terminate`]).
     pub fn terminate_pending(&self) -> bool {
         self.terminate_out.is_some()
     }
@@ -737,7 +738,7 @@ impl Qp {
     }
 
     /// Takes the queued Terminate ULPDU, if any, instead of receiving it from
-    /// [`Qp::poll_transmit`]: a driver whose transport sends a Terminate on a
+    /// [`QpEngine::poll_transmit`]: a driver whose transport sends a Terminate on a
     /// separate path (the stack's `Ulp::poll_terminate`) calls this first.
     pub fn take_terminate(&mut self) -> Option<Vec<u8>> {
         self.terminate_out.take()
@@ -860,7 +861,7 @@ impl Qp {
         self.events.pop_front()
     }
 
-    /// True if [`Qp::poll_transmit`] may produce a ULPDU now: a Terminate is queued,
+    /// True if [`QpEngine::poll_transmit`] may produce a ULPDU now: a Terminate is queued,
     /// a message or Read Response is in progress, or a WR or Read Request waits and
     /// is not blocked by fence, ORD or the tagged-interleaving rule. (It may still
     /// produce nothing if the next WR is local or fails its checks.)
@@ -1052,7 +1053,7 @@ impl Qp {
         );
     }
 
-    /// [`Qp::local_failure`] reporting `event`.
+    /// [`QpEngine::local_failure`] reporting `event`.
     fn local_failure_with(
         &mut self,
         sq_err: Option<(u64, WcStatus)>,
@@ -1128,14 +1129,14 @@ impl Qp {
     /// else after a table lookup (which becomes the cache). Keeps the FPDU path at one
     /// lock acquisition (the MR's) and no reference-count traffic in the common case.
     /// `None` if no MR has the STag's index; otherwise the outcome of the MR's checks
-    /// 2-6 and the copy ([`Mr::place`]).
+    /// 2-6 and the copy ([`MemoryRegion::place`]).
     fn place_tagged(
         &mut self,
         stag: Stag,
         to: u64,
         data: &[u8],
         needed: AccessFlags,
-    ) -> Option<Result<(), crate::mr::ProtectionError>> {
+    ) -> Option<Result<(), crate::resources::stag_table::ProtectionError>> {
         let cached = self
             .rx_cache
             .as_ref()
@@ -1162,14 +1163,14 @@ impl Qp {
 }
 
 /// Helper for tests and drivers that want a ULPDU as a vector:
-/// [`Qp::poll_transmit`] into a fresh `Vec<u8>`.
-impl Qp {
-    /// [`Qp::poll_transmit`] into a new vector: `Ok(Some(ulpdu))` if one was
+/// [`QpEngine::poll_transmit`] into a fresh `Vec<u8>`.
+impl QpEngine {
+    /// [`QpEngine::poll_transmit`] into a new vector: `Ok(Some(ulpdu))` if one was
     /// produced.
     ///
     /// # Errors
     ///
-    /// As [`Qp::poll_transmit`].
+    /// As [`QpEngine::poll_transmit`].
     pub fn poll_transmit_vec(&mut self, mulpdu: usize) -> Result<Option<Vec<u8>>, TxError> {
         let mut v = Vec::new();
         Ok(self.poll_transmit(mulpdu, &mut v)?.then_some(v))
@@ -1183,7 +1184,7 @@ mod tests {
     #[test]
     fn engine_is_send() {
         fn is_send<T: Send>() {}
-        is_send::<Qp>();
+        is_send::<QpEngine>();
     }
 
     #[test]

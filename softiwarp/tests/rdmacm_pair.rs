@@ -3,13 +3,12 @@
 //! whose bytes are checked, and device removal (link cut, link down, `remove_device`)
 //! delivering exactly one `DeviceRemoval` and flushing every posted WR (design.md
 //! section 5, rdma-cm rules 3 and 4).
-#![cfg(not(loom))]
 
-mod soft_support;
+mod rdmacm_support;
 
-use rdma_cm::soft::SoftDevice;
 use rdma_cm::{CmId, ConnParam, EventChannel, EventKind};
-use soft_support::*;
+use rdmacm_support::*;
+use softiwarp::cm::rdmacm::SoftDevice;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -281,9 +280,9 @@ fn neighbours_are_resolved_by_arp_and_silence_is_a_timeout() {
         .resolve_neighbor(pair_ip(61, 9, 2), WAIT, move |r| t2.send(r).unwrap());
     assert_eq!(
         rx.recv_timeout(WAIT).unwrap(),
-        Err(softiwarp::neighbor::NeighborError::NotOnLink(pair_ip(
-            61, 9, 2
-        )))
+        Err(softiwarp::transport::neighbor::NeighborError::NotOnLink(
+            pair_ip(61, 9, 2)
+        ))
     );
     let id = h.client.create_id_with_channel(&h.cch);
     id.resolve_addr(
@@ -309,6 +308,6 @@ fn neighbours_are_resolved_by_arp_and_silence_is_a_timeout() {
         .resolve_neighbor(pair_ip(61, 4, 2), WAIT, move |r| tx.send(r).unwrap());
     assert_eq!(
         rx.recv_timeout(WAIT).unwrap(),
-        Err(softiwarp::neighbor::NeighborError::DeviceGone)
+        Err(softiwarp::transport::neighbor::NeighborError::DeviceGone)
     );
 }

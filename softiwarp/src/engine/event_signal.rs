@@ -1,6 +1,6 @@
 //! A counter with a condition variable that the engine raises after it queued
 //! connection, listener or device events, so that one thread can drain many of a
-//! device's event queues (the iw-cm provider thread, [`crate::iwcm_provider`]) and sleep
+//! device's event queues (the iw-cm provider thread, [`crate::cm::iwcm`]) and sleep
 //! while none has anything.
 //!
 //! The engine only increments the counter and notifies (a short critical section that

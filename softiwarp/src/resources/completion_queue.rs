@@ -1,20 +1,20 @@
 //! Completion queues (`ibv_create_cq(3)`, `ibv_poll_cq(3)`).
 //!
-//! A [`Cq`] is a bounded FIFO of [`WorkCompletion`]s shared (`Arc<Cq>`) by the
+//! A [`CompletionQueue`] is a bounded FIFO of [`WorkCompletion`]s shared (`Arc<CompletionQueue>`) by the
 //! engine, which pushes, and application threads, which poll or wait. Nothing runs
 //! user code on the engine's behalf (design.md §5): waiting is a blocking
-//! [`Cq::wait`] on a condition variable, or the future [`Cq::wait_async`], usable from
+//! [`CompletionQueue::wait`] on a condition variable, or the future [`CompletionQueue::wait_async`], usable from
 //! tokio or any other executor (it only registers the task's `Waker`).
 //!
 //! # Overflow
 //!
-//! A CQ holds at most [`Cq::capacity`] completions. A completion that does not fit is
-//! never dropped silently: it is counted ([`Cq::lost`]), the CQ enters the error
-//! state ([`Cq::is_error`], `IBV_EVENT_CQ_ERR` in libibverbs terms: "CQ overrun"),
+//! A CQ holds at most [`CompletionQueue::capacity`] completions. A completion that does not fit is
+//! never dropped silently: it is counted ([`CompletionQueue::lost`]), the CQ enters the error
+//! state ([`CompletionQueue::is_error`], `IBV_EVENT_CQ_ERR` in libibverbs terms: "CQ overrun"),
 //! every later completion is counted as lost too, one
-//! [`AsyncEvent::CqErr`] is queued for [`Cq::take_async_event`], waiters are woken,
-//! and [`Cq::poll`] returns [`CqError::Overflow`] once the entries that did fit are
-//! taken. The engine that pushed learns of it through [`Cq::push`]'s error and moves
+//! [`AsyncEvent::CqErr`] is queued for [`CompletionQueue::take_async_event`], waiters are woken,
+//! and [`CompletionQueue::poll`] returns [`CqError::Overflow`] once the entries that did fit are
+//! taken. The engine that pushed learns of it through [`CompletionQueue::push`]'s error and moves
 //! the QP to Error (a lost completion breaks the exactly-once contract).
 //!
 //! One `std::sync::Mutex` guards the queue; it is held only to move entries in or
@@ -66,14 +66,14 @@ struct Inner {
 
 /// A completion queue of bounded capacity. See the [module documentation](self).
 #[derive(Debug)]
-pub struct Cq {
+pub struct CompletionQueue {
     handle: u32,
     capacity: usize,
     inner: Mutex<Inner>,
     ready: Condvar,
 }
 
-impl Cq {
+impl CompletionQueue {
     /// A CQ named `handle` holding up to `capacity` completions (`ibv_create_cq(3)`
     /// `cqe`).
     ///
@@ -81,11 +81,11 @@ impl Cq {
     ///
     /// [`VerbsError::InvalidArgument`] `"cqe"` if `capacity` is 0 or above
     /// [`MAX_CQE`] (`EINVAL`, as `ibv_create_cq(3)`).
-    pub fn new(handle: u32, capacity: usize) -> Result<Arc<Cq>, VerbsError> {
+    pub fn new(handle: u32, capacity: usize) -> Result<Arc<CompletionQueue>, VerbsError> {
         if capacity == 0 || capacity > MAX_CQE {
             return Err(VerbsError::InvalidArgument { what: "cqe" });
         }
-        Ok(Arc::new(Cq {
+        Ok(Arc::new(CompletionQueue {
             handle,
             capacity,
             inner: Mutex::new(Inner::default()),
@@ -182,7 +182,7 @@ impl Cq {
     ///
     /// # Errors
     ///
-    /// As [`Cq::poll`].
+    /// As [`CompletionQueue::poll`].
     pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         let mut g = self.lock();
         if g.queue.is_empty() && g.error {
@@ -230,8 +230,8 @@ impl Cq {
     }
 
     /// A future that resolves when a completion is queued or the CQ is in error
-    /// (then [`Cq::poll`] returns something). Executor-agnostic: it registers the
-    /// task's waker, which [`Cq::push`] wakes; the check and the registration happen
+    /// (then [`CompletionQueue::poll`] returns something). Executor-agnostic: it registers the
+    /// task's waker, which [`CompletionQueue::push`] wakes; the check and the registration happen
     /// under the CQ lock, so no wake-up is lost.
     pub fn wait_async(&self) -> WaitAsync<'_> {
         WaitAsync { cq: self }
@@ -243,11 +243,11 @@ impl Cq {
     }
 }
 
-/// Future returned by [`Cq::wait_async`].
+/// Future returned by [`CompletionQueue::wait_async`].
 #[derive(Debug)]
 #[must_use = "futures do nothing unless awaited"]
 pub struct WaitAsync<'a> {
-    cq: &'a Cq,
+    cq: &'a CompletionQueue,
 }
 
 impl Future for WaitAsync<'_> {
@@ -278,8 +278,8 @@ mod tests {
 
     #[test]
     fn fifo_and_capacity() {
-        assert!(Cq::new(1, 0).is_err());
-        let cq = Cq::new(1, 3).unwrap();
+        assert!(CompletionQueue::new(1, 0).is_err());
+        let cq = CompletionQueue::new(1, 3).unwrap();
         for i in 0..3 {
             cq.push(wc(i)).unwrap();
         }
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn overflow_is_an_error_never_silent() {
-        let cq = Cq::new(7, 2).unwrap();
+        let cq = CompletionQueue::new(7, 2).unwrap();
         cq.push(wc(0)).unwrap();
         cq.push(wc(1)).unwrap();
         assert_eq!(cq.push(wc(2)), Err(CqError::Overflow { cq: 7, lost: 1 }));
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn blocking_wait() {
-        let cq = Cq::new(1, 4).unwrap();
+        let cq = CompletionQueue::new(1, 4).unwrap();
         assert!(!cq.wait(Duration::from_millis(5)));
         let c = Arc::clone(&cq);
         let t = std::thread::spawn(move || {
@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn async_wait_is_woken_by_push() {
-        let cq = Cq::new(1, 4).unwrap();
+        let cq = CompletionQueue::new(1, 4).unwrap();
         let c = Arc::clone(&cq);
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

@@ -52,7 +52,7 @@
 //! # The QP type
 //!
 //! The provider's `Qp` is [`SoftQp`] (`Arc<Qp>`): create the QP with
-//! [`Device::create_qp`](crate::device::Device::create_qp), wrap it in an `Arc`, and pass it as
+//! [`Device::create_qp`](crate::api::device::Device::create_qp), wrap it in an `Arc`, and pass it as
 //! `ConnectParams::qp` / `AcceptParams::qp` (each connection needs its own QP). `QpCap`
 //! comes from the `verbs` crate. The initiator hears `ConnectReply { status: Ok, .. }`
 //! when connected, the accepted child `Established`.
@@ -98,11 +98,10 @@ use iw_cm::{
 };
 use verbs::VerbsError;
 
-use crate::device::{ConnectRequest, Device, DeviceError, Listener, QpConnection};
-use crate::engine::DeviceEnd;
-use crate::mpa_conn::{CallError, MpaError};
-use crate::stack::{CloseMode, ConnError, ConnEvent, MpaParams, StackError, MAX_BACKLOG};
-use crate::verbs_api::Qp;
+use crate::transport::mpa_conn::{CallError, MpaError};
+use crate::transport::{CloseMode, ConnError, ConnEvent, MpaParams, StackError, MAX_BACKLOG};
+use crate::Qp;
+use crate::{ConnectRequest, Device, DeviceEnd, DeviceError, Listener, QpConnection};
 use mpa::negotiate::SettingsError;
 
 /// The provider's QP handle: a shared [`Qp`] (create it with [`Device::create_qp`] and
@@ -270,7 +269,7 @@ impl SoftConn {
     }
 
     /// The device connection's id, once connecting or accepted.
-    pub fn conn_id(&self) -> Option<crate::stack::ConnId> {
+    pub fn conn_id(&self) -> Option<crate::transport::ConnId> {
         lock(&self.0.st).conn.as_ref().map(|c| c.id())
     }
 }
@@ -564,8 +563,8 @@ fn provider_thread(inner: Arc<Inner>) {
 /// use std::net::{Ipv4Addr, SocketAddr};
 /// use std::sync::Arc;
 /// use iw_cm::{CmConfig, CmEvent, CmIdRef, Disposition, IwCm};
-/// use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-/// use softiwarp::iwcm_provider::SoftProvider;
+/// use softiwarp::{Device, DeviceConfig, LinkConfig};
+/// use softiwarp::cm::iwcm::SoftProvider;
 /// use softiwarp::link::{MemoryConfig, MemoryLink};
 ///
 /// let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
@@ -876,7 +875,7 @@ impl Provider for SoftProvider {
 mod tests {
     use super::*;
     use crate::link::GoneReason;
-    use crate::stack::TimeoutPhase;
+    use crate::transport::TimeoutPhase;
 
     #[test]
     fn failures_before_establishment_map_to_connect_statuses() {

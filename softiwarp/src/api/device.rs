@@ -1,73 +1,11 @@
-//! The soft iWARP device as applications (and, next, the iw-cm provider) see it: open a
-//! device on a link, listen, connect, accept or reject, move ULPDUs, close; and make
-//! verbs objects ([`Device::alloc_pd`], [`Device::create_cq`], [`Device::create_qp`],
-//! see [`crate::verbs_api`]) and bind QPs to connections ([`Device::connect_qp`],
-//! [`ConnectRequest::accept_qp`], giving a [`QpConnection`]).
-//!
-//! [`Device::open`] starts the device's engine thread ([`crate::engine`]), which opens the
-//! link (entering a network namespace first if asked) and runs the [`Stack`]. Every call
-//! below enqueues a command for the engine and wakes it; results come back on one-shot
-//! channels, events on queues. Nothing here runs on the engine thread and the engine
-//! never waits on a caller.
-//!
-//! # How this maps onto the iw-cm provider interface ([`crate::iwcm_provider`])
-//!
-//! | iw-cm provider | here |
-//! |---|---|
-//! | `create_listen(port, backlog)` | [`Device::listen`] |
-//! | `destroy_listen` | dropping the [`Listener`] / [`Listener::close`] |
-//! | `connect(addr, private data, ird, ord)` | [`Device::connect`]; with the QP: [`Device::connect_qp`] |
-//! | `accept(private data, ird, ord)` | [`ConnectRequest::accept`]; with the QP: [`ConnectRequest::accept_qp`] |
-//! | QP ref/deref (the CM holds the QP while connected) | the engine holds the QP's protocol state; [`Qp::destroy`] is safe at any time |
-//! | `reject(private data)` | [`ConnectRequest::reject`] |
-//! | `disconnect(abrupt?)` | [`Connection::close`] with [`CloseMode`] |
-//! | `CONNECT_REQUEST` | [`Listener::next_request`] |
-//! | `CONNECT_REPLY` (0 / `ECONNREFUSED` / `ETIMEDOUT` / `ECONNRESET`) | [`ConnEvent::Established`] / [`ConnEvent::Failed`] with [`ConnError::Rejected`] (with the reply's private data) or [`ConnError::Refused`], [`ConnError::TimedOut`], [`ConnError::Reset`] |
-//! | `ESTABLISHED` | [`ConnEvent::Established`] (responder) |
-//! | `DISCONNECT`, `CLOSE` | [`ConnEvent::Disconnected`], [`ConnEvent::Closed`] / [`ConnEvent::Failed`] |
-//! | device removal | [`DeviceEvent::DeviceGone`], every connection `Failed(DeviceGone)` |
-//!
-//! Events are enqueued per connection in order, never called up: the provider's event
-//! worker drains them.
-//!
-//! # QPs on connections
-//!
-//! A QP bound by [`Device::connect_qp`] / [`ConnectRequest::accept_qp`] is the
-//! connection's upper layer ([`crate::qp_ulp`]): it moves to RTS with the negotiated
-//! ORD/IRD when MPA reaches full operation, runs its RDMAP traffic on the connection,
-//! sends its Terminates on it, and goes to Error (flushing every WR) when the
-//! connection fails or closes, or the device goes away. The connection's events still
-//! come through the [`QpConnection`]. See `lib.rs` for a complete example.
-//!
-//! # Example (memory link, no privileges)
-//!
-//! ```
-//! use std::net::Ipv4Addr;
-//! use std::time::Duration;
-//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-//! use softiwarp::link::{MemoryConfig, MemoryLink};
-//! use softiwarp::stack::MpaParams;
-//!
-//! let (a, b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
-//! let server = Device::open(DeviceConfig::new(
-//!     "srv", LinkConfig::memory(b), Ipv4Addr::new(10, 9, 0, 2), 24)).unwrap();
-//! let client = Device::open(DeviceConfig::new(
-//!     "cli", LinkConfig::memory(a), Ipv4Addr::new(10, 9, 0, 1), 24)).unwrap();
-//! let listener = server.listen(4791, 8).unwrap();
-//! let conn = client.connect(Ipv4Addr::new(10, 9, 0, 2), 4791, MpaParams {
-//!     private_data: b"hi".to_vec(), ird: 1, ord: 1, settings: None }).unwrap();
-//! let request = listener.next_request(Duration::from_secs(5)).unwrap();
-//! assert_eq!(request.private_data(), b"hi");
-//! let served = request.accept(b"", 1, 1).unwrap();
-//! conn.wait_established(Duration::from_secs(5)).unwrap();
-//! conn.send_ulpdu(b"a DDP segment", Duration::from_secs(1)).unwrap();
-//! assert_eq!(served.recv_ulpdu(Duration::from_secs(5)).unwrap(), b"a DDP segment");
-//! ```
+//! The device and its connections: [`Device`] (where the calls, their mapping onto the
+//! iw-cm provider interface and an example are documented), [`Listener`],
+//! [`ConnectRequest`], [`Connection`] and [`QpConnection`], re-exported at the crate root.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
@@ -78,24 +16,19 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use verbs::{AsyncEvent, VerbsError};
 
+use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
 use crate::engine::{
-    Command, DeviceEnd, DeviceEvent, Engine, EngineConfig, EventQueue, PendingRequest, Shared,
+    Command, DeviceError, DeviceEvent, Engine, EngineConfig, Handle, PendingRequest, Shared,
 };
 use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
-use crate::mr::MrTable;
-use crate::phy::{InterfaceConfig, TcpConfig};
-use crate::stack::{
+use crate::resources::event_queue::{DeviceEnd, EventQueue};
+use crate::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
+use crate::transport::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
+use crate::transport::{
     CloseMode, ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId,
-    MpaDefaults, MpaParams, Stack, StackConfig, StackError, DEFAULT_CONNECT_TIMEOUT_US,
+    MpaDefaults, MpaParams, Stack, StackConfig, DEFAULT_CONNECT_TIMEOUT_US,
     DEFAULT_TERMINATE_LINGER_US,
 };
-use crate::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
-use crate::verbs_api::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
-
-/// How long a call waits for the engine's answer before giving up with
-/// [`DeviceError::NoAnswer`]: 10 s (the engine answers in microseconds; this only guards
-/// against a wedged engine).
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which link a device runs on.
 pub enum LinkSpec {
@@ -220,33 +153,6 @@ impl DeviceConfig {
     }
 }
 
-/// Errors of device calls.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// The link could not be opened or set up.
-    #[error("link: {0}")]
-    Link(#[from] LinkError),
-    /// The stack refused the call (bad port, backlog, settings, state...).
-    #[error("{0}")]
-    Stack(#[from] StackError),
-    /// The engine thread could not be started, or could not enter the namespace.
-    #[error("engine thread: {0}")]
-    Thread(std::io::Error),
-    /// The device's link is gone (device removal).
-    #[error("device gone ({0:?})")]
-    Gone(GoneReason),
-    /// The device was shut down.
-    #[error("device shut down")]
-    Closed,
-    /// The engine did not answer within [`COMMAND_TIMEOUT`].
-    #[error("no answer from the engine")]
-    NoAnswer,
-    /// A verbs object was refused (e.g. a QP not in Reset or Init, already bound to
-    /// a connection, or of another device).
-    #[error("verbs: {0}")]
-    Verbs(#[from] VerbsError),
-}
-
 /// Errors of [`Connection::wait_established`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {
@@ -275,163 +181,73 @@ pub enum ListenError {
     Gone(GoneReason),
 }
 
-/// What connections, listeners and verbs objects hold of their device.
-#[derive(Debug)]
-pub(crate) struct Handle {
-    cmds: Sender<Command>,
-    waker: Waker,
-    shared: Arc<Shared>,
-    /// The device's STag table (PDs and MRs).
-    pub(crate) mrs: Arc<MrTable>,
-    next_qpn: std::sync::atomic::AtomicU32,
-    next_cq: std::sync::atomic::AtomicU32,
-}
-
-impl Handle {
-    /// `Err(DeviceGone)` once the device is gone or shut down.
-    pub(crate) fn alive(&self) -> Result<(), VerbsError> {
-        match self.shared.ended() {
-            Some(_) => Err(VerbsError::DeviceGone),
-            None => Ok(()),
-        }
-    }
-
-    /// Holds the device's gate open (for reading): while the guard lives, WRs queued on
-    /// a QP are certain to be taken by the engine. `Err(DeviceGone)` once the engine
-    /// took its last command.
-    pub(crate) fn gate(&self) -> Result<std::sync::RwLockReadGuard<'_, bool>, VerbsError> {
-        let gate = self
-            .shared
-            .gate
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *gate {
-            return Err(VerbsError::DeviceGone);
-        }
-        Ok(gate)
-    }
-
-    /// Enqueues QP work for the engine, without waking it. Refused with
-    /// [`VerbsError::DeviceGone`] once the engine took its last command; otherwise
-    /// the engine is certain to run it (see `Shared::gate`).
-    pub(crate) fn enqueue(&self, cmd: Command) -> Result<(), VerbsError> {
-        let _gate = self.gate()?;
-        self.cmds.send(cmd).map_err(|_| VerbsError::DeviceGone)
-    }
-
-    /// Rings QP `qpn`'s doorbell: the engine takes its newly posted WRs.
-    pub(crate) fn ring(&self, qpn: u32) {
-        self.shared
-            .doorbell
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(qpn);
-        self.waker.wake();
-    }
-
-    /// Wakes the engine thread.
-    pub(crate) fn wake(&self) {
-        self.waker.wake();
-    }
-
-    /// Enqueues a command with a reply channel and waits for the answer (verbs
-    /// calls): `DeviceGone` if the engine ended, an `ETIMEDOUT` [`VerbsError::Os`] if
-    /// it did not answer within [`COMMAND_TIMEOUT`].
-    pub(crate) fn call_verbs<T>(
-        &self,
-        call: &'static str,
-        make: impl FnOnce(Sender<Result<T, VerbsError>>) -> Command,
-    ) -> Result<T, VerbsError> {
-        let (tx, rx) = mpsc::channel();
-        self.enqueue(make(tx))?;
-        self.wake();
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
-                call,
-                errno: libc::ETIMEDOUT,
-            }),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(VerbsError::DeviceGone),
-        }
-    }
-
-    /// The next QP number (never 0; wraps after 2^32 - 1).
-    pub(crate) fn next_qpn(&self) -> u32 {
-        loop {
-            let n = self
-                .next_qpn
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n != 0 {
-                return n;
-            }
-        }
-    }
-
-    /// The next CQ handle.
-    pub(crate) fn next_cq(&self) -> u32 {
-        self.next_cq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The device's verbs asynchronous event queue.
-    pub(crate) fn async_events(&self) -> Arc<EventQueue<AsyncEvent>> {
-        Arc::clone(&self.shared.async_events)
-    }
-
-    /// The engine's "poll again" flag.
-    pub(crate) fn kick(&self) -> Arc<std::sync::atomic::AtomicBool> {
-        Arc::clone(&self.shared.kick)
-    }
-
-    /// Sends a command whose reply is a [`DeviceError`] result and waits for it.
-    fn call_dev<T>(
-        &self,
-        make: impl FnOnce(Sender<Result<T, DeviceError>>) -> Command,
-    ) -> Result<T, DeviceError> {
-        let (tx, rx): (_, Receiver<Result<T, DeviceError>>) = mpsc::channel();
-        self.post(make(tx))?;
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
-        }
-    }
-
-    fn ended_error(&self) -> DeviceError {
-        match self.shared.ended() {
-            Some(DeviceEnd::Gone(r)) => DeviceError::Gone(r),
-            _ => DeviceError::Closed,
-        }
-    }
-
-    /// Sends a command without waiting.
-    fn post(&self, cmd: Command) -> Result<(), DeviceError> {
-        if let Some(DeviceEnd::Gone(r)) = self.shared.ended() {
-            return Err(DeviceError::Gone(r));
-        }
-        self.cmds.send(cmd).map_err(|_| self.ended_error())?;
-        self.waker.wake();
-        Ok(())
-    }
-
-    /// Sends a command and waits for its result.
-    fn call<T>(
-        &self,
-        make: impl FnOnce(Sender<Result<T, StackError>>) -> Command,
-    ) -> Result<T, DeviceError> {
-        let (tx, rx): (_, Receiver<Result<T, StackError>>) = mpsc::channel();
-        self.post(make(tx))?;
-        match rx.recv_timeout(COMMAND_TIMEOUT) {
-            Ok(r) => Ok(r?),
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
-        }
-    }
-}
-
-/// A soft iWARP device: an engine thread running a [`Stack`] on a link. See the
-/// [module docs](self). Dropping it shuts the device down (connections are reset) and
-/// joins the engine thread.
+/// A soft iWARP device: an engine thread running a [`Stack`] on a link. Dropping it
+/// shuts the device down (connections are reset) and joins the engine thread.
+///
+/// As applications (and the iw-cm provider) see it: open a device on a link, listen, connect, accept or reject, move ULPDUs, close; and make
+/// verbs objects ([`Device::alloc_pd`], [`Device::create_cq`], [`Device::create_qp`],
+/// see the [crate documentation](crate)) and bind QPs to connections ([`Device::connect_qp`],
+/// [`ConnectRequest::accept_qp`], giving a [`QpConnection`]).
+///
+/// [`Device::open`] starts the device's engine thread, which opens the
+/// link (entering a network namespace first if asked) and runs the [`Stack`]. Every call
+/// below enqueues a command for the engine and wakes it; results come back on one-shot
+/// channels, events on queues. Nothing here runs on the engine thread and the engine
+/// never waits on a caller.
+///
+/// # How this maps onto the iw-cm provider interface ([`crate::cm::iwcm`])
+///
+/// | iw-cm provider | here |
+/// |---|---|
+/// | `create_listen(port, backlog)` | [`Device::listen`] |
+/// | `destroy_listen` | dropping the [`Listener`] / [`Listener::close`] |
+/// | `connect(addr, private data, ird, ord)` | [`Device::connect`]; with the QP: [`Device::connect_qp`] |
+/// | `accept(private data, ird, ord)` | [`ConnectRequest::accept`]; with the QP: [`ConnectRequest::accept_qp`] |
+/// | QP ref/deref (the CM holds the QP while connected) | the engine holds the QP's protocol state; [`Qp::destroy`] is safe at any time |
+/// | `reject(private data)` | [`ConnectRequest::reject`] |
+/// | `disconnect(abrupt?)` | [`Connection::close`] with [`CloseMode`] |
+/// | `CONNECT_REQUEST` | [`Listener::next_request`] |
+/// | `CONNECT_REPLY` (0 / `ECONNREFUSED` / `ETIMEDOUT` / `ECONNRESET`) | [`ConnEvent::Established`] / [`ConnEvent::Failed`] with [`ConnError::Rejected`] (with the reply's private data) or [`ConnError::Refused`], [`ConnError::TimedOut`], [`ConnError::Reset`] |
+/// | `ESTABLISHED` | [`ConnEvent::Established`] (responder) |
+/// | `DISCONNECT`, `CLOSE` | [`ConnEvent::Disconnected`], [`ConnEvent::Closed`] / [`ConnEvent::Failed`] |
+/// | device removal | [`DeviceEvent::DeviceGone`], every connection `Failed(DeviceGone)` |
+///
+/// Events are enqueued per connection in order, never called up: the provider's event
+/// worker drains them.
+///
+/// # QPs on connections
+///
+/// A QP bound by [`Device::connect_qp`] / [`ConnectRequest::accept_qp`] is the
+/// connection's upper layer ([`crate::rdmap::binding`]): it moves to RTS with the negotiated
+/// ORD/IRD when MPA reaches full operation, runs its RDMAP traffic on the connection,
+/// sends its Terminates on it, and goes to Error (flushing every WR) when the
+/// connection fails or closes, or the device goes away. The connection's events still
+/// come through the [`QpConnection`]. See `lib.rs` for a complete example.
+///
+/// # Example (memory link, no privileges)
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::Duration;
+/// use softiwarp::{Device, DeviceConfig, LinkConfig};
+/// use softiwarp::link::{MemoryConfig, MemoryLink};
+/// use softiwarp::transport::MpaParams;
+///
+/// let (a, b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+/// let server = Device::open(DeviceConfig::new(
+///     "srv", LinkConfig::memory(b), Ipv4Addr::new(10, 9, 0, 2), 24)).unwrap();
+/// let client = Device::open(DeviceConfig::new(
+///     "cli", LinkConfig::memory(a), Ipv4Addr::new(10, 9, 0, 1), 24)).unwrap();
+/// let listener = server.listen(4791, 8).unwrap();
+/// let conn = client.connect(Ipv4Addr::new(10, 9, 0, 2), 4791, MpaParams {
+///     private_data: b"hi".to_vec(), ird: 1, ord: 1, settings: None }).unwrap();
+/// let request = listener.next_request(Duration::from_secs(5)).unwrap();
+/// assert_eq!(request.private_data(), b"hi");
+/// let served = request.accept(b"", 1, 1).unwrap();
+/// conn.wait_established(Duration::from_secs(5)).unwrap();
+/// conn.send_ulpdu(b"a DDP segment", Duration::from_secs(1)).unwrap();
+/// assert_eq!(served.recv_ulpdu(Duration::from_secs(5)).unwrap(), b"a DDP segment");
+/// ```
 #[derive(Debug)]
 pub struct Device {
     handle: Arc<Handle>,
@@ -548,14 +364,7 @@ impl Device {
         };
         tracing::info!(device = %name, address = %interface.address, mtu = started.mtu, "device open");
         Ok(Device {
-            handle: Arc::new(Handle {
-                cmds: cmd_tx,
-                waker: Waker::engine(wake),
-                shared,
-                mrs: Arc::new(MrTable::new()),
-                next_qpn: std::sync::atomic::AtomicU32::new(1),
-                next_cq: std::sync::atomic::AtomicU32::new(1),
-            }),
+            handle: Arc::new(Handle::new(cmd_tx, Waker::engine(wake), shared)),
             thread: Some(thread),
             name,
             address: interface.address,
@@ -584,22 +393,22 @@ impl Device {
 
     /// Resolves the Ethernet address of `ip`, an on-link neighbour (the peer or the
     /// gateway), by ARP through the device's stack, giving up after `timeout`
-    /// (`rdma_resolve_addr`'s neighbour step; see [`crate::neighbor`]). `done` is
+    /// (`rdma_resolve_addr`'s neighbour step; see [`crate::transport::neighbor`]). `done` is
     /// called exactly once: on the engine thread when the ARP Reply comes or the time
-    /// is up ([`NeighborError::TimedOut`](crate::neighbor::NeighborError::TimedOut)), or
+    /// is up ([`NeighborError::TimedOut`](crate::transport::neighbor::NeighborError::TimedOut)), or
     /// on the engine thread / this thread with
-    /// [`NeighborError::NotOnLink`](crate::neighbor::NeighborError::NotOnLink) (not a
+    /// [`NeighborError::NotOnLink`](crate::transport::neighbor::NeighborError::NotOnLink) (not a
     /// unicast address of the subnet) or
-    /// [`NeighborError::DeviceGone`](crate::neighbor::NeighborError::DeviceGone) (the
+    /// [`NeighborError::DeviceGone`](crate::transport::neighbor::NeighborError::DeviceGone) (the
     /// device ended first). It must only enqueue (hand the result to a queue or a
     /// channel): the engine never runs user code or waits for it.
     pub fn resolve_neighbor(
         &self,
         ip: Ipv4Addr,
         timeout: Duration,
-        done: impl FnOnce(crate::neighbor::NeighborResult) + Send + 'static,
+        done: impl FnOnce(crate::transport::neighbor::NeighborResult) + Send + 'static,
     ) {
-        let reply = crate::neighbor::NeighborReply::new(done);
+        let reply = crate::transport::neighbor::NeighborReply::new(done);
         // On failure the command is dropped, which completes `done` with DeviceGone.
         let _ = self
             .handle
@@ -641,12 +450,12 @@ impl Device {
     }
 
     /// Raised by the engine after it queued connection, listener or device events.
-    pub(crate) fn activity(&self) -> &crate::event_signal::EventSignal {
+    pub(crate) fn activity(&self) -> &crate::engine::event_signal::EventSignal {
         &self.handle.shared.activity
     }
 
     /// Listens on TCP `port` with room for `backlog` undecided connections (1..=1024),
-    /// negotiating with the device's MPA defaults (see [`crate::stack`] for how the
+    /// negotiating with the device's MPA defaults (see [`crate::transport`] for how the
     /// backlog works with smoltcp: beyond it, SYNs are answered with RST).
     ///
     /// Errors: [`DeviceError::Stack`] with `InvalidPort`, `InvalidBacklog`, `PortInUse`;
@@ -703,7 +512,7 @@ impl Device {
             end: e,
             reply,
         })?;
-        Ok(Connection::new(id, end, self.handle.clone()))
+        Ok(Connection::new(id, end, self.handle.clone(), UlpduStream))
     }
 
     /// Shuts the device down: every connection is reset and fails with
@@ -735,10 +544,13 @@ impl Device {
     /// (`ibv_create_cq(3)` `cqe`).
     ///
     /// Errors: [`VerbsError::InvalidArgument`] `"cqe"` for 0 or above
-    /// [`crate::cq::MAX_CQE`]; [`VerbsError::DeviceGone`].
+    /// [`crate::resources::completion_queue::MAX_CQE`]; [`VerbsError::DeviceGone`].
     pub fn create_cq(&self, capacity: usize) -> Result<Cq, VerbsError> {
         self.handle.alive()?;
-        let cq = crate::cq::Cq::new(self.handle.next_cq(), capacity)?;
+        let cq = crate::resources::completion_queue::CompletionQueue::new(
+            self.handle.next_cq(),
+            capacity,
+        )?;
         Ok(Cq::new(CqInner::new(cq, Arc::clone(&self.handle))))
     }
 
@@ -794,10 +606,12 @@ impl Device {
             qpn,
             reply,
         })?;
-        Ok(QpConnection {
-            conn: Connection::new(id, end, self.handle.clone()),
-            qp_num: qpn,
-        })
+        Ok(Connection::new(
+            id,
+            end,
+            self.handle.clone(),
+            QpBound { qp_num: qpn },
+        ))
     }
 }
 
@@ -921,7 +735,12 @@ impl ConnectRequest {
             reply,
         })?;
         self.decided = true;
-        Ok(Connection::new(conn, self.end.clone(), self.handle.clone()))
+        Ok(Connection::new(
+            conn,
+            self.end.clone(),
+            self.handle.clone(),
+            UlpduStream,
+        ))
     }
 
     /// Accepts with `private_data` (bytes), `ird` and `ord` (14 bits) and binds `qp`
@@ -955,10 +774,12 @@ impl ConnectRequest {
             reply,
         })?;
         self.decided = true;
-        Ok(QpConnection {
-            conn: Connection::new(conn, self.end.clone(), self.handle.clone()),
-            qp_num: qpn,
-        })
+        Ok(Connection::new(
+            conn,
+            self.end.clone(),
+            self.handle.clone(),
+            QpBound { qp_num: qpn },
+        ))
     }
 
     /// Rejects with `private_data` (bytes): a reject Reply (R set, RFC 5044 7.1.1) is
@@ -990,24 +811,49 @@ impl Drop for ConnectRequest {
     }
 }
 
-/// One connection (pending, established, or ended). ULPDUs go through bounded queues
-/// ([`StreamConfig`]); events come in order ([`Connection::next_event`]). Dropping it
-/// closes it gracefully if it is still open.
+/// One connection (pending, established, or ended); events come in order
+/// ([`Connection::next_event`]). `K` is what runs on it: the stream upper
+/// ([`UlpduStream`], the default: the application's ULPDUs go through bounded queues,
+/// [`StreamConfig`]) or a QP ([`QpBound`]: a [`QpConnection`]). Dropping it closes it
+/// gracefully if it is still open.
 #[derive(Debug)]
-pub struct Connection {
+pub struct Connection<K = UlpduStream> {
     id: ConnId,
     end: StreamEnd,
     handle: Arc<Handle>,
     closed: AtomicBool,
+    kind: K,
 }
 
-impl Connection {
-    fn new(id: ConnId, end: StreamEnd, handle: Arc<Handle>) -> Self {
+/// What runs on a [`Connection`] of the stream upper: ULPDUs the application sends
+/// ([`Connection::send_ulpdu`]) and receives ([`Connection::recv_ulpdu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UlpduStream;
+
+/// What runs on a [`QpConnection`]: the RDMAP traffic of the QP numbered
+/// [`QpConnection::qp_num`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpBound {
+    qp_num: u32,
+}
+
+/// A connection bound to a QP ([`Device::connect_qp`], [`ConnectRequest::accept_qp`]):
+/// the QP's RDMAP traffic runs on it, so unlike a stream [`Connection`] it moves no
+/// ULPDUs of its own; it carries the connection's events ([`ConnEvent::Established`],
+/// [`ConnEvent::Disconnected`], [`ConnEvent::Closed`], [`ConnEvent::Failed`]) and closes
+/// it. Dropping it closes the connection gracefully if it is still open (the QP then
+/// goes to Error).
+pub type QpConnection = Connection<QpBound>;
+
+/// The calls of every connection, whatever runs on it.
+impl<K> Connection<K> {
+    fn new(id: ConnId, end: StreamEnd, handle: Arc<Handle>, kind: K) -> Self {
         Connection {
             id,
             end,
             handle,
             closed: AtomicBool::new(false),
+            kind,
         }
     }
 
@@ -1016,8 +862,8 @@ impl Connection {
         self.id
     }
 
-    /// Waits up to `timeout` until the connection is established and returns its
-    /// parameters. Events are not consumed.
+    /// Waits up to `timeout` until the connection is established (a bound QP is then in
+    /// RTS) and returns its parameters. Events are not consumed.
     ///
     /// Errors: [`ConnectError::Timeout`], [`ConnectError::Failed`] (rejected with the
     /// reply's private data, refused, timed out, reset, MPA error, device gone),
@@ -1045,7 +891,7 @@ impl Connection {
         self.end.established()
     }
 
-    /// The agreed MPA settings, once established.
+    /// The agreed MPA settings (with the negotiated IRD and ORD), once established.
     pub fn agreed(&self) -> Option<Agreed> {
         self.end.established().map(|e| e.agreed)
     }
@@ -1065,6 +911,28 @@ impl Connection {
         self.end.wait_ended(timeout)
     }
 
+    /// Closes the connection (`rdma_disconnect(3)` for a QP's). Graceful: ULPDUs already
+    /// queued (or what the QP is sending) are sent, then MPA/TCP close (FIN); abortive:
+    /// RST now. [`ConnEvent::Closed`] follows (unless it failed first). Sends fail from
+    /// now on; a bound QP goes to Error and its outstanding WRs are flushed once the
+    /// connection has ended.
+    ///
+    /// Errors: [`DeviceError::Stack`] with `WrongState` if it already ended,
+    /// `NoSuchConnection` if it is gone; [`DeviceError::Gone`], [`DeviceError::Closed`].
+    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
+        self.closed.store(true, Ordering::Relaxed);
+        self.end.mark_closed();
+        let conn = self.id;
+        self.handle.call(|reply| Command::Close {
+            conn,
+            mode,
+            reply: Some(reply),
+        })
+    }
+}
+
+/// The ULPDU calls of a stream connection.
+impl Connection {
     /// Queues one ULPDU (1..=MULPDU bytes) to send, waiting up to `timeout` for room in
     /// the send queue (backpressure).
     ///
@@ -1153,26 +1021,9 @@ impl Connection {
     pub fn try_recv_ulpdu(&self) -> Result<Vec<u8>, RecvError> {
         self.end.try_recv()
     }
-
-    /// Closes the connection. Graceful: ULPDUs already queued are sent, then MPA/TCP
-    /// close (FIN); abortive: RST now. [`ConnEvent::Closed`] follows (unless it failed
-    /// first). Sends fail from now on.
-    ///
-    /// Errors: [`DeviceError::Stack`] with `WrongState` if it already ended,
-    /// `NoSuchConnection` if it is gone; [`DeviceError::Gone`], [`DeviceError::Closed`].
-    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
-        self.closed.store(true, Ordering::Relaxed);
-        self.end.mark_closed();
-        let conn = self.id;
-        self.handle.call(|reply| Command::Close {
-            conn,
-            mode,
-            reply: Some(reply),
-        })
-    }
 }
 
-impl Drop for Connection {
+impl<K> Drop for Connection<K> {
     fn drop(&mut self) {
         if !self.closed.load(Ordering::Relaxed) && self.end.ended().is_none() {
             let _ = self.handle.post(Command::Close {
@@ -1184,73 +1035,9 @@ impl Drop for Connection {
     }
 }
 
-/// A connection bound to a QP ([`Device::connect_qp`], [`ConnectRequest::accept_qp`]):
-/// the QP's RDMAP traffic runs on it, so unlike [`Connection`] it moves no ULPDUs of
-/// its own; it carries the connection's events ([`ConnEvent::Established`],
-/// [`ConnEvent::Disconnected`], [`ConnEvent::Closed`], [`ConnEvent::Failed`]) and closes
-/// it. Dropping it closes the connection gracefully if it is still open (the QP then
-/// goes to Error).
-#[derive(Debug)]
-pub struct QpConnection {
-    conn: Connection,
-    qp_num: u32,
-}
-
 impl QpConnection {
-    /// The connection's id on its device.
-    pub fn id(&self) -> ConnId {
-        self.conn.id()
-    }
-
     /// The number of the QP bound to it.
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
-    }
-
-    /// Waits up to `timeout` until the connection is established (the QP is then in
-    /// RTS) and returns its parameters. Events are not consumed.
-    ///
-    /// Errors: as [`Connection::wait_established`].
-    pub fn wait_established(&self, timeout: Duration) -> Result<Established, ConnectError> {
-        self.conn.wait_established(timeout)
-    }
-
-    /// The next event, waiting up to `timeout`; `None` if none came.
-    pub fn next_event(&self, timeout: Duration) -> Option<ConnEvent> {
-        self.conn.next_event(timeout)
-    }
-
-    /// The parameters, once established.
-    pub fn established(&self) -> Option<Established> {
-        self.conn.established()
-    }
-
-    /// The agreed MPA settings (with the negotiated IRD and ORD), once established.
-    pub fn agreed(&self) -> Option<Agreed> {
-        self.conn.agreed()
-    }
-
-    /// MULPDU in bytes, once established.
-    pub fn mulpdu(&self) -> Option<usize> {
-        self.conn.mulpdu()
-    }
-
-    /// The outcome once ended: `Some(None)` closed, `Some(Some(e))` failed.
-    pub fn ended(&self) -> Option<Option<ConnError>> {
-        self.conn.ended()
-    }
-
-    /// Waits up to `timeout` for the connection to end.
-    pub fn wait_ended(&self, timeout: Duration) -> Option<Option<ConnError>> {
-        self.conn.wait_ended(timeout)
-    }
-
-    /// Closes the connection (`rdma_disconnect(3)`). Graceful: what the QP is
-    /// sending goes out, then FIN; abortive: RST now. Either way the QP goes to Error
-    /// and its outstanding WRs are flushed once the connection has ended.
-    ///
-    /// Errors: as [`Connection::close`].
-    pub fn close(&self, mode: CloseMode) -> Result<(), DeviceError> {
-        self.conn.close(mode)
+        self.kind.qp_num
     }
 }

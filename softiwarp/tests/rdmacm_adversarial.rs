@@ -5,14 +5,13 @@
 //! a Destroy return from DeviceRemoval, many ids. Every case expects typed errors,
 //! exactly-once events, every posted WR completed and nothing left in the registries
 //! (design.md section 5, rdma-cm).
-#![cfg(not(loom))]
 
-mod soft_support;
+mod rdmacm_support;
 
 use iw_cm::ProviderError;
-use rdma_cm::soft::SoftDevice;
 use rdma_cm::{CmError, CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind};
-use soft_support::*;
+use rdmacm_support::*;
+use softiwarp::cm::rdmacm::SoftDevice;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};

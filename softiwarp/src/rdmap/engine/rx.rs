@@ -10,7 +10,9 @@ use ddp_rdmap::terminate::{
 use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
 use verbs::{AccessFlags, AsyncEvent, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
 
-use super::{status_for_terminate, vendor_err_for, IrqEntry, Phase, Piece, Qp, QpEvent, RxError};
+use super::{
+    status_for_terminate, vendor_err_for, IrqEntry, Phase, Piece, QpEngine, QpEvent, RxError,
+};
 
 /// Which local WR a protocol error concerns.
 #[derive(Debug, Clone, Copy)]
@@ -27,7 +29,7 @@ fn op_error(code: RdmapOperationCode) -> ErrorCause {
     ErrorCause::RdmapRemoteOperation(code)
 }
 
-impl Qp {
+impl QpEngine {
     /// Processes one incoming ULPDU: the bytes MPA delivers after the ULPDU Length
     /// field, before pad and CRC (RFC 5044 §4.1), already CRC-checked by the driver.
     ///
@@ -35,7 +37,7 @@ impl Qp {
     /// [`AsyncEvent::CommEst`]). Every check runs before any byte is placed:
     /// DDP/RDMAP header parsing (versions, opcode, T flag, lengths), the untagged
     /// queue rules (QN, MSN, MO, buffer length; RFC 5041 §5.3) and, for tagged and
-    /// Read Request messages, the STag checks of [`crate::mr`]. A failing check
+    /// Read Request messages, the STag checks of [`crate::resources::stag_table`]. A failing check
     /// queues the Terminate (see the [module documentation](super)).
     ///
     /// # Errors
@@ -341,7 +343,13 @@ impl Qp {
         &mut self,
         mo: usize,
         len: usize,
-    ) -> Option<Vec<(std::sync::Arc<crate::mr::Mr>, usize, usize)>> {
+    ) -> Option<
+        Vec<(
+            std::sync::Arc<crate::resources::stag_table::MemoryRegion>,
+            usize,
+            usize,
+        )>,
+    > {
         let pd = self.init.pd;
         let mrs = std::sync::Arc::clone(&self.mrs);
         let r = self.rq.front_mut()?;

@@ -1,5 +1,5 @@
-//! The soft iWARP device ([`softiwarp`]) as a [`CmDevice`]: [`SoftDevice`], and
-//! [`SoftRdmaCm`], the RDMA CM over soft devices (cargo feature `soft`, on by default).
+//! The soft iWARP device as an rdma-cm [`CmDevice`]: [`SoftDevice`], and [`SoftRdmaCm`],
+//! the RDMA CM over soft devices.
 //!
 //! | [`CmDevice`] | the soft device | kernel counterpart |
 //! |---|---|---|
@@ -8,8 +8,8 @@
 //! | `provider` | one [`SoftProvider`] per `SoftDevice` (its provider thread `iwp-<name>`) | siw's `iw_cm_verbs` |
 //! | `resolve_neighbor` | [`Device::resolve_neighbor`]: ARP through the device's own stack (Request at once, then every second, until the timeout) | `rdma_resolve_ip` -> `neigh_event_send` |
 //! | `create_qp` | [`Device::create_qp`], moved to Init (receives can be posted before connect/accept), wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` + `cma_init_conn_qp` |
-//! | `qp_to_error` | [`Qp::modify_state`](softiwarp::Qp::modify_state)`(Error)`: every outstanding WR completes flushed, a connection is closed abortively | `ib_modify_qp(IB_QPS_ERR)` |
-//! | `destroy_qp` | [`Qp::destroy`](softiwarp::Qp::destroy) if the CM held the last handle, else to Error and drop ours (the QP goes when the last handle does) | `ib_destroy_qp` |
+//! | `qp_to_error` | [`Qp::modify_state`](crate::Qp::modify_state)`(Error)`: every outstanding WR completes flushed, a connection is closed abortively | `ib_modify_qp(IB_QPS_ERR)` |
+//! | `destroy_qp` | [`Qp::destroy`](crate::Qp::destroy) if the CM held the last handle, else to Error and drop ours (the QP goes when the last handle does) | `ib_destroy_qp` |
 //! | `attached` | removal when the device ends (TAP deleted, fd error, memory link removed: [`SoftProvider::on_device_end`], before the connections' ends are reported, which then reach no id), and when its link goes down (configurable) | `cma_remove_one` from `ib_unregister_device`; `siw_netdev_event` |
 //!
 //! Address changes are not reported: a soft device's address is fixed when it is
@@ -18,9 +18,9 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use std::sync::Arc;
-//! use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
+//! use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 //! use rdma_cm::RdmaCmConfig;
-//! use softiwarp::device::{Device, DeviceConfig, LinkConfig};
+//! use softiwarp::{Device, DeviceConfig, LinkConfig};
 //! use softiwarp::link::{MemoryConfig, MemoryLink};
 //!
 //! let (a, _b) = MemoryLink::pair(MemoryConfig::default())?;
@@ -36,17 +36,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-pub use softiwarp;
-use softiwarp::device::{Device, DeviceError};
-use softiwarp::engine::DeviceEvent;
-use softiwarp::iwcm_provider::{SoftProvider, SoftQp};
-use softiwarp::neighbor::NeighborError;
-use softiwarp::{Pd, QpInitAttr};
+use rdma_cm::{
+    CmDevice, DeviceNotifier, Ipv4Subnet, NeighborDone, NeighborRequest, RdmaCm, ResolveError,
+};
 use verbs::{QpState, VerbsError};
 
-use crate::device::{CmDevice, DeviceNotifier, NeighborDone, NeighborRequest, ResolveError};
-use crate::registry::RdmaCm;
-use crate::route::Ipv4Subnet;
+use crate::cm::iwcm::{SoftProvider, SoftQp};
+use crate::transport::neighbor::NeighborError;
+use crate::{Device, DeviceError, DeviceEvent, Pd, QpInitAttr};
 
 /// The RDMA CM over soft iWARP devices.
 pub type SoftRdmaCm = RdmaCm<SoftDevice>;

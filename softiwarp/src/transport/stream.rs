@@ -1,12 +1,12 @@
-//! The stream upper: ULPDU queues between one connection of a [`Stack`](crate::stack::Stack)
+//! The stream upper: ULPDU queues between one connection of a [`Stack`](crate::transport::Stack)
 //! and the user, the first (and simplest) implementation of [`Ulp`].
 //!
 //! [`pair`] makes the two ends of one connection's queues:
 //!
-//! - [`StreamUlp`], given to the stack ([`Stack::connect`](crate::stack::Stack::connect) /
-//!   [`Stack::accept`](crate::stack::Stack::accept)): received ULPDUs go into the receive
+//! - [`StreamUlp`], given to the stack ([`Stack::connect`](crate::transport::Stack::connect) /
+//!   [`Stack::accept`](crate::transport::Stack::accept)): received ULPDUs go into the receive
 //!   queue, ULPDUs to send come out of the send queue, one per call.
-//! - [`StreamEnd`], kept by the user (wrapped by [`Connection`](crate::device::Connection)):
+//! - [`StreamEnd`], kept by the user (wrapped by [`Connection`](crate::api::device::Connection)):
 //!   [`StreamEnd::send`] / [`StreamEnd::try_send`] and [`StreamEnd::recv`] /
 //!   [`StreamEnd::try_recv`], the connection's events, and its state.
 //!
@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::EventFd;
 
-use crate::mpa_conn::CallError;
-use crate::stack::{ConnError, ConnEvent, EmitUlpdu, Established, Ulp};
+use crate::transport::mpa_conn::CallError;
+use crate::transport::{ConnError, ConnEvent, EmitUlpdu, Established, Ulp};
 
 /// Queue bounds of a stream connection, in bytes of ULPDUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,7 +277,7 @@ impl Shared {
 const TX_BATCH_DIVISOR: usize = 8;
 
 /// Recycled buffers the stack side takes from the pool at a time for staging received
-/// ULPDUs (one receive chunk of [`crate::stack::RX_CHUNK`] bytes holds at most 45
+/// ULPDUs (one receive chunk of [`crate::transport::RX_CHUNK`] bytes holds at most 45
 /// ULPDUs at MTU 1500).
 const STAGING_BUFFERS: usize = 64;
 
@@ -370,7 +370,7 @@ impl StreamEnd {
     }
 
     /// Hands a connection event to the user side: the driver routes every
-    /// [`StackEvent::Conn`](crate::stack::StackEvent::Conn) event of the connection here,
+    /// [`StackEvent::Conn`](crate::transport::StackEvent::Conn) event of the connection here,
     /// in order. The state the user side reports ([`StreamEnd::established`],
     /// [`StreamEnd::ended`], send and receive errors) follows these events.
     pub fn deliver_event(&self, event: ConnEvent) {

@@ -1,67 +1,5 @@
-//! The verbs objects of a soft device: [`Pd`], [`Mr`], [`Cq`] and [`Qp`], named and
-//! behaving as their libibverbs counterparts (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`,
-//! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_qp(3)`, `ibv_modify_qp(3)`,
-//! `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
-//!
-//! They are made from a [`Device`](crate::device::Device): [`Device::alloc_pd`],
-//! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_qp`]; a QP is bound to an
-//! iWARP connection by [`Device::connect_qp`] or
-//! [`ConnectRequest::accept_qp`](crate::device::ConnectRequest::accept_qp).
-//!
-//! [`Device::alloc_pd`]: crate::device::Device::alloc_pd
-//! [`Device::create_cq`]: crate::device::Device::create_cq
-//! [`Device::create_qp`]: crate::device::Device::create_qp
-//! [`Device::connect_qp`]: crate::device::Device::connect_qp
-//!
-//! # Threads (design.md §5)
-//!
-//! Every object is `Send + Sync`; calls take `&self` and may come from any number of
-//! application threads. A QP's protocol state belongs to the device's engine thread,
-//! which no call touches:
-//!
-//! - [`Qp::post_send`] / [`Qp::post_recv`] check the WR **on the caller's thread**
-//!   (the `ibv_post_send(3)` rules against the QP's capabilities, its ORD, the state
-//!   the engine last published, and the queue occupancy counted from the WRs posted
-//!   and the WRs the engine retired), return a typed [`VerbsError`] if it is refused,
-//!   and otherwise queue it on the QP's work queue and ring the doorbell (the engine
-//!   is woken once per batch it has not taken yet). The engine takes the queued WRs
-//!   before it handles anything else for the QP, in particular before every received
-//!   ULPDU, so a receive posted before the peer was told to send is there when the
-//!   Send arrives (as with a NIC reading its rings from host memory). From then on
-//!   the WR completes exactly once, on the QP's CQ (unless it is an unsignaled
-//!   successful send WR), whatever happens to the QP, the connection or the device.
-//! - [`Qp::modify_qp`] and [`Qp::destroy`] are answered by the engine (a round trip
-//!   of microseconds); [`Qp::query_qp`] reads what the engine published.
-//! - Completions come back through the [`Cq`]: [`Cq::poll`], the blocking
-//!   [`Cq::wait`] / [`Cq::poll_wait`], or the executor-agnostic [`Cq::wait_async`]
-//!   (usable from tokio). The engine never waits for the application and runs no
-//!   application code.
-//!
-//! # Memory
-//!
-//! An [`Mr`]'s buffer is allocated and owned by the library (zeroed at registration):
-//! the application fills and reads it with [`Mr::write`] / [`Mr::read`] at byte
-//! offsets, and names it in WRs by iova (`Mr::iova() + offset`) and STag
-//! ([`Mr::lkey`] = [`Mr::rkey`] = [`Mr::stag`]; [`Mr::sge`] builds an SGE). Data placed
-//! by the peer is visible once the WR's completion was polled (as with any RDMA
-//! device).
-//!
-//! # Object lifetime
-//!
-//! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs or QPs use
-//!   the PD, [`Cq::destroy`] while QPs use the CQ. A dropped QP uses them until the
-//!   engine flushed and removed it (so no completion reaches a destroyed CQ; a
-//!   destroyed CQ's [`Cq::poll`] fails with [`CqError::Destroyed`]). Dropping a handle
-//!   releases its object as the explicit call would (a PD or CQ once nothing uses it
-//!   any more).
-//! - [`Qp::destroy`] (and dropping a [`Qp`]) is safe at any time: the QP goes to Error
-//!   (every outstanding WR is flushed onto its CQ), its connection is closed, and no
-//!   completion of it is produced after `destroy` returns. After the device is gone
-//!   (or shut down) the engine has already flushed every QP, and destroy just
-//!   releases the handle.
-//! - After the device ended, calls that need the engine fail with
-//!   [`VerbsError::DeviceGone`] (`EIO`, as a disassociated uverbs device); CQs still
-//!   poll, MRs still read and write, QPs still answer [`Qp::query_qp`].
+//! The verbs objects of a soft device, [`Pd`], [`Mr`], [`Cq`] and [`Qp`], re-exported at
+//! the crate root, whose documentation gives their thread, memory and lifetime rules.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,12 +10,11 @@ use verbs::{
     Stag, VerbsError, WorkCompletion, WorkQueue,
 };
 
-use crate::cq::{Cq as CqObject, CqError, WaitAsync, MAX_CQE};
-use crate::device::Handle;
-use crate::engine::Command;
-use crate::mr::{Mr as MrObject, MrState, PdId, MAX_MR_LEN};
-use crate::qp::{validate_send_wr, Qp as QpEngine, QpInit, MAX_ORD_IRD};
-use crate::qp_ulp::{PostSide, QpCore, QpShared, QpStats};
+use crate::engine::{Command, Handle};
+use crate::rdmap::binding::{PostSide, QpCore, QpShared, QpStats, UsesGuard};
+use crate::rdmap::engine::{validate_send_wr, QpEngine, QpInit, MAX_ORD_IRD};
+use crate::resources::completion_queue::{CompletionQueue, CqError, WaitAsync, MAX_CQE};
+use crate::resources::stag_table::{MemoryRegion, MrState, PdId, MAX_MR_LEN};
 
 /// The limits of a soft device (`struct ibv_device_attr`, `ibv_query_device(3)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +79,7 @@ impl Drop for PdInner {
 }
 
 /// A protection domain (`struct ibv_pd`): MRs and QPs of one PD may be used together
-/// only (RFC 5040 §2). Made by [`Device::alloc_pd`](crate::device::Device::alloc_pd).
+/// only (RFC 5040 §2). Made by [`Device::alloc_pd`](crate::api::device::Device::alloc_pd).
 #[derive(Debug)]
 pub struct Pd {
     inner: Arc<PdInner>,
@@ -219,17 +156,17 @@ impl Pd {
 // Memory regions.
 
 /// A memory region (`struct ibv_mr`): library-owned memory and its registration (see
-/// the [module documentation](self)). Made by [`Pd::reg_mr`] or [`Pd::alloc_mr`];
+/// the [crate documentation](crate)). Made by [`Pd::reg_mr`] or [`Pd::alloc_mr`];
 /// dropping it deregisters it.
 #[derive(Debug)]
 pub struct Mr {
-    mr: Arc<MrObject>,
+    mr: Arc<MemoryRegion>,
     pd: Arc<PdInner>,
     deregistered: AtomicBool,
 }
 
 impl Mr {
-    fn new(mr: Arc<MrObject>, pd: Arc<PdInner>) -> Mr {
+    fn new(mr: Arc<MemoryRegion>, pd: Arc<PdInner>) -> Mr {
         Mr {
             mr,
             pd,
@@ -348,14 +285,14 @@ impl Drop for Mr {
 /// The CQ object behind a [`Cq`] handle and the QPs using it.
 #[derive(Debug)]
 pub(crate) struct CqInner {
-    cq: Arc<CqObject>,
+    cq: Arc<CompletionQueue>,
     handle: Arc<Handle>,
     users: AtomicUsize,
     destroyed: AtomicBool,
 }
 
 impl CqInner {
-    pub(crate) fn new(cq: Arc<CqObject>, handle: Arc<Handle>) -> CqInner {
+    pub(crate) fn new(cq: Arc<CompletionQueue>, handle: Arc<Handle>) -> CqInner {
         CqInner {
             cq,
             handle,
@@ -369,9 +306,9 @@ impl CqInner {
 /// engine fills and application threads take. An overflow is never silent: the CQ
 /// enters the error state, [`Cq::poll`] returns [`CqError::Overflow`] once the
 /// completions that fit are taken, an [`AsyncEvent::CqErr`] is queued (here and in
-/// [`Device::next_async_event`](crate::device::Device::next_async_event)), and the
+/// [`Device::next_async_event`](crate::api::device::Device::next_async_event)), and the
 /// QPs that lost a completion go to Error. Made by
-/// [`Device::create_cq`](crate::device::Device::create_cq).
+/// [`Device::create_cq`](crate::api::device::Device::create_cq).
 #[derive(Debug)]
 pub struct Cq {
     inner: Arc<CqInner>,
@@ -519,7 +456,7 @@ impl Cq {
 // ---------------------------------------------------------------------------------
 // Queue pairs.
 
-/// What [`Device::create_qp`](crate::device::Device::create_qp) takes (`struct
+/// What [`Device::create_qp`](crate::api::device::Device::create_qp) takes (`struct
 /// ibv_qp_init_attr`; the type is always RC).
 #[derive(Debug, Clone, Copy)]
 pub struct QpInitAttr<'a> {
@@ -559,7 +496,7 @@ pub struct QpAttributes {
     pub connected: bool,
 }
 
-/// A queue pair (`struct ibv_qp`, RC). See the [module documentation](self) for the
+/// A queue pair (`struct ibv_qp`, RC). See the [crate documentation](crate) for the
 /// threading and completion rules. Dropping it destroys it as [`Qp::destroy`] does but
 /// without waiting for the engine: the flushed completions may reach its CQs after the
 /// drop (call [`Qp::destroy`] to have them all there when it returns).
@@ -662,7 +599,7 @@ impl Qp {
             &attr.send_cq.inner,
             &attr.recv_cq.inner,
         ));
-        core.uses = Some(Arc::clone(&uses));
+        core.uses = Some(Arc::clone(&uses) as UsesGuard);
         let shared = Arc::clone(&core.shared);
         handle.enqueue(Command::CreateQp {
             core: Arc::new(Mutex::new(core)),
@@ -904,11 +841,11 @@ impl Qp {
     /// `en_sqd_async_notify` is accepted (the event is always reported). To RTS: only
     /// for a QP bound to a connection (as kernel siw: RTS needs the LLP connection; a
     /// QP is normally moved there by [`Device::connect_qp`] /
-    /// [`ConnectRequest::accept_qp`](crate::device::ConnectRequest::accept_qp)), so a
+    /// [`ConnectRequest::accept_qp`](crate::api::device::ConnectRequest::accept_qp)), so a
     /// send WR is never accepted by a QP that could not send it. When the QP goes to
     /// Error by itself (a Terminate, a local failure), its connection is aborted.
     ///
-    /// [`Device::connect_qp`]: crate::device::Device::connect_qp
+    /// [`Device::connect_qp`]: crate::api::device::Device::connect_qp
     ///
     /// # Errors
     ///
@@ -950,7 +887,7 @@ impl Qp {
     /// # Errors
     ///
     /// An `ETIMEDOUT` [`VerbsError::Os`] if the engine did not answer within
-    /// [`crate::device::COMMAND_TIMEOUT`] (the destroy still happens).
+    /// [`crate::engine::COMMAND_TIMEOUT`] (the destroy still happens).
     pub fn destroy(self) -> Result<(), VerbsError> {
         self.destroy_inner(true)
     }
@@ -987,7 +924,7 @@ impl Qp {
             return Ok(());
         }
         self.handle.wake();
-        match rx.recv_timeout(crate::device::COMMAND_TIMEOUT) {
+        match rx.recv_timeout(crate::engine::COMMAND_TIMEOUT) {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(()),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
                 call: "ibv_destroy_qp",

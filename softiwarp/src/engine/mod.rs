@@ -1,6 +1,13 @@
 //! The engine thread: one per device, owning the device's [`Stack`] and [`Link`] the way a
 //! NIC owns its firmware state.
 //!
+//! **Room.** The device's engine thread and what crosses into it: the engine loop, the
+//! commands other threads send it, the [`Handle`] every device object holds (with
+//! [`DeviceError`] and [`COMMAND_TIMEOUT`]), and the device's events ([`DeviceEvent`]).
+//! It drives `transport`'s stack, `rdmap`'s QPs and `resources`' queues over a `link`;
+//! it never names the API objects above it (a QP's hold on its PD and CQs is an opaque
+//! guard here).
+//!
 //! Other threads never touch the stack. They talk to the engine through
 //!
 //! - a **command queue** (`std::sync::mpsc`, unbounded, so a sender never blocks) for
@@ -10,7 +17,7 @@
 //! - each QP's **work queues** (posted WRs, already validated on the caller's thread)
 //!   and the device's **doorbell** list of QPs with new WRs: the engine takes a QP's
 //!   WRs at every doorbell pass and before every ULPDU it receives for the QP;
-//! - the **stream queues** of each connection ([`crate::stream`]), shared under a mutex,
+//! - the **stream queues** of each connection ([`crate::transport::stream`]), shared under a mutex,
 //!   for ULPDUs in both directions;
 //! - one **wake-up eventfd** (`eventfd(2)` through nix, non-blocking): anyone who queues a
 //!   command, rings a doorbell, queues a ULPDU into an empty send queue, or frees receive
@@ -39,7 +46,7 @@
 //! and the engine never waits for a user: every lock it takes is held only by short
 //! critical sections that never block.
 //!
-//! QPs: the engine keeps every QP's protocol state (`qp_ulp::QpCore`) in its
+//! QPs: the engine keeps every QP's protocol state (`rdmap::binding::QpCore`) in its
 //! table; a QP bound to a connection is also that connection's upper layer inside the
 //! stack, so the stack's poll drives its transmit and receive paths. Verbs asynchronous
 //! events go to the device's queue. When the engine stops (shutdown or link gone) every
@@ -51,17 +58,23 @@
 //! Link failure: `LinkEvent::Down` / `Up` become [`DeviceEvent::LinkDown`] /
 //! [`DeviceEvent::LinkUp`] (connections stay; TCP retransmits and its user timeout
 //! decides). `LinkEvent::Gone` fails every connection with
-//! [`ConnError::DeviceGone`](crate::stack::ConnError::DeviceGone), ends every listener,
+//! [`ConnError::DeviceGone`](crate::transport::ConnError::DeviceGone), ends every listener,
 //! reports [`DeviceEvent::DeviceGone`] and ends the engine thread.
 //!
 //! Tracing: an `info`-level span per device (`device{name}`), a `debug`-level span per
 //! connection inside the stack; state changes at `debug`, nothing per FPDU above `trace`.
 
-use std::collections::{HashMap, VecDeque};
+pub(crate) mod event_signal;
+mod handle;
+
+pub(crate) use handle::Handle;
+pub use handle::{DeviceError, COMMAND_TIMEOUT};
+
+use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant as StdInstant};
 
 use mpa::negotiate::LocalSettings;
@@ -71,14 +84,14 @@ use smoltcp::time::Instant;
 
 use verbs::{check_transition, AsyncEvent, ObjectKind, QpAttr, QpState, VerbsError};
 
-use crate::device::DeviceError;
 use crate::link::{DownReason, GoneReason, Link, LinkEvent};
-use crate::qp_ulp::{self, CoreRef, QpUlp};
-use crate::stack::{
+use crate::rdmap::binding::{self, CoreRef, QpUlp};
+use crate::resources::event_queue::{DeviceEnd, EventQueue};
+use crate::transport::stream::{self, StreamConfig, StreamEnd, Waker};
+use crate::transport::{
     CloseMode, ConnEvent, ConnId, ConnectRequestInfo, ListenerId, MpaParams, Stack, StackError,
     StackEvent,
 };
-use crate::stream::{self, StreamConfig, StreamEnd, Waker};
 
 /// Settings of the engine loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,77 +123,6 @@ pub enum DeviceEvent {
     /// The link is gone: every connection failed, every listener ended, the engine
     /// stopped. Terminal (rdma_cm `DEVICE_REMOVAL` is built on it).
     DeviceGone(GoneReason),
-}
-
-/// What ended a device, as later calls report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceEnd {
-    /// The link is gone.
-    Gone(GoneReason),
-    /// The device was shut down.
-    Closed,
-}
-
-/// A queue with a condition variable, for events leaving the engine.
-#[derive(Debug)]
-pub(crate) struct EventQueue<T> {
-    inner: Mutex<(VecDeque<T>, Option<DeviceEnd>)>,
-    cond: Condvar,
-}
-
-impl<T> EventQueue<T> {
-    pub(crate) fn new() -> Self {
-        EventQueue {
-            inner: Mutex::new((VecDeque::new(), None)),
-            cond: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, (VecDeque<T>, Option<DeviceEnd>)> {
-        // Every critical section is a push, a pop or a flag set: a poisoned lock still
-        // holds a consistent queue.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn push(&self, item: T) {
-        self.lock().0.push_back(item);
-        self.cond.notify_all();
-    }
-
-    /// Takes every queued item.
-    pub(crate) fn drain(&self) -> Vec<T> {
-        self.lock().0.drain(..).collect()
-    }
-
-    /// Marks the queue ended (nothing more will come).
-    pub(crate) fn end(&self, end: DeviceEnd) {
-        self.lock().1.get_or_insert(end);
-        self.cond.notify_all();
-    }
-
-    /// The next item, waiting up to `timeout`. `Err(Some(end))` once the queue is empty
-    /// and ended, `Err(None)` on timeout.
-    pub(crate) fn pop(&self, timeout: Duration) -> Result<T, Option<DeviceEnd>> {
-        let deadline = StdInstant::now() + timeout;
-        let mut g = self.lock();
-        loop {
-            if let Some(item) = g.0.pop_front() {
-                return Ok(item);
-            }
-            if let Some(end) = g.1 {
-                return Err(Some(end));
-            }
-            let left = deadline
-                .checked_duration_since(StdInstant::now())
-                .filter(|d| !d.is_zero())
-                .ok_or(None)?;
-            g = self
-                .cond
-                .wait_timeout(g, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
 }
 
 /// A connection request waiting in a listener's queue.
@@ -259,7 +201,7 @@ pub(crate) enum Command {
     ResolveNeighbor {
         ip: std::net::Ipv4Addr,
         timeout: Duration,
-        reply: crate::neighbor::NeighborReply,
+        reply: crate::transport::neighbor::NeighborReply,
     },
 }
 
@@ -278,8 +220,8 @@ pub(crate) struct Shared {
     /// QPs with newly posted WRs (rung by the post calls).
     pub(crate) doorbell: Mutex<Vec<u32>>,
     /// Raised after the engine queued connection, listener or device events (the iw-cm
-    /// provider's thread sleeps on it, [`crate::iwcm_provider`]).
-    pub(crate) activity: crate::event_signal::EventSignal,
+    /// provider's thread sleeps on it, [`crate::cm::iwcm`]).
+    pub(crate) activity: crate::engine::event_signal::EventSignal,
     /// The stack's connection count after the engine's last pass (`Device::connection_count`).
     pub(crate) connections: std::sync::atomic::AtomicUsize,
 }
@@ -293,7 +235,7 @@ impl Shared {
             gate: RwLock::new(false),
             kick: Arc::new(AtomicBool::new(false)),
             doorbell: Mutex::new(Vec::new()),
-            activity: crate::event_signal::EventSignal::default(),
+            activity: crate::engine::event_signal::EventSignal::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -538,7 +480,7 @@ impl<L: Link> Engine<L> {
             Command::Shutdown => {}
             Command::CreateQp { core } => {
                 let qpn = {
-                    let mut c = qp_ulp::lock(&core);
+                    let mut c = binding::lock(&core);
                     c.errored = Some(Arc::clone(&self.qp_errored));
                     c.qp.qp_num()
                 };
@@ -592,7 +534,7 @@ impl<L: Link> Engine<L> {
         );
         for qpn in &rung {
             if let Some(core) = self.qps.get(qpn) {
-                let mut c = qp_ulp::lock(core);
+                let mut c = binding::lock(core);
                 c.take_posted();
                 c.after();
             }
@@ -614,7 +556,7 @@ impl<L: Link> Engine<L> {
                 handle: qpn,
             })?;
         let close = {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             let span = c.span.clone();
             let _e = span.enter();
             // WRs posted before this call are the QP's before it changes.
@@ -683,7 +625,7 @@ impl<L: Link> Engine<L> {
             return;
         };
         let (close, uses) = {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             let span = c.span.clone();
             let _e = span.enter();
             tracing::debug!("destroy_qp");
@@ -704,7 +646,7 @@ impl<L: Link> Engine<L> {
     fn abort_orphaned(&mut self) -> bool {
         let mut close = Vec::new();
         for core in self.qps.values() {
-            let mut c = qp_ulp::lock(core);
+            let mut c = binding::lock(core);
             if c.orphaned() {
                 let span = c.span.clone();
                 let _e = span.enter();
@@ -732,7 +674,7 @@ impl<L: Link> Engine<L> {
                     handle: qpn,
                 }))?;
         let generation = {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             c.take_posted_now();
             if c.conn.is_some() {
                 return Err(DeviceError::Verbs(VerbsError::InUse {
@@ -768,7 +710,7 @@ impl<L: Link> Engine<L> {
         let ulp = QpUlp::new(Arc::clone(&core), generation);
         let id = self.stack.connect(remote, params, Box::new(ulp), now)?;
         {
-            let mut c = qp_ulp::lock(&core);
+            let mut c = binding::lock(&core);
             c.conn = Some(id);
             c.after();
         }
@@ -790,7 +732,7 @@ impl<L: Link> Engine<L> {
         let (core, generation) = self.bindable(qpn)?;
         // Bound before the accept: the stack reports Established (or a failure)
         // from inside it.
-        qp_ulp::lock(&core).conn = Some(conn);
+        binding::lock(&core).conn = Some(conn);
         let ulp = QpUlp::new(Arc::clone(&core), generation);
         match self
             .stack
@@ -798,7 +740,7 @@ impl<L: Link> Engine<L> {
         {
             Ok(()) => Ok(()),
             Err(e) => {
-                let mut c = qp_ulp::lock(&core);
+                let mut c = binding::lock(&core);
                 if c.generation == generation {
                     c.unbind();
                     c.after();
@@ -820,7 +762,7 @@ impl<L: Link> Engine<L> {
             .write()
             .unwrap_or_else(PoisonError::into_inner) = true;
         for core in self.qps.values() {
-            let mut c = qp_ulp::lock(core);
+            let mut c = binding::lock(core);
             c.unbind();
             c.take_posted_now();
             c.enter_error();
@@ -830,7 +772,7 @@ impl<L: Link> Engine<L> {
             match cmd {
                 Command::CreateQp { core } => {
                     let qpn = {
-                        let mut c = qp_ulp::lock(&core);
+                        let mut c = binding::lock(&core);
                         c.take_posted_now();
                         c.enter_error();
                         c.after();
@@ -844,7 +786,7 @@ impl<L: Link> Engine<L> {
                 Command::DestroyQp { qpn, reply } => {
                     if let Some(core) = self.qps.remove(&qpn) {
                         // Flushed above: its uses of the PD and CQs end here.
-                        drop(qp_ulp::lock(&core).uses.take());
+                        drop(binding::lock(&core).uses.take());
                     }
                     if let Some(reply) = reply {
                         let _ = reply.send(());

@@ -4,8 +4,8 @@
 //!
 //! - A **PD** ([`PdId`]) groups MRs and QPs: an MR is usable by a QP only if both
 //!   belong to the same PD (`ibv_alloc_pd(3)`; RFC 5040 §2 "Protection Domain").
-//! - An **MR** ([`Mr`]) is memory owned by the library: a zero-initialised buffer of
-//!   [`Mr::capacity`] bytes allocated at registration, plus the registration: iova
+//! - An **MR** ([`MemoryRegion`]) is memory owned by the library: a zero-initialised buffer of
+//!   [`MemoryRegion::capacity`] bytes allocated at registration, plus the registration: iova
 //!   base, length in bytes, access rights, PD, STag and state (valid / invalid).
 //!   Byte `i` of the buffer is the byte at iova `iova + i`, which is also its
 //!   Tagged Offset (TO) on the wire (RFC 5040 §2; RFC 5041 §4.1).
@@ -37,7 +37,7 @@
 //!
 //! # Concurrency and soundness
 //!
-//! MR memory is shared between application threads ([`Mr::write`], [`Mr::read`]) and
+//! MR memory is shared between application threads ([`MemoryRegion::write`], [`MemoryRegion::read`]) and
 //! the engine thread (placement of incoming Writes, Sends and Read Responses; gathering
 //! outgoing payload). Each MR keeps its registration *and* its bytes behind one
 //! `std::sync::Mutex`. Every access, by either side, takes that lock, checks, and
@@ -48,7 +48,7 @@
 //! application may observe a mix of old and new *messages* (as with real RDMA, it
 //! must wait for the completion before reading a buffer), but never a torn byte or
 //! memory outside the buffer. The buffer never moves or changes size after
-//! registration, and an `Arc<Mr>` keeps it alive after deregistration, so an engine
+//! registration, and an `Arc<MemoryRegion>` keeps it alive after deregistration, so an engine
 //! that resolved an MR for a message in flight never touches freed memory.
 //!
 //! No zero-copy accessor is offered to the application; the engine's own
@@ -261,10 +261,10 @@ impl MrInner {
 }
 
 /// One memory region: a library-owned buffer plus its registration (see the
-/// [module documentation](self)). Shared as `Arc<Mr>` by the application, the
+/// [module documentation](self)). Shared as `Arc<MemoryRegion>` by the application, the
 /// [`MrTable`] and the engine.
 #[derive(Debug)]
-pub struct Mr {
+pub struct MemoryRegion {
     index: u32,
     fast_reg: bool,
     capacity: usize,
@@ -272,7 +272,7 @@ pub struct Mr {
     inner: Mutex<MrInner>,
 }
 
-impl Mr {
+impl MemoryRegion {
     fn lock(&self) -> MutexGuard<'_, MrInner> {
         // A panic while the lock is held cannot leave the registration half
         // updated (updates are single assignments), so a poisoned lock is usable.
@@ -339,7 +339,7 @@ impl Mr {
     /// # Errors
     ///
     /// [`VerbsError::MrOutOfBounds`] if `offset + data.len()` exceeds
-    /// [`Mr::capacity`] bytes.
+    /// [`MemoryRegion::capacity`] bytes.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
         let mut g = self.lock();
         let range = self.buffer_range(&g, offset, data.len())?;
@@ -355,7 +355,7 @@ impl Mr {
     /// # Errors
     ///
     /// [`VerbsError::MrOutOfBounds`] if `offset + out.len()` exceeds
-    /// [`Mr::capacity`] bytes.
+    /// [`MemoryRegion::capacity`] bytes.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
         let g = self.lock();
         let range = self.buffer_range(&g, offset, out.len())?;
@@ -365,7 +365,7 @@ impl Mr {
         Ok(())
     }
 
-    /// A copy of the whole buffer ([`Mr::capacity`] bytes).
+    /// A copy of the whole buffer ([`MemoryRegion::capacity`] bytes).
     pub fn to_vec(&self) -> Vec<u8> {
         self.lock().data.to_vec()
     }
@@ -451,7 +451,7 @@ impl Mr {
 
 #[derive(Debug, Default)]
 struct Slot {
-    mr: Option<Arc<Mr>>,
+    mr: Option<Arc<MemoryRegion>>,
     /// The key of the slot's latest registration; `None` for a fresh slot.
     last_key: Option<u8>,
 }
@@ -574,7 +574,7 @@ impl MrTable {
         iova: u64,
         length: u64,
         access: AccessFlags,
-    ) -> Result<Arc<Mr>, VerbsError> {
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
         access.validate_for_mr()?;
         if length == 0 || length > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
@@ -600,7 +600,7 @@ impl MrTable {
     /// # Errors
     ///
     /// As [`MrTable::reg_mr`] (`"length"` for 0 or above [`MAX_MR_LEN`]).
-    pub fn alloc_mr(&self, pd: PdId, max_len: u64) -> Result<Arc<Mr>, VerbsError> {
+    pub fn alloc_mr(&self, pd: PdId, max_len: u64) -> Result<Arc<MemoryRegion>, VerbsError> {
         if max_len == 0 || max_len > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
         }
@@ -621,7 +621,7 @@ impl MrTable {
         len: u64,
         fast_reg: bool,
         make: impl FnOnce(u8, Box<[u8]>) -> MrInner,
-    ) -> Result<Arc<Mr>, VerbsError> {
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
         let capacity =
             usize::try_from(len).map_err(|_| VerbsError::OutOfResources { what: "memory" })?;
         // Allocate before taking the table lock.
@@ -657,7 +657,7 @@ impl MrTable {
             });
         };
         let key = slot.last_key.map_or(0, |k| k.wrapping_add(1));
-        let mr = Arc::new(Mr {
+        let mr = Arc::new(MemoryRegion {
             index,
             fast_reg,
             capacity,
@@ -675,12 +675,12 @@ impl MrTable {
     }
 
     /// Deregisters `mr` (`ibv_dereg_mr(3)`): its STag stops resolving at once and
-    /// the MR becomes invalid. The buffer lives on while `Arc<Mr>` handles exist.
+    /// the MR becomes invalid. The buffer lives on while `Arc<MemoryRegion>` handles exist.
     ///
     /// # Errors
     ///
     /// [`VerbsError::InvalidHandle`] if `mr` is not registered in this table.
-    pub fn dereg_mr(&self, mr: &Mr) -> Result<(), VerbsError> {
+    pub fn dereg_mr(&self, mr: &MemoryRegion) -> Result<(), VerbsError> {
         let mut t = self.write();
         let registered = t
             .slots
@@ -711,7 +711,7 @@ impl MrTable {
 
     /// The MR registered under `stag`'s index, whatever its key and state (check 1
     /// of the module documentation; the other checks are the caller's).
-    pub fn lookup(&self, stag: Stag) -> Option<Arc<Mr>> {
+    pub fn lookup(&self, stag: Stag) -> Option<Arc<MemoryRegion>> {
         self.read()
             .slots
             .get(stag.index() as usize)
@@ -744,7 +744,7 @@ impl MrTable {
         to: u64,
         len: u64,
         needed: AccessFlags,
-    ) -> Result<(Arc<Mr>, usize), ProtectionError> {
+    ) -> Result<(Arc<MemoryRegion>, usize), ProtectionError> {
         let mr = self.lookup(stag).ok_or(ProtectionError::NoSuchIndex {
             index: stag.index(),
         })?;

@@ -14,13 +14,12 @@
 //! by the removal; nothing after `DeviceRemoval` or after destroy returned; callbacks
 //! of one id never overlap nor run on a device thread; every posted WR completes
 //! flushed; the device is released once its ids are gone; nothing hangs (watchdogs).
-#![cfg(not(loom))]
 
-mod soft_support;
+mod rdmacm_support;
 
-use rdma_cm::soft::SoftDevice;
 use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind, IdState};
-use soft_support::*;
+use rdmacm_support::*;
+use softiwarp::cm::rdmacm::SoftDevice;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc, Mutex};
@@ -172,7 +171,7 @@ fn requested(
 
 /// The CM `cm` of the side whose link ended: waits until it holds no device (every
 /// id bound to it is gone), then checks nothing is left.
-fn assert_released(cm: &rdma_cm::soft::SoftRdmaCm, what: &str) {
+fn assert_released(cm: &softiwarp::cm::rdmacm::SoftRdmaCm, what: &str) {
     assert!(
         testkit::eventually(WAIT, || {
             let _ = cm.flush();
@@ -186,7 +185,7 @@ fn assert_released(cm: &rdma_cm::soft::SoftRdmaCm, what: &str) {
 }
 
 /// The CM `cm` has no id, event or job left (its device may still be registered).
-fn assert_idle(cm: &rdma_cm::soft::SoftRdmaCm, what: &str) {
+fn assert_idle(cm: &softiwarp::cm::rdmacm::SoftRdmaCm, what: &str) {
     cm.flush().unwrap();
     let s = cm.stats();
     assert_eq!(
@@ -229,7 +228,7 @@ fn routed_clients(h: &Hosts, n: usize) -> Vec<(CmId<SoftDevice>, Verbs)> {
 }
 
 /// Let `cm`'s callbacks and jobs run for `time`.
-fn settle(cm: &rdma_cm::soft::SoftRdmaCm, time: Duration) {
+fn settle(cm: &softiwarp::cm::rdmacm::SoftRdmaCm, time: Duration) {
     let t0 = Instant::now();
     while t0.elapsed() < time {
         let _ = cm.flush();

@@ -2,12 +2,12 @@
 //! RDMA CM) on an in-memory Ethernet link. The client resolves the server's address
 //! (ARP) and route, connects, RDMA Writes 64 KiB into the server's MR (address and rkey
 //! from the accept's private data), Sends "done", and disconnects; the server checks.
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmIdRef, ConnParam, EventChannel, EventKind as K, RdmaCmConfig};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::SoftQp;
+use softiwarp::cm::iwcm::SoftQp;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::link::{MemoryConfig, MemoryLink};
 use softiwarp::{Cq, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use std::{error::Error, net::SocketAddr, sync::Arc, time::Duration};
 use verbs::{AccessFlags as A, QpCap, RecvWr, SendFlags, SendWr, Stag, WcStatus};
 type R<T> = Result<T, Box<dyn Error>>;

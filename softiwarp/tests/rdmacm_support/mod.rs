@@ -1,13 +1,14 @@
-//! Helpers of the soft-device tests (`soft_pair.rs`, `soft_stress.rs`): soft devices on
-//! memory links, verbs objects on an id's device, WR accounting.
+//! Helpers of the rdma-cm-over-soft-device tests (`rdmacm_pair.rs`, `rdmacm_stress.rs`,
+//! `rdmacm_adversarial.rs`, `rdmacm_removal_order.rs`): soft devices on memory links,
+//! verbs objects on an id's device, WR accounting.
 #![allow(dead_code)] // each test binary uses a subset
 
-use rdma_cm::soft::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{ChannelEvent, CmIdRef, EventChannel, EventKind, RdmaCmConfig};
-use softiwarp::device::{Device, DeviceConfig, LinkConfig};
-use softiwarp::iwcm_provider::SoftQp;
+use softiwarp::cm::iwcm::SoftQp;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
 use softiwarp::{Cq, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;

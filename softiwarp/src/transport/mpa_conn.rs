@@ -19,7 +19,7 @@
 //! # Driving loop
 //!
 //! ```
-//! use softiwarp::mpa_conn::{MpaConfig, MpaConn, MpaEvent};
+//! use softiwarp::transport::mpa_conn::{MpaConfig, MpaConn, MpaEvent};
 //!
 //! let mut ini = MpaConn::initiator(MpaConfig::default(), 0).unwrap();
 //! let mut rsp = MpaConn::responder(MpaConfig::default(), 0).unwrap();

@@ -1,5 +1,5 @@
 //! The QP engine as the upper layer of a connection: `QpUlp` adapts one
-//! [`qp::Qp`](crate::qp::Qp) protocol engine to the stack's [`Ulp`] trait, and
+//! [`crate::rdmap::engine::QpEngine`] protocol engine to the stack's [`Ulp`] trait, and
 //! [`PartsSink`] turns the engine's ULPDU output into the framer's parts.
 //!
 //! # Ownership and threads
@@ -22,10 +22,10 @@
 //! - [`Ulp::on_established`]: ORD and IRD become the values the MPA negotiation
 //!   agreed (RFC 6581 §3), the first MSNs those after any RTR, and the QP moves
 //!   Reset/Init -> RTR -> RTS.
-//! - Received ULPDUs go to [`Qp::handle_ulpdu`](crate::qp::Qp::handle_ulpdu), in place
+//! - Received ULPDUs go to [`QpEngine::handle_ulpdu`], in place
 //!   (straight from the TCP receive buffer, [`Ulp::on_ulpdu_in_place`]) whenever the
 //!   stack can offer them so: placement into the MR is the one copy.
-//! - [`Ulp::poll_ulpdu`]: [`Qp::poll_transmit`](crate::qp::Qp::poll_transmit) writes the
+//! - [`Ulp::poll_ulpdu`]: [`QpEngine::poll_transmit`] writes the
 //!   next ULPDU through a [`PartsSink`], which hands the DDP/RDMAP header and the MR
 //!   slice (under the MR's lock) to the MPA framer as two parts: the framer copies them
 //!   into the connection's transmit buffer with the CRC32c in the same pass.
@@ -41,11 +41,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use verbs::{AccessFlags, AsyncEvent, QpCap, QpState, RecvWr, SendWr, WcStatus, WorkCompletion};
 
-use crate::cq::Cq as CqObject;
-use crate::engine::EventQueue;
-use crate::mpa_conn::CallError;
-use crate::qp::{Qp as QpEngine, QpEvent, TxSink, WqCounters};
-use crate::stack::{ConnError, ConnId, EmitUlpdu, Established, Ulp};
+use crate::rdmap::engine::{QpEngine, QpEvent, TxSink, WqCounters};
+use crate::resources::completion_queue::CompletionQueue;
+use crate::resources::event_queue::EventQueue;
+use crate::transport::mpa_conn::CallError;
+use crate::transport::{ConnError, ConnId, EmitUlpdu, Established, Ulp};
 
 /// Largest ULPDU header the engine puts before a payload part: the untagged DDP/RDMAP
 /// header (18 bytes) plus a Read Request or Immediate Data body (16 bytes) fits.
@@ -316,8 +316,8 @@ impl QpShared {
 pub(crate) struct QpCore {
     pub(crate) qp: QpEngine,
     pub(crate) shared: Arc<QpShared>,
-    send_cq: Arc<CqObject>,
-    recv_cq: Arc<CqObject>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
     /// The live connection the QP is bound to.
     pub(crate) conn: Option<ConnId>,
     /// A Terminate that came out of `poll_transmit` (a WR failed as it started); it
@@ -336,11 +336,16 @@ pub(crate) struct QpCore {
     pub(crate) span: tracing::Span,
     /// The QP's uses of its PD and CQs: released when the engine drops it after
     /// flushing and removing the QP (and the application dropped its handle).
-    pub(crate) uses: Option<Arc<crate::verbs_api::QpUses>>,
+    pub(crate) uses: Option<UsesGuard>,
     /// Raised when the QP went to Error by itself while still bound (the engine then
     /// aborts the connection: a QP in Error never keeps a live connection).
     pub(crate) errored: Option<Arc<AtomicBool>>,
 }
+
+/// What a QP's verbs object keeps in use while the engine holds the QP: its PD and CQs
+/// (the API's `QpUses`, whose drop makes them free again). Opaque here: the engine only
+/// drops it, once it flushed and removed the QP.
+pub(crate) type UsesGuard = Arc<dyn std::fmt::Debug + Send + Sync>;
 
 /// The shared handle to a [`QpCore`].
 pub(crate) type CoreRef = Arc<Mutex<QpCore>>;
@@ -354,8 +359,8 @@ pub(crate) fn lock(core: &CoreRef) -> MutexGuard<'_, QpCore> {
 impl QpCore {
     pub(crate) fn new(
         qp: QpEngine,
-        send_cq: Arc<CqObject>,
-        recv_cq: Arc<CqObject>,
+        send_cq: Arc<CompletionQueue>,
+        recv_cq: Arc<CompletionQueue>,
         async_events: Arc<EventQueue<AsyncEvent>>,
         kick: Arc<AtomicBool>,
     ) -> QpCore {
@@ -689,7 +694,7 @@ impl Ulp for QpUlp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qp::TxSink;
+    use crate::rdmap::engine::TxSink;
 
     fn collect(parts_seen: &mut Vec<usize>, out: &mut Vec<u8>, parts: &[&[u8]]) {
         parts_seen.push(parts.len());

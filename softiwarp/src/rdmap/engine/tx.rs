@@ -7,9 +7,9 @@ use ddp_rdmap::segment::{Message, Segments, Target};
 use ddp_rdmap::{Header, Opcode};
 use verbs::{AccessFlags, Payload, QpState, SendFlags, SendOp, WcStatus};
 
-use super::{OrqEntry, Phase, Piece, Qp, TxError, MIN_MULPDU};
+use super::{OrqEntry, Phase, Piece, QpEngine, TxError, MIN_MULPDU};
 
-/// Where [`Qp::poll_transmit`] writes one ULPDU: typically the driver's MPA FPDU
+/// Where [`QpEngine::poll_transmit`] writes one ULPDU: typically the driver's MPA FPDU
 /// framer, which writes the ULPDU Length, then each part (computing the CRC32c as it
 /// copies into the TCP send buffer), then pad and CRC.
 ///
@@ -184,7 +184,7 @@ impl MsgJob {
     }
 }
 
-impl Qp {
+impl QpEngine {
     /// Produces the next ULPDU to send, if any, into `sink` and returns true; false
     /// if there is nothing to send now. `mulpdu` is the largest ULPDU the driver's
     /// FPDU can carry, in bytes (RFC 5044 §4.1 MULPDU; one FPDU per TCP segment).

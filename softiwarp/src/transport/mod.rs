@@ -1,9 +1,15 @@
 //! The device's transport core: one smoltcp interface, its TCP sockets, and an MPA
 //! connection with an upper layer on each socket, driven sans-IO.
 //!
+//! **Room.** Sans-IO: no threads, no clock (time is an argument). It owns the
+//! smoltcp interface and sockets (`smoltcp_glue`), each connection's MPA endpoint
+//! (`mpa_conn`), the listeners, the [`Ulp`] trait an upper layer implements, the stream
+//! upper (`stream`) and ARP on request (`neighbor`). It touches `link` only (and the wire
+//! crates); the QP engine plugs in from above through [`Ulp`] (`crate::rdmap::binding`).
+//!
 //! A [`Stack`] owns the [`Link`] (through a [`LinkDevice`]), the smoltcp `Interface` and
 //! `SocketSet`, a table of connections and a table of listeners. It reads no clock and
-//! starts no thread: the driver (the engine thread of [`crate::engine`], or a test with a
+//! starts no thread: the driver (the device's engine thread, or a test with a
 //! virtual clock) calls [`Stack::poll`] with the current time and gets back the next
 //! deadline, and reads what happened from [`Stack::poll_event`]. Two stacks joined by a
 //! [`MemoryLink`](crate::link::MemoryLink) pair therefore run deterministically in one
@@ -14,7 +20,7 @@
 //! Each connection is a TCP socket, an [`MpaConn`] (created once TCP is established,
 //! with the EMSS of that TCP connection) and an upper layer implementing [`Ulp`]: the
 //! consumer of received ULPDUs and the supplier of ULPDUs to send: the stream upper of
-//! [`crate::stream`], or a QP's RDMAP engine ([`crate::qp_ulp`]).
+//! [`crate::transport::stream`], or a QP's RDMAP engine ([`crate::rdmap::binding`]).
 //!
 //! [`Stack::poll`] does, in order:
 //!
@@ -124,6 +130,11 @@
 //! copy), with no allocation. Uppers that decline (the stream upper) get a copy as
 //! [`Ulp::on_ulpdu`].
 
+pub mod mpa_conn;
+pub mod neighbor;
+pub mod smoltcp_glue;
+pub mod stream;
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 
@@ -143,11 +154,11 @@ use smoltcp::time::Instant;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
 use crate::link::{GoneReason, Link, LinkError, LinkEvent};
-use crate::mpa_conn::{
+use crate::transport::mpa_conn::{
     CallError, InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State,
     DEFAULT_STARTUP_TIMEOUT_US,
 };
-use crate::phy::{
+use crate::transport::smoltcp_glue::{
     build_interface, mss_for_mtu, DeviceStats, InterfaceConfig, LinkDevice, LinkRxToken,
     LinkTxToken, TcpConfig,
 };
@@ -608,7 +619,7 @@ impl Track {
 struct SegTracker {
     map: FxHashMap<u64, Track>,
     listen_ports: Vec<u16>,
-    /// Senders of the ARP frames received since the last poll (`crate::neighbor`).
+    /// Senders of the ARP frames received since the last poll (`crate::transport::neighbor`).
     arp_seen: Vec<(Ipv4Addr, [u8; 6])>,
 }
 
@@ -800,7 +811,8 @@ impl SegTracker {
 
     fn on_rx(&mut self, frame: &[u8]) {
         if frame.get(12..14) == Some(&[0x08, 0x06]) {
-            self.arp_seen.extend(crate::neighbor::arp_sender(frame));
+            self.arp_seen
+                .extend(crate::transport::neighbor::arp_sender(frame));
             return;
         }
         // Look at the flags before verifying anything: SYNs (their options are kept) and
@@ -1835,7 +1847,7 @@ pub struct Stack<L: Link> {
     link_checked: Option<Instant>,
     link_check_us: u64,
     /// Neighbour resolutions asked for ([`Stack::resolve_neighbor`]).
-    neighbors: crate::neighbor::Neighbors,
+    neighbors: crate::transport::neighbor::Neighbors,
 }
 
 impl<L: Link> std::fmt::Debug for Stack<L> {
@@ -2416,24 +2428,26 @@ impl<L: Link> Stack<L> {
 
     /// Resolves `ip`'s Ethernet address by ARP (RFC 826), giving up `timeout_us`
     /// microseconds after `now`: a Request goes out at the next [`Stack::poll`] and every
-    /// [`crate::neighbor::PROBE_INTERVAL`] after, and `reply` is completed (during a
+    /// [`crate::transport::neighbor::PROBE_INTERVAL`] after, and `reply` is completed (during a
     /// later `poll`, or at once if `ip` was learned recently) with the address, or with
-    /// [`NeighborError::TimedOut`](crate::neighbor::NeighborError::TimedOut). Dropping
+    /// [`NeighborError::TimedOut`](crate::transport::neighbor::NeighborError::TimedOut). Dropping
     /// the stack completes the resolutions still pending with `DeviceGone`. This is
-    /// `rdma_resolve_addr`'s neighbour step (see [`crate::neighbor`]).
+    /// `rdma_resolve_addr`'s neighbour step (see [`crate::transport::neighbor`]).
     pub fn resolve_neighbor(
         &mut self,
         ip: Ipv4Addr,
         timeout_us: u64,
         now: Instant,
-        reply: crate::neighbor::NeighborReply,
+        reply: crate::transport::neighbor::NeighborReply,
     ) {
         let iface = &self.cfg.interface;
         let subnet = smoltcp::wire::Ipv4Cidr::new(iface.address, iface.prefix_len);
         let broadcast = subnet.broadcast() == Some(ip);
         let unicast = !(ip.is_multicast() || ip.is_broadcast() || ip.is_unspecified() || broadcast);
         if !subnet.contains_addr(&ip) || !unicast || ip == iface.address {
-            reply.complete(Err(crate::neighbor::NeighborError::NotOnLink(ip)));
+            reply.complete(Err(crate::transport::neighbor::NeighborError::NotOnLink(
+                ip,
+            )));
             return;
         }
         let timeout = smoltcp::time::Duration::from_micros(timeout_us);
@@ -2456,8 +2470,8 @@ impl<L: Link> Stack<L> {
         self.neighbors.poll(now, |target| {
             if let Some(tx) = dev.transmit(now) {
                 tracing::trace!(%target, "ARP request");
-                tx.consume(crate::neighbor::ARP_FRAME_LEN, |frame| {
-                    crate::neighbor::emit_arp_request(frame, mac, address, target);
+                tx.consume(crate::transport::neighbor::ARP_FRAME_LEN, |frame| {
+                    crate::transport::neighbor::emit_arp_request(frame, mac, address, target);
                 });
             }
         })

@@ -17,7 +17,7 @@
 //! ```
 //! use std::net::Ipv4Addr;
 //! use softiwarp::link::{MemoryConfig, MemoryLink};
-//! use softiwarp::phy::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
+//! use softiwarp::transport::smoltcp_glue::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
 //! use softiwarp::smoltcp::{iface::SocketSet, time::Instant};
 //!
 //! let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();

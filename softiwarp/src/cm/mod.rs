@@ -1,0 +1,13 @@
+//! The device under the connection managers (siw_cm.c's role): [`iwcm::SoftProvider`]
+//! implements `iw_cm::Provider` over a [`Device`](crate::Device), with its provider
+//! thread; [`rdmacm::SoftDevice`] implements `rdma_cm::CmDevice` over a device and its
+//! provider, with its link watcher ([`rdmacm::SoftRdmaCm`] is the RDMA CM over soft
+//! devices).
+//!
+//! **Room.** The only folder that names `iw-cm` and `rdma-cm`: it implements their traits,
+//! and their cores never name this crate. It uses the device through the crate's public
+//! surface (the root, [`crate::link`], [`crate::transport`]) as any other user would; its
+//! threads only enqueue towards the CMs and never run a CM callback.
+
+pub mod iwcm;
+pub mod rdmacm;

@@ -1,0 +1,216 @@
+//! The handle every device object holds (siw's `struct siw_device` as its objects see
+//! it): the command queue into the engine thread, its wake-up, the state the engine
+//! shares, and the device's STag table; with [`DeviceError`], what device calls
+//! return, and [`COMMAND_TIMEOUT`], how long they wait for the engine.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use verbs::{AsyncEvent, VerbsError};
+
+use super::{Command, Shared};
+use crate::link::{GoneReason, LinkError};
+use crate::resources::event_queue::{DeviceEnd, EventQueue};
+use crate::resources::stag_table::MrTable;
+use crate::transport::stream::Waker;
+use crate::transport::StackError;
+
+/// How long a call waits for the engine's answer before giving up with
+/// [`DeviceError::NoAnswer`]: 10 s (the engine answers in microseconds; this only guards
+/// against a wedged engine).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of device calls.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The link could not be opened or set up.
+    #[error("link: {0}")]
+    Link(#[from] LinkError),
+    /// The stack refused the call (bad port, backlog, settings, state...).
+    #[error("{0}")]
+    Stack(#[from] StackError),
+    /// The engine thread could not be started, or could not enter the namespace.
+    #[error("engine thread: {0}")]
+    Thread(std::io::Error),
+    /// The device's link is gone (device removal).
+    #[error("device gone ({0:?})")]
+    Gone(GoneReason),
+    /// The device was shut down.
+    #[error("device shut down")]
+    Closed,
+    /// The engine did not answer within [`COMMAND_TIMEOUT`].
+    #[error("no answer from the engine")]
+    NoAnswer,
+    /// A verbs object was refused (e.g. a QP not in Reset or Init, already bound to
+    /// a connection, or of another device).
+    #[error("verbs: {0}")]
+    Verbs(#[from] VerbsError),
+}
+
+/// What connections, listeners and verbs objects hold of their device.
+#[derive(Debug)]
+pub(crate) struct Handle {
+    pub(crate) cmds: Sender<Command>,
+    pub(crate) waker: Waker,
+    pub(crate) shared: Arc<Shared>,
+    /// The device's STag table (PDs and MRs).
+    pub(crate) mrs: Arc<MrTable>,
+    next_qpn: std::sync::atomic::AtomicU32,
+    next_cq: std::sync::atomic::AtomicU32,
+}
+
+impl Handle {
+    /// The handle of a device whose engine takes `cmds`, is woken by `waker` and shares
+    /// `shared`, with an empty STag table.
+    pub(crate) fn new(cmds: Sender<Command>, waker: Waker, shared: Arc<Shared>) -> Handle {
+        Handle {
+            cmds,
+            waker,
+            shared,
+            mrs: Arc::new(MrTable::new()),
+            next_qpn: std::sync::atomic::AtomicU32::new(1),
+            next_cq: std::sync::atomic::AtomicU32::new(1),
+        }
+    }
+
+    /// `Err(DeviceGone)` once the device is gone or shut down.
+    pub(crate) fn alive(&self) -> Result<(), VerbsError> {
+        match self.shared.ended() {
+            Some(_) => Err(VerbsError::DeviceGone),
+            None => Ok(()),
+        }
+    }
+
+    /// Holds the device's gate open (for reading): while the guard lives, WRs queued on
+    /// a QP are certain to be taken by the engine. `Err(DeviceGone)` once the engine
+    /// took its last command.
+    pub(crate) fn gate(&self) -> Result<std::sync::RwLockReadGuard<'_, bool>, VerbsError> {
+        let gate = self
+            .shared
+            .gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *gate {
+            return Err(VerbsError::DeviceGone);
+        }
+        Ok(gate)
+    }
+
+    /// Enqueues QP work for the engine, without waking it. Refused with
+    /// [`VerbsError::DeviceGone`] once the engine took its last command; otherwise
+    /// the engine is certain to run it (see `Shared::gate`).
+    pub(crate) fn enqueue(&self, cmd: Command) -> Result<(), VerbsError> {
+        let _gate = self.gate()?;
+        self.cmds.send(cmd).map_err(|_| VerbsError::DeviceGone)
+    }
+
+    /// Rings QP `qpn`'s doorbell: the engine takes its newly posted WRs.
+    pub(crate) fn ring(&self, qpn: u32) {
+        self.shared
+            .doorbell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(qpn);
+        self.waker.wake();
+    }
+
+    /// Wakes the engine thread.
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// Enqueues a command with a reply channel and waits for the answer (verbs
+    /// calls): `DeviceGone` if the engine ended, an `ETIMEDOUT` [`VerbsError::Os`] if
+    /// it did not answer within [`COMMAND_TIMEOUT`].
+    pub(crate) fn call_verbs<T>(
+        &self,
+        call: &'static str,
+        make: impl FnOnce(Sender<Result<T, VerbsError>>) -> Command,
+    ) -> Result<T, VerbsError> {
+        let (tx, rx) = mpsc::channel();
+        self.enqueue(make(tx))?;
+        self.wake();
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(VerbsError::Os {
+                call,
+                errno: libc::ETIMEDOUT,
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(VerbsError::DeviceGone),
+        }
+    }
+
+    /// The next QP number (never 0; wraps after 2^32 - 1).
+    pub(crate) fn next_qpn(&self) -> u32 {
+        loop {
+            let n = self
+                .next_qpn
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n != 0 {
+                return n;
+            }
+        }
+    }
+
+    /// The next CQ handle.
+    pub(crate) fn next_cq(&self) -> u32 {
+        self.next_cq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The device's verbs asynchronous event queue.
+    pub(crate) fn async_events(&self) -> Arc<EventQueue<AsyncEvent>> {
+        Arc::clone(&self.shared.async_events)
+    }
+
+    /// The engine's "poll again" flag.
+    pub(crate) fn kick(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.shared.kick)
+    }
+
+    /// Sends a command whose reply is a [`DeviceError`] result and waits for it.
+    pub(crate) fn call_dev<T>(
+        &self,
+        make: impl FnOnce(Sender<Result<T, DeviceError>>) -> Command,
+    ) -> Result<T, DeviceError> {
+        let (tx, rx): (_, Receiver<Result<T, DeviceError>>) = mpsc::channel();
+        self.post(make(tx))?;
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
+        }
+    }
+
+    pub(crate) fn ended_error(&self) -> DeviceError {
+        match self.shared.ended() {
+            Some(DeviceEnd::Gone(r)) => DeviceError::Gone(r),
+            _ => DeviceError::Closed,
+        }
+    }
+
+    /// Sends a command without waiting.
+    pub(crate) fn post(&self, cmd: Command) -> Result<(), DeviceError> {
+        if let Some(DeviceEnd::Gone(r)) = self.shared.ended() {
+            return Err(DeviceError::Gone(r));
+        }
+        self.cmds.send(cmd).map_err(|_| self.ended_error())?;
+        self.waker.wake();
+        Ok(())
+    }
+
+    /// Sends a command and waits for its result.
+    pub(crate) fn call<T>(
+        &self,
+        make: impl FnOnce(Sender<Result<T, StackError>>) -> Command,
+    ) -> Result<T, DeviceError> {
+        let (tx, rx): (_, Receiver<Result<T, StackError>>) = mpsc::channel();
+        self.post(make(tx))?;
+        match rx.recv_timeout(COMMAND_TIMEOUT) {
+            Ok(r) => Ok(r?),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(DeviceError::NoAnswer),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self.ended_error()),
+        }
+    }
+}
