@@ -2,7 +2,7 @@
 //! completes exactly once, in posting order per queue; WRs posted in Error complete
 //! flushed at once.
 
-mod qp_support;
+use crate::qp_support;
 
 use qp_support::*;
 use softiwarp::rdmap::engine::{QpEvent, RxError};

@@ -7,7 +7,7 @@
 //! The expected bytes are written out here by hand from RFC 5040 §4.8 and RFC 5041
 //! §7, independently of `ddp_rdmap::terminate`.
 
-mod qp_support;
+use crate::qp_support;
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! WR completes with the remote error and the Terminate's code in `vendor_err`,
 //! everything else is flushed, and the target memory is unchanged.
 
-mod verbs_support;
+use crate::verbs_support;
 
 use std::time::Duration;
 

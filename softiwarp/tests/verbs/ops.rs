@@ -6,7 +6,7 @@
 //! byte-exact checks. Many WRs in flight with queue-full back-pressure, and the ORD /
 //! IRD limits of the MPA negotiation reached and respected.
 
-mod verbs_support;
+use crate::verbs_support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! byte is checked, every completion is accounted for (posted == completed, all
 //! successful), and the WRs still outstanding at the end are flushed exactly once.
 
-mod verbs_support;
+use crate::verbs_support;
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;

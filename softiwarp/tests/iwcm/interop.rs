@@ -13,7 +13,7 @@
 //!
 //! Every test ends with every live-object count back to zero.
 
-mod iwcm_support;
+use crate::iwcm_support;
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};

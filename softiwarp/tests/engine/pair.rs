@@ -1,7 +1,7 @@
 //! Two [`Stack`]s on a memory link pair, one virtual clock, no threads: MPA connection
 //! setup end to end through smoltcp TCP, and ULPDU streams in both directions.
 
-mod engine_support;
+use crate::engine_support;
 
 use engine_support::{links, Flow, Pair, Side};
 use smoltcp::time::Duration;

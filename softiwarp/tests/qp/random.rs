@@ -5,7 +5,7 @@
 //! accounting (every signaled WR and every receive completes once, in order,
 //! successfully) and byte-exact integrity of every transfer.
 
-mod qp_support;
+use crate::qp_support;
 
 use std::sync::Arc;
 

@@ -3,6 +3,7 @@
 //! with byte corruption. Deterministic: the link, the fault RNG and smoltcp's seeds are
 //! fixed, and time only moves when the loop moves it. No root needed.
 
+#[path = "../common/mod.rs"]
 mod common;
 
 use std::io::Cursor;

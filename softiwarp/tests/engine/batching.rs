@@ -8,7 +8,7 @@
 //! segment against the FPDUs that `iwdump` dissects from the capture: none may carry
 //! bytes of two FPDUs.
 
-mod engine_support;
+use crate::engine_support;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

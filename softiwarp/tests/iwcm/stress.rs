@@ -17,7 +17,7 @@
 //! `IWCM_SOFT_CYCLES`, `IWCM_SOFT_SEED` and `IWCM_SOFT_WATCHDOG_SECS` (default 150)
 //! override the defaults.
 
-mod iwcm_support;
+use crate::iwcm_support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};

@@ -4,7 +4,7 @@
 //! flush, destroy is safe at any time (also after the device is gone), and the in-use
 //! checks of dealloc / destroy / dereg.
 
-mod verbs_support;
+use crate::verbs_support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! - `Cq::destroy` / `Pd::dealloc` succeeded right after a QP was dropped, before the
 //!   engine flushed it, and the flushed completions then reached the destroyed CQ.
 
-mod verbs_support;
+use crate::verbs_support;
 
 use std::time::{Duration, Instant};
 

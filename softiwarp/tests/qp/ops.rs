@@ -4,7 +4,7 @@
 //! segment payload room +-1, 64 KiB and 16 MiB; unaligned offsets and iovas;
 //! multi-SGE on both ends.
 
-mod qp_support;
+use crate::qp_support;
 
 use qp_support::*;
 use softiwarp::rdmap::engine::QpEvent;
