@@ -8,15 +8,13 @@
 //! segment against the FPDUs that `iwdump` dissects from the capture: none may carry
 //! bytes of two FPDUs.
 
-use crate::engine_support;
-
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use engine_support::{addr, links, Flow, Pair, Side};
+use crate::support::stack::{addr, links, Flow, Pair, Side};
 use smoltcp::time::Duration;
 use softiwarp::link::{
     Direction, FaultConfig, Faults, Link, LinkError, LinkEvent, MemoryLink, Pcap, PcapClock,

@@ -1,8 +1,8 @@
 //! The transport `Stack` (smoltcp TCP + MPA) on memory links with a virtual clock (pair,
 //! negotiation, several FPDUs per round), and devices with real engine threads.
 
-#[path = "../engine_support/mod.rs"]
-mod engine_support;
+#[path = "../support/mod.rs"]
+mod support;
 
 mod batching;
 mod device;

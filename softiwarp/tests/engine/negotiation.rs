@@ -4,9 +4,7 @@
 //! data, rejects, bad keys, refused and silent peers. Each case asserts the agreed settings
 //! (and a short data exchange) or the typed errors on both sides.
 
-use crate::engine_support;
-
-use engine_support::{links, Flow, Pair, RawHost, Side};
+use crate::support::stack::{links, Flow, Pair, RawHost, Side};
 use mpa::negotiate::{CrcPolicy, LocalSettings, NegotiationError, SettingsError};
 use mpa::wire::{RtrKind, RtrKinds};
 use smoltcp::time::Duration;

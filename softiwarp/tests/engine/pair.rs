@@ -1,9 +1,7 @@
 //! Two [`Stack`]s on a memory link pair, one virtual clock, no threads: MPA connection
 //! setup end to end through smoltcp TCP, and ULPDU streams in both directions.
 
-use crate::engine_support;
-
-use engine_support::{links, Flow, Pair, Side};
+use crate::support::stack::{addr, links, Flow, Pair, Side};
 use smoltcp::time::Duration;
 use softiwarp::link::MemoryLink;
 use softiwarp::transport::{ConnEvent, MpaParams};
@@ -35,7 +33,7 @@ fn connect_accept_exchange_close() {
     assert!(p.run_until(Duration::from_secs(5), |p| !p.b.requests.is_empty()));
     let req = p.b.requests.front().unwrap().clone();
     assert_eq!(req.request.private_data, b"hello");
-    assert_eq!(req.remote.ip(), &engine_support::addr(1));
+    assert_eq!(req.remote.ip(), &addr(1));
     let (cb, eb) = p.b.accept_next(b"welcome", 2, 2).unwrap().unwrap();
     assert!(p.run_until(Duration::from_secs(5), |_| ea.established().is_some()));
     let est_a = ea.established().unwrap();
@@ -511,7 +509,7 @@ fn backlog_full_refuses_then_rearms() {
     let (c3, _) = p.a.connect(2, PORT, params(b"", 1, 1), now).unwrap();
     assert!(p.run_until(Duration::from_secs(5), |p| p.b.requests.len() == 2));
     let r = p.b.requests.pop_back().unwrap();
-    assert_eq!(r.remote.ip(), &engine_support::addr(1));
+    assert_eq!(r.remote.ip(), &addr(1));
     assert!(p.a.final_of(c3).is_none(), "the new connection is pending");
     // Rejecting frees one too.
     let r1 = p.b.requests.pop_front().unwrap();

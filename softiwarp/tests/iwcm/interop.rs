@@ -13,17 +13,15 @@
 //!
 //! Every test ends with every live-object count back to zero.
 
-use crate::iwcm_support;
-
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::iwcm::*;
 use iw_cm::{
     AcceptParams, CmError, CmEvent, CmIdRef, ConnectParams, ConnectStatus, DisconnectMode,
     Disposition, ProviderError,
 };
-use iwcm_support::*;
 use softiwarp::cm::iwcm::SoftProvider;
 use softiwarp::link::{GoneReason, MemoryConfig, MemoryLink};
 use verbs::{AccessFlags, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus};

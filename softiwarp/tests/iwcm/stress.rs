@@ -17,17 +17,15 @@
 //! `IWCM_SOFT_CYCLES`, `IWCM_SOFT_SEED` and `IWCM_SOFT_WATCHDOG_SECS` (default 150)
 //! override the defaults.
 
-use crate::iwcm_support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::iwcm::*;
 use iw_cm::{
     AcceptParams, CmEvent, CmId, CmIdRef, ConnectParams, ConnectStatus, DisconnectMode, Disposition,
 };
-use iwcm_support::*;
 use softiwarp::cm::iwcm::SoftProvider;
 
 const CLIENT_THREADS: usize = 16;

@@ -2,9 +2,7 @@
 //! completes exactly once, in posting order per queue; WRs posted in Error complete
 //! flushed at once.
 
-use crate::qp_support;
-
-use qp_support::*;
+use crate::support::qp::*;
 use softiwarp::rdmap::engine::{QpEvent, RxError};
 use verbs::{
     AsyncEvent, Payload, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag, VerbsError,

@@ -7,14 +7,12 @@
 //! The expected bytes are written out here by hand from RFC 5040 §4.8 and RFC 5041
 //! §7, independently of `ddp_rdmap::terminate`.
 
-use crate::qp_support;
-
 use std::sync::Arc;
 
+use crate::support::qp::*;
 use ddp_rdmap::terminate::{
     DdpTaggedCode, DdpUntaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode,
 };
-use qp_support::*;
 use softiwarp::rdmap::engine::{QpEvent, QpInit, RxError};
 use softiwarp::resources::stag_table::{Mr, MrState};
 use verbs::{AccessFlags, AsyncEvent, QpState, WcOpcode, WcStatus};

@@ -1,8 +1,8 @@
 //! The sans-IO per-QP RDMAP engine (`softiwarp::rdmap::engine`), two QPs wired back to back
 //! by moving whole ULPDUs: operations, flush and states, a hostile peer, seeded random runs.
 
-#[path = "../qp_support/mod.rs"]
-mod qp_support;
+#[path = "../support/mod.rs"]
+mod support;
 
 mod flush;
 mod hostile;

@@ -4,9 +4,7 @@
 //! segment payload room +-1, 64 KiB and 16 MiB; unaligned offsets and iovas;
 //! multi-SGE on both ends.
 
-use crate::qp_support;
-
-use qp_support::*;
+use crate::support::qp::*;
 use softiwarp::rdmap::engine::QpEvent;
 use softiwarp::resources::stag_table::{Mr, MrState};
 use verbs::{AccessFlags, FastReg, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};

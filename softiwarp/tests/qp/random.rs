@@ -5,11 +5,9 @@
 //! accounting (every signaled WR and every receive completes once, in order,
 //! successfully) and byte-exact integrity of every transfer.
 
-use crate::qp_support;
-
 use std::sync::Arc;
 
-use qp_support::*;
+use crate::support::qp::*;
 use softiwarp::resources::stag_table::{Mr, MrState};
 use verbs::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 

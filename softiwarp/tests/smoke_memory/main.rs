@@ -3,12 +3,11 @@
 //! with byte corruption. Deterministic: the link, the fault RNG and smoltcp's seeds are
 //! fixed, and time only moves when the loop moves it. No root needed.
 
-#[path = "../common/mod.rs"]
-mod common;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::io::Cursor;
 
-use common::{Client, Host, Server};
 use pcap_parser::traits::PcapReaderIterator;
 use pcap_parser::{LegacyPcapReader, PcapBlockOwned, PcapError};
 use smoltcp::phy::ChecksumCapabilities;
@@ -21,6 +20,7 @@ use softiwarp::link::{
     CorruptedFrame, Direction, FaultConfig, Faults, Link, MemoryConfig, MemoryLink, Pcap, PcapClock,
 };
 use softiwarp::transport::smoltcp_glue::{mss_for_mtu, TcpConfig};
+use support::host::{Client, Host, Server};
 
 const MIB: usize = 1 << 20;
 
@@ -162,7 +162,7 @@ fn tcp_of(frame: &[u8]) -> Option<TcpRepr<'_>> {
 }
 
 fn clean_echo(mtu: usize) {
-    let data = common::payload(MIB, 7);
+    let data = support::host::payload(MIB, 7);
     let (la, lb) = pair(mtu);
     let la = Pcap::with_writer(la, Vec::new(), fixed_clock()).unwrap();
     let t0 = Instant::from_secs(1);
@@ -222,7 +222,7 @@ fn echo_1mib_mtu_9000() {
 
 #[test]
 fn echo_1mib_with_drop_duplicate_reorder() {
-    let data = common::payload(MIB, 11);
+    let data = support::host::payload(MIB, 11);
     let (la, lb) = pair(1500);
     let f = FaultConfig {
         drop: 0.02,
@@ -306,7 +306,7 @@ fn classify(c: &CorruptedFrame, ours: EthernetAddress, catch: &mut Catch) {
 
 #[test]
 fn echo_1mib_with_corruption() {
-    let data = common::payload(MIB, 13);
+    let data = support::host::payload(MIB, 13);
     let (la, lb) = pair(1500);
     // Corruption starts once the connection is established: ARP (exchanged before) has no
     // checksum, and a corrupted sender MAC in an ARP reply would poison smoltcp's neighbor
@@ -363,7 +363,7 @@ fn echo_1mib_with_corruption() {
 fn same_seed_same_run() {
     // Determinism: two runs with faults take exactly the same steps and virtual time.
     let run = || {
-        let data = common::payload(256 * 1024, 3);
+        let data = support::host::payload(256 * 1024, 3);
         let (la, lb) = pair(1500);
         let f = FaultConfig {
             drop: 0.03,

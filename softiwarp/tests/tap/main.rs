@@ -1,8 +1,8 @@
 //! Root-only: real TAPs in network namespaces (links, a smoltcp echo, and devices with
 //! engine threads); each test skips when not run as root.
 
-#[path = "../common/mod.rs"]
-mod common;
+#[path = "../support/mod.rs"]
+mod support;
 
 mod engine;
 mod netns;

@@ -10,7 +10,7 @@
 //! Each test skips (with a message) when not run as root. Every namespace and interface
 //! is removed by Drop guards, also when a test fails; each test checks that at its end.
 
-use crate::common;
+use crate::support::host as common;
 
 use std::io::Cursor;
 use std::sync::mpsc;

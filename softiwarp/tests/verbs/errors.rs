@@ -4,15 +4,13 @@
 //! WR completes with the remote error and the Terminate's code in `vendor_err`,
 //! everything else is flushed, and the target memory is unchanged.
 
-use crate::verbs_support;
-
 use std::time::Duration;
 
+use crate::support::devices::*;
 use ddp_rdmap::terminate::{DdpTaggedCode, ErrorCause, RdmapProtectionCode};
 use softiwarp::rdmap::engine::vendor_err_for;
 use softiwarp::transport::{ConnError, ConnEvent};
 use verbs::{AccessFlags, AsyncEvent, QpState, RecvWr, SendFlags, SendWr, WcStatus};
-use verbs_support::*;
 
 fn final_event(e: &End) -> ConnEvent {
     let c = e.conn.as_ref().expect("connected");

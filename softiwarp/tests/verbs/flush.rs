@@ -4,10 +4,9 @@
 //! flush, destroy is safe at any time (also after the device is gone), and the in-use
 //! checks of dealloc / destroy / dereg.
 
-use crate::verbs_support;
-
 use std::time::Duration;
 
+use crate::support::devices::*;
 use softiwarp::transport::{CloseMode, ConnError, ConnEvent};
 use softiwarp::DeviceEvent;
 use softiwarp::QpInitAttr;
@@ -15,7 +14,6 @@ use verbs::{
     AsyncEvent, ObjectKind, QpAttr, QpState, RecvWr, SendFlags, SendWr, VerbsError, WcOpcode,
     WcStatus, WorkCompletion,
 };
-use verbs_support::*;
 
 fn flushed(wcs: &[WorkCompletion], ids: impl IntoIterator<Item = u64>) {
     let ids: Vec<u64> = ids.into_iter().collect();

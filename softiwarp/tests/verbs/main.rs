@@ -1,8 +1,8 @@
 //! The verbs objects over real devices (engine threads on a memory link): operations, flush,
 //! errors, seeded random runs and regressions.
 
-#[path = "../verbs_support/mod.rs"]
-mod verbs_support;
+#[path = "../support/mod.rs"]
+mod support;
 
 mod errors;
 mod flush;

@@ -6,17 +6,15 @@
 //! byte-exact checks. Many WRs in flight with queue-full back-pressure, and the ORD /
 //! IRD limits of the MPA negotiation reached and respected.
 
-use crate::verbs_support;
-
 use std::time::Duration;
 
+use crate::support::devices::*;
 use softiwarp::resources::stag_table::MrState;
 use softiwarp::Mr;
 use verbs::{
     AccessFlags, FastReg, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WcOpcode,
     WcStatus, WorkCompletion,
 };
-use verbs_support::*;
 
 /// The payload operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

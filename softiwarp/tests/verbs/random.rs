@@ -5,21 +5,19 @@
 //! byte is checked, every completion is accounted for (posted == completed, all
 //! successful), and the WRs still outstanding at the end are flushed exactly once.
 
-use crate::verbs_support;
-
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::devices::*;
 use softiwarp::link::{
     Direction, FaultConfig, FaultStats, Faults, Link, LinkError, LinkEvent, MemoryLink,
 };
 use softiwarp::Mr;
 use softiwarp::{LinkConfig, LinkSpec};
 use verbs::{QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, VerbsError, WcOpcode, WcStatus};
-use verbs_support::*;
 
 /// Faults that can be switched on once the connection is up (so ARP and the
 /// handshake are not slowed down by one-second retransmission timers).

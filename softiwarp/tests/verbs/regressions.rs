@@ -7,15 +7,13 @@
 //! - `Cq::destroy` / `Pd::dealloc` succeeded right after a QP was dropped, before the
 //!   engine flushed it, and the flushed completions then reached the destroyed CQ.
 
-use crate::verbs_support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::devices::*;
 use softiwarp::resources::completion_queue::CqError;
 use softiwarp::transport::{ConnError, MpaParams};
 use softiwarp::QpInitAttr;
 use verbs::{ObjectKind, QpState, RecvWr, SendFlags, SendWr, VerbsError, WcStatus};
-use verbs_support::*;
 
 /// An untagged segment: DDP control `T=0 L DV=1`, RDMAP control `RV=1 opcode`,
 /// RsvdULP word, QN, MSN, MO, payload.

@@ -1,7 +1,6 @@
-//! Shared pieces of the engine tests: stacks (and a raw smoltcp TCP peer) on a memory link
+//! Harness of the `engine` tests: stacks (and a raw smoltcp TCP peer) on a memory link
 //! pair, driven step by step on a virtual clock; stream ends routed by connection; seeded
 //! ULPDU flows that verify order and content.
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};

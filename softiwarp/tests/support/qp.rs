@@ -1,7 +1,5 @@
-//! Shared harness of the `qp_*` tests: two QP engines wired back to back by moving
+//! Harness of the `qp` tests: two QP engines wired back to back by moving
 //! whole ULPDUs (no MPA, no TCP), plus helpers to build MRs, WRs and patterns.
-
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::sync::Arc;

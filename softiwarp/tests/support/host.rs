@@ -1,6 +1,5 @@
-//! Shared pieces of the integration tests: a smoltcp host over a link, a deterministic
+//! Harness of `smoke_memory` and `tap::netns`: a smoltcp host over a link, a deterministic
 //! payload, and the two ends of a TCP echo (client sends, server echoes, both verify).
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::Ipv4Addr;
 

@@ -1,8 +1,7 @@
-//! Shared pieces of the iw-cm provider tests: two soft devices back to back on a memory
+//! Harness of the `iwcm` tests: two soft devices back to back on a memory
 //! link, each with its `SoftProvider` and `IwCm`; verbs objects for QPs; a per-id
 //! delivery checker; a watchdog (CM state dumps + gdb backtraces); a raw smoltcp peer
 //! driven by hand-written MPA bytes; a small seeded PRNG.
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr};

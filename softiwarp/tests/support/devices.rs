@@ -1,7 +1,6 @@
-//! Shared pieces of the `verbs_*` tests: two real Devices (engine threads) on a memory
+//! Harness of the `verbs` tests: two real Devices (engine threads) on a memory
 //! link, each with a PD, CQs and a QP bound to one connection; helpers to wait for
 //! completions and to build patterns.
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
