@@ -5,11 +5,13 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use softiwarp::link::{GoneReason, MemoryConfig, MemoryControl, MemoryLink};
+use softiwarp::link::{GoneReason, MemoryControl};
 use softiwarp::transport::stream::{RecvError, SendError};
 use softiwarp::transport::{CloseMode, ConnError, ConnEvent, MpaParams, StackError};
 use softiwarp::{ConnectError, Connection, Device, DeviceConfig, LinkConfig, ListenError};
 use softiwarp::{DeviceEnd, DeviceEvent};
+
+use crate::support::links;
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(10);
@@ -20,11 +22,7 @@ fn addr(host: u8) -> Ipv4Addr {
 
 /// Two devices on a memory link pair: (client .1, server .2, control of the client's end).
 fn devices(mtu: usize) -> (Device, Device, MemoryControl) {
-    let (a, b) = MemoryLink::pair(MemoryConfig {
-        mtu,
-        ..Default::default()
-    })
-    .unwrap();
+    let (a, b) = links(mtu);
     let ctl = a.control();
     let client =
         Device::open(DeviceConfig::new("cli", LinkConfig::memory(a), addr(1), 24)).unwrap();

@@ -16,11 +16,10 @@ use smoltcp::wire::{
     EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, TcpPacket,
     TcpRepr,
 };
-use softiwarp::link::{
-    CorruptedFrame, Direction, FaultConfig, Faults, Link, MemoryConfig, MemoryLink, Pcap, PcapClock,
-};
+use softiwarp::link::{CorruptedFrame, Direction, FaultConfig, Faults, Link, Pcap, PcapClock};
 use softiwarp::transport::smoltcp_glue::{mss_for_mtu, TcpConfig};
 use support::host::{Client, Host, Server};
+use support::links;
 
 const MIB: usize = 1 << 20;
 
@@ -104,14 +103,6 @@ fn echo<A: Link, B: Link>(
     }
 }
 
-fn pair(mtu: usize) -> (MemoryLink, MemoryLink) {
-    MemoryLink::pair(MemoryConfig {
-        mtu,
-        ..Default::default()
-    })
-    .unwrap()
-}
-
 fn fixed_clock() -> PcapClock {
     let mut t = std::time::Duration::from_secs(1_700_000_000);
     Box::new(move || {
@@ -163,7 +154,7 @@ fn tcp_of(frame: &[u8]) -> Option<TcpRepr<'_>> {
 
 fn clean_echo(mtu: usize) {
     let data = support::host::payload(MIB, 7);
-    let (la, lb) = pair(mtu);
+    let (la, lb) = links(mtu);
     let la = Pcap::with_writer(la, Vec::new(), fixed_clock()).unwrap();
     let t0 = Instant::from_secs(1);
     let mut a = Host::new(la, 1, TcpConfig::default(), t0);
@@ -223,7 +214,7 @@ fn echo_1mib_mtu_9000() {
 #[test]
 fn echo_1mib_with_drop_duplicate_reorder() {
     let data = support::host::payload(MIB, 11);
-    let (la, lb) = pair(1500);
+    let (la, lb) = links(1500);
     let f = FaultConfig {
         drop: 0.02,
         duplicate: 0.02,
@@ -307,7 +298,7 @@ fn classify(c: &CorruptedFrame, ours: EthernetAddress, catch: &mut Catch) {
 #[test]
 fn echo_1mib_with_corruption() {
     let data = support::host::payload(MIB, 13);
-    let (la, lb) = pair(1500);
+    let (la, lb) = links(1500);
     // Corruption starts once the connection is established: ARP (exchanged before) has no
     // checksum, and a corrupted sender MAC in an ARP reply would poison smoltcp's neighbor
     // cache for 60 s and stall the transfer (an Ethernet FCS prevents that on real wires;
@@ -364,7 +355,7 @@ fn same_seed_same_run() {
     // Determinism: two runs with faults take exactly the same steps and virtual time.
     let run = || {
         let data = support::host::payload(256 * 1024, 3);
-        let (la, lb) = pair(1500);
+        let (la, lb) = links(1500);
         let f = FaultConfig {
             drop: 0.03,
             duplicate: 0.01,

@@ -6,11 +6,11 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use softiwarp::link::{MemoryConfig, MemoryControl, MemoryLink};
+use softiwarp::link::{MemoryControl, MemoryLink};
 use softiwarp::transport::MpaParams;
 use softiwarp::{Cq, Pd, Qp, QpInitAttr};
 use softiwarp::{Device, DeviceConfig, FaultSpec, LinkConfig, QpConnection};
-use verbs::{AccessFlags, QpCap, QpState, WorkCompletion};
+use verbs::{QpCap, QpState, WorkCompletion};
 
 /// Server port of the tests.
 pub const PORT: u16 = 4791;
@@ -22,21 +22,8 @@ pub fn addr(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 66, 0, n)
 }
 
-/// Every access right an MR can have.
-pub fn all_access() -> AccessFlags {
-    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
-}
-
-/// A QP capability set: `depth` WRs per queue, `sges` SGEs per WR, 256 inline bytes.
-pub fn cap(depth: u32, sges: u32) -> QpCap {
-    QpCap {
-        max_send_wr: depth,
-        max_recv_wr: depth,
-        max_send_sge: sges,
-        max_recv_sge: sges,
-        max_inline_data: 256,
-    }
-}
+#[allow(unused_imports)] // each test binary uses a subset
+pub use super::{all_access, cap, links};
 
 /// Deterministic bytes: a function of `seed` and the index (xorshift).
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -180,11 +167,7 @@ pub fn devices(s: &Setup) -> (End, End) {
 /// As [`devices`], with each link configured by `make(host, link)` (host 1: the
 /// client, 2: the server).
 pub fn devices_with(s: &Setup, mut make: impl FnMut(u8, MemoryLink) -> LinkConfig) -> (End, End) {
-    let (la, lb) = MemoryLink::pair(MemoryConfig {
-        mtu: s.mtu,
-        ..Default::default()
-    })
-    .expect("memory link");
+    let (la, lb) = links(s.mtu);
     let (ca, cb) = (la.control(), lb.control());
     let b = device("srv", 2, make(2, lb), s);
     let a = device("cli", 1, make(1, la), s);

@@ -25,7 +25,6 @@ pub struct Host<L: Link> {
 impl<L: Link> Host<L> {
     /// A host at `10.233.0.<host>/24` with MAC `02:00:00:00:00:<host>`.
     pub fn new(link: L, host: u8, tcp: TcpConfig, now: Instant) -> Self {
-        let mut dev = LinkDevice::new(link);
         let cfg = InterfaceConfig {
             mac: [0x02, 0, 0, 0, 0, host],
             address: addr(host),
@@ -33,7 +32,13 @@ impl<L: Link> Host<L> {
             gateway: None,
             random_seed: u64::from(host),
         };
-        let iface = build_interface(&cfg, &mut dev, now).expect("interface");
+        Host::with_interface(link, &cfg, tcp, now)
+    }
+
+    /// A host with the interface `cfg` and one TCP socket made from `tcp`.
+    pub fn with_interface(link: L, cfg: &InterfaceConfig, tcp: TcpConfig, now: Instant) -> Self {
+        let mut dev = LinkDevice::new(link);
+        let iface = build_interface(cfg, &mut dev, now).expect("interface");
         let mut sockets = SocketSet::new(Vec::new());
         let tcp = sockets.add(tcp.socket().expect("socket"));
         Host {
@@ -53,15 +58,26 @@ impl<L: Link> Host<L> {
         self.sockets.get_mut::<tcp::Socket>(self.tcp)
     }
 
+    /// Listens on [`SERVER_PORT`].
     pub fn listen(&mut self) {
-        self.socket().listen(SERVER_PORT).expect("listen");
+        self.listen_on(SERVER_PORT);
     }
 
+    /// Listens on `port`.
+    pub fn listen_on(&mut self, port: u16) {
+        self.socket().listen(port).expect("listen");
+    }
+
+    /// Connects from [`CLIENT_PORT`] to [`SERVER_PORT`] of host `server`.
     pub fn connect(&mut self, server: u8) {
+        self.connect_to(addr(server), SERVER_PORT, CLIENT_PORT);
+    }
+
+    /// Connects from `local_port` to `ip:port`.
+    pub fn connect_to(&mut self, ip: Ipv4Addr, port: u16, local_port: u16) {
         let cx = self.iface.context();
         let sock = self.sockets.get_mut::<tcp::Socket>(self.tcp);
-        sock.connect(cx, (addr(server), SERVER_PORT), CLIENT_PORT)
-            .expect("connect");
+        sock.connect(cx, (ip, port), local_port).expect("connect");
     }
 }
 

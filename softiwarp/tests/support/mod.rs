@@ -15,3 +15,31 @@ pub mod host;
 pub mod iwcm;
 pub mod qp;
 pub mod stack;
+
+use softiwarp::link::{MemoryConfig, MemoryLink};
+use verbs::{AccessFlags, QpCap};
+
+/// Every access right an MR can have.
+pub fn all_access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+}
+
+/// A QP capability set: `depth` WRs per queue, `sges` SGEs per WR, 256 inline bytes.
+pub fn cap(depth: u32, sges: u32) -> QpCap {
+    QpCap {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        max_send_sge: sges,
+        max_recv_sge: sges,
+        max_inline_data: 256,
+    }
+}
+
+/// A memory link pair with `mtu`.
+pub fn links(mtu: usize) -> (MemoryLink, MemoryLink) {
+    MemoryLink::pair(MemoryConfig {
+        mtu,
+        ..Default::default()
+    })
+    .expect("memory link")
+}

@@ -16,21 +16,8 @@ pub const TAGGED_ROOM: usize = MULPDU - 14;
 /// Payload bytes per untagged segment at [`MULPDU`].
 pub const UNTAGGED_ROOM: usize = MULPDU - 18;
 
-/// All access rights an MR can have.
-pub fn all_access() -> AccessFlags {
-    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
-}
-
-/// A QP capability set with `depth` WRs per queue and `sges` SGEs per WR.
-pub fn cap(depth: u32, sges: u32) -> QpCap {
-    QpCap {
-        max_send_wr: depth,
-        max_recv_wr: depth,
-        max_send_sge: sges,
-        max_recv_sge: sges,
-        max_inline_data: 256,
-    }
-}
+#[allow(unused_imports)] // each test binary uses a subset
+pub use super::{all_access, cap};
 
 /// Deterministic bytes: a function of `seed` and the index.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

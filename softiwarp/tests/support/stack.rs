@@ -5,11 +5,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use smoltcp::iface::{Interface, SocketHandle, SocketSet};
+use super::host::Host;
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration, Instant};
-use softiwarp::link::{Link, LinkEvent, MemoryConfig, MemoryLink};
-use softiwarp::transport::smoltcp_glue::{build_interface, InterfaceConfig, LinkDevice, TcpConfig};
+use softiwarp::link::{Link, LinkEvent};
+use softiwarp::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 use softiwarp::transport::stream::{self, StreamConfig, StreamEnd, Waker};
 use softiwarp::transport::{
     ConnEvent, ConnId, ConnectRequestInfo, MpaParams, Stack, StackConfig, StackError, StackEvent,
@@ -31,14 +31,8 @@ pub fn iface(host: u8) -> InterfaceConfig {
     }
 }
 
-/// A memory link pair with `mtu`.
-pub fn links(mtu: usize) -> (MemoryLink, MemoryLink) {
-    MemoryLink::pair(MemoryConfig {
-        mtu,
-        ..Default::default()
-    })
-    .expect("memory link")
-}
+#[allow(unused_imports)] // each test binary uses a subset
+pub use super::links;
 
 /// Something a [`Pair`] can drive.
 pub trait Node {
@@ -151,42 +145,33 @@ impl<L: Link> Node for Side<L> {
 
 /// A bare smoltcp host with one TCP socket: the peer that speaks no MPA.
 pub struct RawHost<L: Link> {
-    pub dev: LinkDevice<L>,
-    pub iface: Interface,
-    pub sockets: SocketSet<'static>,
-    pub tcp: SocketHandle,
+    pub host: Host<L>,
     progressed: bool,
 }
 
 impl<L: Link> RawHost<L> {
     pub fn new(link: L, host: u8) -> Self {
-        let mut dev = LinkDevice::new(link);
-        let iface = build_interface(&iface(host), &mut dev, Instant::from_secs(1)).unwrap();
-        let mut sockets = SocketSet::new(Vec::new());
-        let tcp = sockets.add(TcpConfig::default().socket().unwrap());
         RawHost {
-            dev,
-            iface,
-            sockets,
-            tcp,
+            host: Host::with_interface(
+                link,
+                &iface(host),
+                TcpConfig::default(),
+                Instant::from_secs(1),
+            ),
             progressed: false,
         }
     }
 
     pub fn socket(&mut self) -> &mut tcp::Socket<'static> {
-        self.sockets.get_mut::<tcp::Socket>(self.tcp)
+        self.host.socket()
     }
 
     pub fn listen(&mut self, port: u16) {
-        self.socket().listen(port).unwrap();
+        self.host.listen_on(port);
     }
 
     pub fn connect(&mut self, host: u8, port: u16) {
-        let cx = self.iface.context();
-        self.sockets
-            .get_mut::<tcp::Socket>(self.tcp)
-            .connect(cx, (addr(host), port), 40_000)
-            .unwrap();
+        self.host.connect_to(addr(host), port, 40_000);
     }
 
     /// Everything received so far.
@@ -205,10 +190,11 @@ impl<L: Link> RawHost<L> {
 
 impl<L: Link> Node for RawHost<L> {
     fn poll(&mut self, now: Instant) -> Option<Instant> {
-        let before = self.dev.stats();
-        self.iface.poll(now, &mut self.dev, &mut self.sockets);
-        self.progressed = before != self.dev.stats();
-        self.iface.poll_at(now, &self.sockets)
+        let h = &mut self.host;
+        let before = h.dev.stats();
+        h.iface.poll(now, &mut h.dev, &mut h.sockets);
+        self.progressed = before != h.dev.stats();
+        h.iface.poll_at(now, &h.sockets)
     }
     fn progressed(&self) -> bool {
         self.progressed
