@@ -11,7 +11,7 @@ use softiwarp::transport::{CloseMode, ConnError, ConnEvent, MpaParams, StackErro
 use softiwarp::{ConnectError, Connection, Device, DeviceConfig, LinkConfig, ListenError};
 use softiwarp::{DeviceEnd, DeviceEvent};
 
-use crate::support::links;
+use crate::support::{links, Rng, RngExt};
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(10);
@@ -69,19 +69,6 @@ impl Hash {
     }
 }
 
-/// Fills `buf` from a xorshift generator.
-fn fill(state: &mut u64, buf: &mut [u8]) {
-    for chunk in buf.chunks_mut(8) {
-        let mut x = *state;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        *state = x;
-        let v = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-}
-
 #[test]
 fn listen_connect_accept_64mib_close() {
     let (client, server, _ctl) = devices(1500);
@@ -103,7 +90,7 @@ fn listen_connect_accept_64mib_close() {
     let start = Instant::now();
     let sender = std::thread::spawn(move || {
         let mut hash = Hash::default();
-        let mut state = 0x1234_5678_9abc_def1u64;
+        let mut rng = Rng::new(0x1234_5678_9abc_def1);
         let mut sent = 0usize;
         let mut n = 0u64;
         while sent < TOTAL {
@@ -115,7 +102,7 @@ fn listen_connect_accept_64mib_close() {
             };
             let len = len.min(TOTAL - sent);
             let mut u = vec![0u8; len];
-            fill(&mut state, &mut u);
+            rng.fill(&mut u);
             hash.feed(&u);
             c.send_ulpdu_vec(u, T).unwrap();
             sent += len;

@@ -3,6 +3,9 @@
 //! `poll_transmit` into the other's `handle_rx` with configurable chunking,
 //! plus replays of the Linux siw captures in `shared/pcaps`.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 use ddp_rdmap::ddp::BufferModel;
 use ddp_rdmap::terminate::{self, ErrorCause, LlpCode};
 use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
@@ -17,6 +20,7 @@ use softiwarp::transport::mpa_conn::{
     CallError, InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, RtrError, State,
     DEFAULT_STARTUP_TIMEOUT_US,
 };
+use support::{Rng, RngExt};
 
 // ---------------------------------------------------------------------------
 // Helpers: hex, a seeded RNG, the back-to-back pair.
@@ -27,30 +31,6 @@ fn unhex(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
-}
-
-/// xorshift64*: small, seeded, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
 }
 
 /// How bytes are cut when moved between the two endpoints (both the

@@ -153,7 +153,7 @@ fn tcp_of(frame: &[u8]) -> Option<TcpRepr<'_>> {
 }
 
 fn clean_echo(mtu: usize) {
-    let data = support::host::payload(MIB, 7);
+    let data = support::pattern(MIB, 7);
     let (la, lb) = links(mtu);
     let la = Pcap::with_writer(la, Vec::new(), fixed_clock()).unwrap();
     let t0 = Instant::from_secs(1);
@@ -213,7 +213,7 @@ fn echo_1mib_mtu_9000() {
 
 #[test]
 fn echo_1mib_with_drop_duplicate_reorder() {
-    let data = support::host::payload(MIB, 11);
+    let data = support::pattern(MIB, 11);
     let (la, lb) = links(1500);
     let f = FaultConfig {
         drop: 0.02,
@@ -297,7 +297,7 @@ fn classify(c: &CorruptedFrame, ours: EthernetAddress, catch: &mut Catch) {
 
 #[test]
 fn echo_1mib_with_corruption() {
-    let data = support::host::payload(MIB, 13);
+    let data = support::pattern(MIB, 13);
     let (la, lb) = links(1500);
     // Corruption starts once the connection is established: ARP (exchanged before) has no
     // checksum, and a corrupted sender MAC in an ARP reply would poison smoltcp's neighbor
@@ -354,7 +354,7 @@ fn echo_1mib_with_corruption() {
 fn same_seed_same_run() {
     // Determinism: two runs with faults take exactly the same steps and virtual time.
     let run = || {
-        let data = support::host::payload(256 * 1024, 3);
+        let data = support::pattern(256 * 1024, 3);
         let (la, lb) = links(1500);
         let f = FaultConfig {
             drop: 0.03,

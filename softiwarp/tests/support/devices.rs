@@ -23,26 +23,7 @@ pub fn addr(n: u8) -> Ipv4Addr {
 }
 
 #[allow(unused_imports)] // each test binary uses a subset
-pub use super::{all_access, cap, links};
-
-/// Deterministic bytes: a function of `seed` and the index (xorshift).
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        let n = (len - out.len()).min(8);
-        out.extend_from_slice(&b[..n]);
-    }
-    out
-}
-
-/// The seeded PRNG shared by the workspace's tests (splitmix64).
-#[allow(unused_imports)] // each test binary uses a subset
-pub use testkit::Rng;
+pub use super::{all_access, cap, links, pattern, Rng, RngExt};
 
 /// How to build a pair.
 pub struct Setup {

@@ -86,18 +86,9 @@ pub fn addr(host: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 233, 0, host)
 }
 
-/// `n` pseudo-random bytes from `seed` (xorshift64*), the same on every run.
-pub fn payload(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
+/// `n` pseudo-random bytes from `seed`, the same on every run: [`super::pattern`].
+#[allow(unused_imports)] // each test binary uses a subset
+pub use super::pattern as payload;
 
 /// One end of the echo, stepped by a poll loop.
 pub trait Side {

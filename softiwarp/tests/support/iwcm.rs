@@ -1,7 +1,7 @@
 //! Harness of the `iwcm` tests: two soft devices back to back on a memory
 //! link, each with its `SoftProvider` and `IwCm`; verbs objects for QPs; a per-id
 //! delivery checker; a watchdog (CM state dumps + gdb backtraces); a raw smoltcp peer
-//! driven by hand-written MPA bytes; a small seeded PRNG.
+//! driven by hand-written MPA bytes; the seeded PRNG.
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -254,29 +254,9 @@ pub use testkit::Watchdog;
 
 // ------------------------------------------------------------------------- PRNG
 
-/// A seeded xorshift64* generator.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+/// The seeded PRNG of the tests (testkit's splitmix64).
+#[allow(unused_imports)] // each test binary uses a subset
+pub use super::Rng;
 
 // --------------------------------------------------------------------- raw peer
 

@@ -19,6 +19,44 @@ pub mod stack;
 use softiwarp::link::{MemoryConfig, MemoryLink};
 use verbs::{AccessFlags, QpCap};
 
+/// The one seeded PRNG of the tests: testkit's splitmix64.
+pub use testkit::Rng;
+
+/// What the tests draw from an [`Rng`] besides testkit's `next_u64`, `below` and `chance`.
+pub trait RngExt {
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: usize, hi: usize) -> usize;
+    /// Fills `buf`, eight bytes (one `next_u64`, little-endian) at a time.
+    fn fill(&mut self, buf: &mut [u8]);
+    /// `n` random bytes, as [`RngExt::fill`] makes them.
+    fn bytes(&mut self, n: usize) -> Vec<u8>;
+}
+
+impl RngExt for Rng {
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below((hi - lo + 1) as u64) as usize
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        self.fill(&mut v);
+        v
+    }
+}
+
+/// `len` deterministic bytes, a function of `seed` only: the data the tests write, send
+/// and compare.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    Rng::new(seed).bytes(len)
+}
+
 /// Every access right an MR can have.
 pub fn all_access() -> AccessFlags {
     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ

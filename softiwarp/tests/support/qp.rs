@@ -17,24 +17,7 @@ pub const TAGGED_ROOM: usize = MULPDU - 14;
 pub const UNTAGGED_ROOM: usize = MULPDU - 18;
 
 #[allow(unused_imports)] // each test binary uses a subset
-pub use super::{all_access, cap};
-
-/// Deterministic bytes: a function of `seed` and the index.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-/// The seeded PRNG shared by the workspace's tests (splitmix64).
-#[allow(unused_imports)] // each test binary uses a subset
-pub use testkit::Rng;
+pub use super::{all_access, cap, pattern, Rng, RngExt};
 
 /// One end: its device's MR table, a PD, the QP and its CQs.
 pub struct Side {

@@ -32,7 +32,7 @@ pub fn iface(host: u8) -> InterfaceConfig {
 }
 
 #[allow(unused_imports)] // each test binary uses a subset
-pub use super::links;
+pub use super::{links, Rng, RngExt};
 
 /// Something a [`Pair`] can drive.
 pub trait Node {
@@ -255,34 +255,6 @@ impl<A: Node, B: Node> Pair<A, B> {
     /// Steps for `d` of virtual time.
     pub fn run_for(&mut self, d: Duration) {
         self.run_until(d, |_| false);
-    }
-}
-
-/// A seeded xorshift64* generator: the same numbers on every run.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-    }
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
     }
 }
 
