@@ -1,6 +1,6 @@
 //! Harness of the `verbs` tests: two real Devices (engine threads) on a memory
 //! link, each with a PD, CQs and a QP bound to one connection; helpers to wait for
-//! completions and to build patterns.
+//! completions (patterns: [`super::pattern`]).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! Harness of the `qp` tests: two QP engines wired back to back by moving
-//! whole ULPDUs (no MPA, no TCP), plus helpers to build MRs, WRs and patterns.
+//! whole ULPDUs (no MPA, no TCP), plus helpers to register MRs and post receives.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
