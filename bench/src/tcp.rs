@@ -1,5 +1,5 @@
 //! Raw smoltcp TCP bulk transfer, the baseline: one side of one connection over any
-//! [`Link`], with a simple poll loop (the shape of `softiwarp/tests/tap_netns.rs`).
+//! [`Link`], with a simple poll loop (the shape of `softiwarp/tests/tap/netns.rs`).
 //!
 //! The client connects, writes a repeating pseudo-random pattern for a byte count or a
 //! time, then closes; the server accepts, reads everything, and closes after the

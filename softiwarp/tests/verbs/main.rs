@@ -1,0 +1,11 @@
+//! The verbs objects over real devices (engine threads on a memory link): operations, flush,
+//! errors, seeded random runs and regressions.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod errors;
+mod flush;
+mod ops;
+mod random;
+mod regressions;
