@@ -6,10 +6,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use ddp_rdmap::ddp::BufferModel;
-use ddp_rdmap::rdmap::QN_TERMINATE;
-use ddp_rdmap::terminate::ErrorCause;
-use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
+use ddp_rdmap::terminate::{self, ErrorCause};
+use ddp_rdmap::{Header, Ulpdu};
 use mpa::negotiate::LocalSettings;
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
@@ -107,67 +105,14 @@ pub(super) fn v4(ep: IpEndpoint) -> SocketAddrV4 {
     }
 }
 
-/// The ULPDU of a Terminate with only the error (M = D = R = 0; RFC 5040 4.8), on the
-/// Terminate queue (QN 2) with MSN 1: the first and only message of that queue.
-pub(super) fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
-    let repr = ddp_rdmap::terminate::Repr::for_error(cause, None);
-    let u = Ulpdu {
-        header: Header {
-            opcode: Opcode::Terminate,
-            last: true,
-            buffer: BufferModel::Untagged {
-                rsvd_ulp: 0,
-                qn: QN_TERMINATE,
-                msn: 1,
-                mo: 0,
-            },
-        },
-        body: Body::Terminate(repr),
-        payload: &[],
-        len: 0,
-    };
+/// The ULPDU of a Terminate with only the error ([`Ulpdu::terminate`]: M = D = R = 0;
+/// RFC 5040 4.8), on the Terminate queue (QN 2) with MSN 1: the first and only message
+/// of that queue.
+fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
+    let u = Ulpdu::terminate(cause, 1);
     let mut out = vec![0u8; u.buffer_len()];
     u.emit(&mut out).ok()?;
     Some(out)
-}
-
-/// The cheap test of [`terminate_cause_of`]: untagged (T = 0) with DV = 01, RV = 01
-/// and opcode 7.
-pub(super) fn might_be_terminate(ulpdu: &[u8]) -> bool {
-    ulpdu.len() >= 2 && ulpdu[0] & 0x83 == 0x01 && ulpdu[1] & 0xcf == 0x47
-}
-
-/// The cause of a Terminate message, if `ulpdu` is one (RDMAP opcode 7 on QN 2).
-///
-/// A malformed Terminate (a valid untagged DDP/RDMAP header with opcode 7 on QN 2,
-/// but too short to hold the Terminate Control word, or with junk after it) is still
-/// the peer ending the stream, as the QP engine treats it (RFC 5040 §7: never
-/// answered with a Terminate): its cause is the raw Layer/EType/Error Code triple
-/// when those bytes are there, else [`ErrorCause::Unrecognized`] `0xf/0xf/0xff`.
-pub(super) fn terminate_cause_of(ulpdu: &[u8]) -> Option<ErrorCause> {
-    if !might_be_terminate(ulpdu) {
-        return None;
-    }
-    match Ulpdu::parse(ulpdu) {
-        Ok(u) => match u.body {
-            Body::Terminate(t) => Some(t.cause),
-            _ => None,
-        },
-        Err(_) => match Header::parse(ulpdu) {
-            Ok(h) if h.opcode == Opcode::Terminate && h.qn() == Some(QN_TERMINATE) => {
-                let hlen = h.buffer_len();
-                Some(match ulpdu.get(hlen..hlen + 2) {
-                    Some(&[lt, code]) => ErrorCause::from_raw(lt >> 4, lt & 0x0f, code),
-                    _ => ErrorCause::Unrecognized {
-                        layer: 0x0f,
-                        etype: 0x0f,
-                        code: 0xff,
-                    },
-                })
-            }
-            _ => None,
-        },
-    }
 }
 
 impl Conn {
@@ -344,7 +289,7 @@ impl Conn {
                     return;
                 }
                 cx.stats.ulpdus_rx += 1;
-                if let Some(cause) = terminate_cause_of(&ulpdu) {
+                if let Some(cause) = terminate::cause_of(&ulpdu) {
                     cx.stats.terminates_received += 1;
                     tracing::debug!(conn = self.id.0, %cause, "Terminate received");
                     self.rx_stopped = true;
@@ -444,7 +389,7 @@ impl Conn {
                 }
                 let used = match upper {
                     Some(u) => mpa.handle_rx_in_place(buf, now_us, &mut |ulpdu: &[u8]| {
-                        if might_be_terminate(ulpdu) || !u.on_ulpdu_in_place(ulpdu) {
+                        if Header::is_terminate(ulpdu) || !u.on_ulpdu_in_place(ulpdu) {
                             return false;
                         }
                         stats.ulpdus_rx += 1;
@@ -626,7 +571,7 @@ impl Conn {
             return Pulled::Empty;
         };
         if let Some(t) = upper.poll_terminate() {
-            let cause = terminate_cause_of(&t);
+            let cause = terminate::cause_of(&t);
             match mpa.send_terminate(&[&t]) {
                 Ok(()) => {
                     cx.stats.terminates_sent += 1;
@@ -889,32 +834,5 @@ impl Conn {
             self.life = Life::Zombie;
         }
         wrote
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ddp_rdmap::terminate::{DdpUntaggedCode, LlpCode};
-
-    #[test]
-    fn terminates_are_built_and_recognised() {
-        for cause in [
-            ErrorCause::Llp(LlpCode::CrcError),
-            ErrorCause::Llp(LlpCode::InvalidRequestReply),
-            ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidQn),
-        ] {
-            let t = terminate_ulpdu(cause).unwrap();
-            // Untagged header on QN 2, MSN 1, MO 0; then the Terminate control word.
-            assert_eq!(&t[..2], &[0x41, 0x47]);
-            assert_eq!(&t[6..18], &[0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
-            assert_eq!(terminate_cause_of(&t), Some(cause));
-        }
-        assert_eq!(terminate_cause_of(&[0x41, 0x47, 0, 0]), None);
-        assert_eq!(terminate_cause_of(b""), None);
-        let send = [
-            0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 9,
-        ];
-        assert_eq!(terminate_cause_of(&send), None);
     }
 }
