@@ -8,7 +8,9 @@ use std::net::Ipv4Addr;
 use rustc_hash::FxHashMap;
 use smoltcp::phy::{Device, DeviceCapabilities, RxToken, TxToken};
 use smoltcp::time::Instant;
-use smoltcp::wire::IpAddress;
+use smoltcp::wire::{
+    EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, TcpPacket,
+};
 
 use super::smoltcp_glue::{LinkDevice, LinkRxToken, LinkTxToken};
 use super::DEFAULT_REMOTE_MSS;
@@ -71,69 +73,121 @@ pub(super) struct SegInfo {
     pub(super) window: u16,
 }
 
-pub(super) const TCP_SYN: u8 = 0x02;
-pub(super) const TCP_FIN: u8 = 0x01;
-pub(super) const TCP_ACK: u8 = 0x10;
+/// Byte positions in the frames the tracker reads: Ethernet II, then IPv4, then TCP
+/// (RFC 894, RFC 791 3.1, RFC 9293 3.1), named as smoltcp's `wire` names them. The
+/// parsers use smoltcp's [`EthernetFrame`], [`Ipv4Packet`] and [`TcpPacket`]; the hot
+/// paths ([`quick_tx`], [`carries_data`], the flags peek of `SegTracker::on_rx`) read
+/// these positions directly.
+pub(super) mod field {
+    use core::ops::Range;
 
-pub(super) fn be16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+    /// EtherType of the Ethernet II header.
+    pub const ETHERTYPE: Range<usize> = 12..14;
+    /// First byte of the IPv4 header (the Ethernet II header is 14 bytes).
+    pub const IPV4: usize = 14;
+    /// IPv4 Version (high nibble) and IHL (low nibble, in 32-bit words).
+    pub const IPV4_VER_IHL: usize = IPV4;
+    /// IPv4 Total Length.
+    pub const IPV4_LENGTH: Range<usize> = IPV4 + 2..IPV4 + 4;
+    /// IPv4 Protocol.
+    pub const IPV4_PROTOCOL: usize = IPV4 + 9;
+    /// IPv4 Destination Address.
+    pub const IPV4_DST_ADDR: Range<usize> = IPV4 + 16..IPV4 + 20;
+    /// First byte of the TCP header behind an IPv4 header without options (IHL 5),
+    /// the only IPv4 header smoltcp sends.
+    pub const TCP: usize = IPV4 + 20;
+
+    /// TCP Source Port, from the start of the TCP header.
+    pub const TCP_SRC_PORT: Range<usize> = 0..2;
+    /// TCP Destination Port.
+    pub const TCP_DST_PORT: Range<usize> = 2..4;
+    /// TCP Sequence Number.
+    pub const TCP_SEQ_NUM: Range<usize> = 4..8;
+    /// TCP Data Offset (high nibble, in 32-bit words).
+    pub const TCP_DATA_OFF: usize = 12;
+    /// TCP flags (CWR ECE URG ACK PSH RST SYN FIN).
+    pub const TCP_FLAGS: usize = 13;
+
+    /// The fixed-position headers of a frame without IPv4 options, through the TCP
+    /// flags: what [`super::quick_tx`] reads (48 bytes).
+    pub const FIXED_HEADERS: usize = TCP + TCP_FLAGS + 1;
 }
 
-pub(super) fn be32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+/// EtherType IPv4 (0x0800) as it stands on the wire.
+const ETHERTYPE_IPV4: [u8; 2] = 0x0800u16.to_be_bytes();
+/// EtherType ARP (0x0806) as it stands on the wire.
+const ETHERTYPE_ARP: [u8; 2] = 0x0806u16.to_be_bytes();
+/// IPv4 Version 4 with IHL 5: an IPv4 header without options.
+const IPV4_NO_OPTIONS: u8 = 0x45;
+/// IPv4 Protocol number of TCP.
+const IP_PROTOCOL_TCP: u8 = 6;
+
+/// TCP SYN flag.
+pub(super) const TCP_SYN: u8 = 0x02;
+/// TCP FIN flag.
+pub(super) const TCP_FIN: u8 = 0x01;
+/// TCP ACK flag.
+pub(super) const TCP_ACK: u8 = 0x10;
+
+/// TCP option kinds the tracker reads (RFC 9293 3.2, RFC 7323 2.2).
+const OPT_END: u8 = 0;
+const OPT_NOP: u8 = 1;
+const OPT_MSS: u8 = 2;
+const OPT_WS: u8 = 3;
+
+/// A TCP header field's position in a frame without IPv4 options.
+#[inline]
+fn in_tcp(range: core::ops::Range<usize>) -> core::ops::Range<usize> {
+    field::TCP + range.start..field::TCP + range.end
+}
+
+/// Big-endian u16 at the start of `range` of the fixed headers.
+#[inline]
+fn be16_in(h: &[u8; field::FIXED_HEADERS], range: core::ops::Range<usize>) -> u16 {
+    u16::from_be_bytes([h[range.start], h[range.start + 1]])
 }
 
 /// Parses the TCP header of an Ethernet II / IPv4 frame; `None` for anything else.
 /// With `verify`, the IPv4 header and TCP checksums must be right (received frames may be
 /// corrupted; smoltcp drops those, and so must the tracker).
 pub(super) fn parse_seg(frame: &[u8], verify: bool) -> Option<SegInfo> {
-    if be16(frame, 12)? != 0x0800 {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
         return None;
     }
-    let ip = frame.get(14..)?;
-    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
-    if *ip.first()? >> 4 != 4 || ihl < 20 || *ip.get(9)? != 6 {
+    // Checks IHL >= 5 and that the header and Total Length fit; `payload` ends at
+    // Total Length.
+    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+    if ip.version() != 4 || ip.next_header() != IpProtocol::Tcp {
         return None;
     }
-    let total = usize::from(be16(ip, 2)?);
-    let ip = ip.get(..total)?;
-    let tcp = ip.get(ihl..)?;
-    let doff = usize::from(*tcp.get(12)? >> 4) * 4;
-    if doff < 20 || doff > tcp.len() {
+    // Checks that the Data Offset is at least 5 words and fits.
+    let tcp = TcpPacket::new_checked(ip.payload()).ok()?;
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    if verify
+        && !(ip.verify_checksum()
+            && tcp.verify_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst)))
+    {
         return None;
     }
-    let src = Ipv4Addr::from(be32(ip, 12)?);
-    let dst = Ipv4Addr::from(be32(ip, 16)?);
-    if verify {
-        let hdr = smoltcp::wire::Ipv4Packet::new_checked(ip).ok()?;
-        if !hdr.verify_checksum() {
-            return None;
-        }
-        let seg = smoltcp::wire::TcpPacket::new_checked(tcp).ok()?;
-        if !seg.verify_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst)) {
-            return None;
-        }
-    }
-    let flags = *tcp.get(13)?;
-    let syn = flags & TCP_SYN != 0;
-    let fin = flags & TCP_FIN != 0;
+    let (syn, fin) = (tcp.syn(), tcp.fin());
     let mut mss = None;
     let mut wscale = None;
     if syn {
-        let mut opts = tcp.get(20..doff)?;
+        let mut opts = tcp.options();
         while let Some(&kind) = opts.first() {
             match kind {
-                0 => break,
-                1 => opts = &opts[1..],
+                OPT_END => break,
+                OPT_NOP => opts = &opts[1..],
                 _ => {
                     let len = usize::from(*opts.get(1)?);
                     if len < 2 || len > opts.len() {
                         break;
                     }
-                    if kind == 2 && len == 4 {
-                        mss = be16(opts, 2);
+                    if kind == OPT_MSS && len == 4 {
+                        mss = Some(u16::from_be_bytes([opts[2], opts[3]]));
                     }
-                    if kind == 3 && len == 3 {
+                    if kind == OPT_WS && len == 3 {
                         // RFC 7323 2.3: a shift over 14 is taken as 14.
                         wscale = Some(opts[2].min(14));
                     }
@@ -142,20 +196,19 @@ pub(super) fn parse_seg(frame: &[u8], verify: bool) -> Option<SegInfo> {
             }
         }
     }
-    let payload = tcp.len() - doff;
     Some(SegInfo {
         src,
         dst,
-        src_port: be16(tcp, 0)?,
-        dst_port: be16(tcp, 2)?,
-        seq: be32(tcp, 4)?,
-        seg_len: u32::try_from(payload).ok()? + u32::from(syn) + u32::from(fin),
+        src_port: tcp.src_port(),
+        dst_port: tcp.dst_port(),
+        seq: tcp.seq_number().0 as u32,
+        seg_len: u32::try_from(tcp.payload().len()).ok()? + u32::from(syn) + u32::from(fin),
         syn,
-        ack: flags & TCP_ACK != 0,
+        ack: tcp.ack(),
         mss,
         wscale,
-        ack_no: be32(tcp, 8)?,
-        window: be16(tcp, 14)?,
+        ack_no: tcp.ack_number().0 as u32,
+        window: tcp.window_len(),
     })
 }
 
@@ -166,8 +219,12 @@ pub(super) fn parse_seg(frame: &[u8], verify: bool) -> Option<SegInfo> {
 /// (With traffic both ways most windows ride on data segments, and few FPDUs are written
 /// ahead.)
 pub(super) fn carries_data(frame: &[u8]) -> bool {
-    match (frame.get(14), frame.get(16..18), frame.get(46)) {
-        (Some(0x45), Some(&[hi, lo]), Some(&off)) => {
+    match (
+        frame.get(field::IPV4_VER_IHL),
+        frame.get(field::IPV4_LENGTH),
+        frame.get(field::TCP + field::TCP_DATA_OFF),
+    ) {
+        (Some(&IPV4_NO_OPTIONS), Some(&[hi, lo]), Some(&off)) => {
             usize::from(u16::from_be_bytes([hi, lo])) > 20 + usize::from(off >> 4) * 4
         }
         _ => false,
@@ -175,26 +232,31 @@ pub(super) fn carries_data(frame: &[u8]) -> bool {
 }
 
 /// The sending side's key, sequence number and length in sequence space of a segment
-/// without SYN, read at the fixed offsets of an Ethernet II / IPv4 frame without IP
-/// options (all that smoltcp sends); `None` for anything else (the caller falls back to
-/// [`parse_seg`]). It runs for every frame sent.
+/// without SYN, read at the fixed positions ([`field`]) of an Ethernet II / IPv4 frame
+/// without IP options (all that smoltcp sends); `None` for anything else (the caller
+/// falls back to [`parse_seg`]). It runs for every frame sent.
 #[inline]
 pub(super) fn quick_tx(frame: &[u8]) -> Option<(u64, u32, u32)> {
-    let h: &[u8; 48] = frame.get(..48)?.try_into().ok()?;
-    let flags = h[47];
-    if h[12..14] != [0x08, 0x00] || h[14] != 0x45 || h[23] != 6 || flags & TCP_SYN != 0 {
+    use field::*;
+    let h: &[u8; FIXED_HEADERS] = frame.get(..FIXED_HEADERS)?.try_into().ok()?;
+    let flags = h[TCP + TCP_FLAGS];
+    if h[ETHERTYPE] != ETHERTYPE_IPV4
+        || h[IPV4_VER_IHL] != IPV4_NO_OPTIONS
+        || h[IPV4_PROTOCOL] != IP_PROTOCOL_TCP
+        || flags & TCP_SYN != 0
+    {
         return None;
     }
-    let total = u32::from(u16::from_be_bytes([h[16], h[17]]));
-    let doff = u32::from(h[46] >> 4) * 4;
+    let total = u32::from(be16_in(h, IPV4_LENGTH));
+    let doff = u32::from(h[TCP + TCP_DATA_OFF] >> 4) * 4;
     let payload = total.checked_sub(20 + doff)?;
-    let dst = Ipv4Addr::new(h[30], h[31], h[32], h[33]);
+    let dst: [u8; 4] = h[IPV4_DST_ADDR].try_into().ok()?;
     let key = tuple_key(
-        u16::from_be_bytes([h[34], h[35]]),
-        dst,
-        u16::from_be_bytes([h[36], h[37]]),
+        be16_in(h, in_tcp(TCP_SRC_PORT)),
+        Ipv4Addr::from(dst),
+        be16_in(h, in_tcp(TCP_DST_PORT)),
     );
-    let seq = u32::from_be_bytes([h[38], h[39], h[40], h[41]]);
+    let seq = u32::from_be_bytes(h[in_tcp(TCP_SEQ_NUM)].try_into().ok()?);
     Some((key, seq, payload + u32::from(flags & TCP_FIN != 0)))
 }
 
@@ -237,7 +299,7 @@ impl SegTracker {
     }
 
     pub(super) fn on_rx(&mut self, frame: &[u8]) {
-        if frame.get(12..14) == Some(&[0x08, 0x06]) {
+        if frame.get(field::ETHERTYPE) == Some(&ETHERTYPE_ARP) {
             self.arp_seen
                 .extend(crate::transport::neighbor::arp_sender(frame));
             return;
@@ -248,9 +310,9 @@ impl SegTracker {
         // be ahead of smoltcp's, and every FPDU written ahead into it would straddle two
         // segments (breaker_batching.rs). Data segments are not looked at.
         let Some(&flags) = frame
-            .get(14)
+            .get(field::IPV4_VER_IHL)
             .map(|b| usize::from(b & 0x0f) * 4)
-            .and_then(|ihl| frame.get(14 + ihl + 13))
+            .and_then(|ihl| frame.get(field::IPV4 + ihl + field::TCP_FLAGS))
         else {
             return;
         };
@@ -388,7 +450,6 @@ impl<L: Link> Device for TrackedDevice<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use smoltcp::wire::{Ipv4Packet, TcpPacket};
 
     /// An Ethernet/IPv4/TCP frame from 10.0.0.1:`sport` to 10.0.0.2:`dport` with
     /// correct checksums, an MSS option when `mss` is given, and `payload`.
