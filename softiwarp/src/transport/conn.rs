@@ -29,7 +29,56 @@ pub(super) enum Life {
     Active,
     /// Final event given (or never visible); waiting for the socket to finish (RST sent,
     /// TIME-WAIT over) before removal.
-    Zombie,
+    Zombie {
+        /// When the reaper first saw it a zombie (`Stack::reap` sets it; a socket
+        /// that cannot send its RST is dropped [`ZOMBIE_LINGER_MS`](super::ZOMBIE_LINGER_MS)
+        /// after it).
+        since: Option<Instant>,
+    },
+}
+
+impl Life {
+    /// A zombie not yet seen by the reaper.
+    pub(super) const ZOMBIE: Life = Life::Zombie { since: None };
+
+    /// Whether the connection is a zombie.
+    pub(super) fn is_zombie(self) -> bool {
+        matches!(self, Life::Zombie { .. })
+    }
+}
+
+/// How far a connection's abort (RST, `tcp::Socket::abort`) has gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Abort {
+    /// None asked for.
+    No,
+    /// Asked for (a user close, its listener removed, an error): the next service of
+    /// the connection aborts the socket.
+    Asked,
+    /// The socket was aborted, or closed for good: nothing more goes out.
+    Done,
+}
+
+/// The connection's own pending deadline, besides MPA's timers and smoltcp's (as
+/// smoltcp's `tcp::Timer`): at most one is pending, since the connect deadline ends when
+/// TCP is established and the linger starts only once MPA runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// Nothing timed.
+    Idle,
+    /// An initiator's TCP must be established by `deadline`
+    /// ([`StackConfig::connect_timeout_us`] after [`Stack::connect`](super::Stack::connect)),
+    /// else the connection fails with [`TimeoutPhase::TcpConnect`].
+    Connect {
+        /// When the connect times out.
+        deadline: Instant,
+    },
+    /// A queued Terminate gets until `until` to be acknowledged
+    /// ([`StackConfig::terminate_linger_us`]); then the RST goes anyway.
+    Linger {
+        /// When the RST goes.
+        until: Instant,
+    },
 }
 
 pub(super) struct Conn {
@@ -44,13 +93,12 @@ pub(super) struct Conn {
     /// `debug` span of this connection (id, role, peer), entered while it is serviced.
     pub(super) span: tracing::Span,
     pub(super) connect_started: Instant,
-    pub(super) connect_deadline: Option<Instant>,
+    /// The pending connect or Terminate linger deadline.
+    pub(super) timer: Timer,
     pub(super) mpa: Option<MpaConn>,
     pub(super) upper: Option<Box<dyn Ulp>>,
     pub(super) emss: usize,
     pub(super) life: Life,
-    /// When the connection became a zombie (set by the reaper).
-    pub(super) zombie_since: Option<Instant>,
     /// The user knows of this connection (initiator; responder after ConnectRequest).
     pub(super) visible: bool,
     /// Counts against its listener's backlog.
@@ -59,8 +107,8 @@ pub(super) struct Conn {
     pub(super) close_requested: bool,
     /// Graceful close asked in full operation: MPA closes once the upper's queue is empty.
     pub(super) close_pending: bool,
-    pub(super) aborted: bool,
-    pub(super) abort_now: bool,
+    /// How far an abort has gone.
+    pub(super) abort: Abort,
     pub(super) peer_fin_seen: bool,
     pub(super) tcp_closed_reported: bool,
     /// The TCP connection is closed: nothing can be sent any more.
@@ -70,7 +118,6 @@ pub(super) struct Conn {
     pub(super) terminate_queued: bool,
     /// The upper sent a Terminate: abort once it is out.
     pub(super) ulp_terminated: bool,
-    pub(super) linger_deadline: Option<Instant>,
     pub(super) written: u64,
     pub(super) snd_base: Option<u32>,
     pub(super) rx_offset: u64,
@@ -180,7 +227,7 @@ impl Conn {
         if direct != self.emss
             || self.emss < 48
             || self.final_sent
-            || self.abort_now
+            || self.abort != Abort::No
             || self.close_pending
         {
             return false;
@@ -226,11 +273,11 @@ impl Conn {
         match made {
             Ok(m) => {
                 tracing::debug!(conn = self.id.0, emss = self.emss, role = ?self.role, "TCP established");
-                self.connect_deadline = None;
+                self.timer = Timer::Idle;
                 self.mpa = Some(m);
             }
             Err(e) => {
-                self.abort_now = true;
+                self.ask_abort();
                 self.fail(cx, ConnError::Setup(e.to_string()));
             }
         }
@@ -293,7 +340,7 @@ impl Conn {
                     cx.stats.terminates_received += 1;
                     tracing::debug!(conn = self.id.0, %cause, "Terminate received");
                     self.rx_stopped = true;
-                    self.abort_now = true;
+                    self.ask_abort();
                     if let Some(u) = self.upper.as_mut() {
                         u.on_terminate(&ulpdu);
                     }
@@ -447,12 +494,12 @@ impl Conn {
         cx: &mut Cx,
         now: Instant,
     ) -> bool {
-        if self.aborted {
+        if self.abort == Abort::Done {
             return false;
         }
-        if self.abort_now {
+        if self.abort == Abort::Asked {
             sock.abort();
-            self.aborted = true;
+            self.abort = Abort::Done;
             *cx.progress = true;
             return false;
         }
@@ -471,20 +518,26 @@ impl Conn {
             Some(LlpClose::Abort) => {
                 if !self.terminate_queued {
                     sock.abort();
-                    self.aborted = true;
+                    self.abort = Abort::Done;
                     *cx.progress = true;
                     return false;
                 }
-                let deadline = *self.linger_deadline.get_or_insert(
-                    now + smoltcp::time::Duration::from_micros(cx.cfg.terminate_linger_us),
-                );
+                let deadline = match self.timer {
+                    Timer::Linger { until } => until,
+                    _ => {
+                        let until =
+                            now + smoltcp::time::Duration::from_micros(cx.cfg.terminate_linger_us);
+                        self.timer = Timer::Linger { until };
+                        until
+                    }
+                };
                 if pending > 0 && self.unsent(cx) == 0 {
                     wrote = self.write_pending(sock, cx) > 0;
                 }
                 let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
                 if (pending == 0 && sock.send_queue() == 0) || now >= deadline || !sock.may_send() {
                     sock.abort();
-                    self.aborted = true;
+                    self.abort = Abort::Done;
                     *cx.progress = true;
                 }
             }
@@ -579,13 +632,13 @@ impl Conn {
                     self.rx_stopped = true;
                     self.fail(cx, ConnError::TerminateSent(cause));
                     // The Terminate goes out, then the RST (as after an MPA error).
-                    self.linger_deadline = None;
+                    self.timer = Timer::Idle;
                     let wrote = self.write_pending(sock, cx) > 0;
                     self.ulp_terminated = true;
                     return Pulled::Sent(wrote, 0);
                 }
                 Err(e) => {
-                    self.abort_now = true;
+                    self.ask_abort();
                     self.fail(cx, ConnError::Ulp(e));
                     return Pulled::Sent(false, 0);
                 }
@@ -628,7 +681,7 @@ impl Conn {
             }
             Ok(false) => Pulled::Empty,
             Err(e) => {
-                self.abort_now = true;
+                self.ask_abort();
                 self.fail(cx, ConnError::Ulp(e));
                 Pulled::Sent(false, 0)
             }
@@ -670,19 +723,17 @@ impl Conn {
             settings,
             span: tracing::debug_span!("conn", id = id.0, ?role, %remote),
             connect_started: now,
-            connect_deadline: None,
+            timer: Timer::Idle,
             mpa: None,
             upper: None,
             emss: 0,
             life: Life::Active,
-            zombie_since: None,
             visible: role == Role::Initiator,
             in_backlog: role == Role::Responder,
             final_sent: false,
             close_requested: false,
             close_pending: false,
-            aborted: false,
-            abort_now: false,
+            abort: Abort::No,
             peer_fin_seen: false,
             tcp_closed_reported: false,
             tcp_dead: false,
@@ -690,12 +741,30 @@ impl Conn {
             rx_stopped: false,
             terminate_queued: false,
             ulp_terminated: false,
-            linger_deadline: None,
             written: 0,
             snd_base: None,
             rx_offset: 0,
             hooked_upto: 0,
             hook: None,
+        }
+    }
+
+    /// Asks for an abort (RST at the next service); one already done stays done.
+    pub(super) fn ask_abort(&mut self) {
+        if self.abort == Abort::No {
+            self.abort = Abort::Asked;
+        }
+    }
+
+    /// The connection's own next deadline ([`Timer`]), while its socket is not aborted.
+    pub(super) fn poll_at(&self) -> Option<Instant> {
+        if self.abort == Abort::Done {
+            return None;
+        }
+        match self.timer {
+            Timer::Connect { deadline } if self.mpa.is_none() => Some(deadline),
+            Timer::Linger { until } => Some(until),
+            _ => None,
         }
     }
 
@@ -718,7 +787,7 @@ impl Conn {
         now: Instant,
     ) -> bool {
         use tcp::State as T;
-        if self.life == Life::Zombie {
+        if self.life.is_zombie() {
             return false;
         }
         let span = self.span.clone();
@@ -727,28 +796,28 @@ impl Conn {
         if matches!(state, T::CloseWait | T::Closing | T::LastAck | T::TimeWait) {
             self.peer_fin_seen = true;
         }
-        if self.mpa.is_none() && self.abort_now && !self.aborted {
+        if self.mpa.is_none() && self.abort == Abort::Asked {
             // Closed by the user (or its listener) before TCP was established.
             sock.abort();
-            self.aborted = true;
+            self.abort = Abort::Done;
             *cx.progress = true;
         }
-        if self.mpa.is_none() && !self.aborted {
+        if self.mpa.is_none() && self.abort != Abort::Done {
             match state {
                 T::Established | T::CloseWait => {
                     self.start_mpa(cx, now);
                     if self.mpa.is_none() {
                         self.tx(sock, cx, now);
-                        self.life = Life::Zombie;
+                        self.life = Life::ZOMBIE;
                         return false;
                     }
                 }
                 T::SynSent | T::SynReceived => {
-                    if self.connect_deadline.is_some_and(|d| now >= d) {
+                    if matches!(self.timer, Timer::Connect { deadline } if now >= deadline) {
                         sock.abort();
-                        self.aborted = true;
+                        self.abort = Abort::Done;
                         self.fail(cx, ConnError::TimedOut(TimeoutPhase::TcpConnect));
-                        self.life = Life::Zombie;
+                        self.life = Life::ZOMBIE;
                     }
                     return false;
                 }
@@ -774,8 +843,8 @@ impl Conn {
                     if state != T::Closed {
                         sock.abort();
                     }
-                    self.aborted = true;
-                    self.life = Life::Zombie;
+                    self.abort = Abort::Done;
+                    self.life = Life::ZOMBIE;
                     return false;
                 }
             }
@@ -785,7 +854,7 @@ impl Conn {
             if !self.final_sent {
                 self.emit(cx, ConnEvent::Closed);
             }
-            self.life = Life::Zombie;
+            self.life = Life::ZOMBIE;
             return false;
         }
         let now_us = micros(now);
@@ -812,7 +881,7 @@ impl Conn {
                 self.tcp_closed_reported = true;
                 // No Terminate can go out on a dead connection.
                 self.tcp_dead = true;
-                if !self.aborted {
+                if self.abort != Abort::Done {
                     let graceful = self.peer_fin_seen;
                     if let Some(m) = self.mpa.as_mut() {
                         m.handle_tcp_closed(graceful);
@@ -831,7 +900,7 @@ impl Conn {
                     self.fail(cx, ConnError::Reset);
                 }
             }
-            self.life = Life::Zombie;
+            self.life = Life::ZOMBIE;
         }
         wrote
     }

@@ -150,7 +150,7 @@ use smoltcp::time::Instant;
 use smoltcp::wire::IpAddress;
 
 use crate::link::{GoneReason, Link, LinkError, LinkEvent};
-use conn::{from_micros, micros, v4, Conn, Cx, Life};
+use conn::{from_micros, micros, v4, Conn, Cx, Life, Timer};
 use listener::Listener;
 use mpa::negotiate::{LocalSettings, SettingsError};
 use mpa_conn::{CallError, MpaConn, Role, State};
@@ -482,7 +482,7 @@ impl<L: Link> Stack<L> {
             if c.listener == Some(id) {
                 c.in_backlog = false;
                 if !c.visible {
-                    c.abort_now = true;
+                    c.ask_abort();
                 }
             }
         }
@@ -560,8 +560,9 @@ impl<L: Link> Stack<L> {
             settings,
             now,
         );
-        c.connect_deadline =
-            Some(now + smoltcp::time::Duration::from_micros(self.cfg.connect_timeout_us));
+        c.timer = Timer::Connect {
+            deadline: now + smoltcp::time::Duration::from_micros(self.cfg.connect_timeout_us),
+        };
         c.upper = Some(upper);
         self.dev
             .tracker
@@ -661,7 +662,7 @@ impl<L: Link> Stack<L> {
             .conns
             .get_mut(&conn)
             .ok_or(StackError::NoSuchConnection(conn))?;
-        if c.final_sent || c.life == Life::Zombie {
+        if c.final_sent || c.life.is_zombie() {
             return Err(StackError::WrongState {
                 call: "close",
                 why: "the connection already ended",
@@ -678,7 +679,7 @@ impl<L: Link> Stack<L> {
                     let _ = m.close();
                 }
             }
-            _ => c.abort_now = true,
+            _ => c.ask_abort(),
         }
         self.leave_backlog(conn);
         Ok(())
@@ -777,8 +778,7 @@ impl<L: Link> Stack<L> {
                     .as_ref()
                     .and_then(MpaConn::poll_timeout)
                     .map(from_micros),
-                c.connect_deadline.filter(|_| c.mpa.is_none() && !c.aborted),
-                c.linger_deadline.filter(|_| !c.aborted),
+                c.poll_at(),
             ];
             for t in t.into_iter().flatten() {
                 next = Some(next.map_or(t, |n| n.min(t)));
@@ -917,15 +917,15 @@ impl<L: Link> Stack<L> {
         } = self;
         let mut tracker = dev.tracker.borrow_mut();
         conns.retain(|_, c| {
-            if c.life != Life::Zombie {
+            let Life::Zombie { since } = &mut c.life else {
                 return true;
-            }
+            };
+            let since = *since.get_or_insert(now);
             if std::mem::take(&mut c.in_backlog) {
                 if let Some(l) = c.listener.and_then(|l| listeners.get_mut(&l)) {
                     l.pending = l.pending.saturating_sub(1);
                 }
             }
-            let since = *c.zombie_since.get_or_insert(now);
             let s = sockets.get::<tcp::Socket>(c.handle);
             let stuck = now >= since + smoltcp::time::Duration::from_millis(ZOMBIE_LINGER_MS);
             if s.state() == tcp::State::Closed && (s.remote_endpoint().is_none() || stuck) {
