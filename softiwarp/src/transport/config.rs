@@ -1,4 +1,4 @@
-//! Constants and configuration of the [`Stack`](super::Stack): limits, defaults, the
+//! Constants and configuration of the [`Stack`]: limits, defaults, the
 //! device's MPA defaults and the MPA parameters of one connection.
 
 use mpa::negotiate::LocalSettings;

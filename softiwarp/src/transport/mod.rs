@@ -246,6 +246,36 @@ pub enum StackError {
 }
 
 /// The transport core of one device. See the [module docs](self).
+///
+/// It performs no I/O of its own but on its [`Link`], reads no clock and starts no
+/// thread. Its methods fall into four classes, as quinn-proto's `Connection`:
+///
+/// - **Getters**, which change nothing: [`config`](Self::config), [`link`](Self::link),
+///   [`address`](Self::address), [`mss`](Self::mss), [`stats`](Self::stats),
+///   [`device_stats`](Self::device_stats), [`progressed`](Self::progressed),
+///   [`gone`](Self::gone), [`connection_count`](Self::connection_count),
+///   [`mpa_state`](Self::mpa_state), [`tcp_state`](Self::tcp_state).
+/// - **Inputs**: there are no `handle_*` calls. Frames and link events come from the
+///   link itself, which [`poll`](Self::poll) reads; time comes as `poll`'s `now`.
+/// - **Commands**, which queue work and report through events: [`listen`](Self::listen),
+///   [`unlisten`](Self::unlisten), [`connect`](Self::connect), [`accept`](Self::accept),
+///   [`reject`](Self::reject), [`close`](Self::close),
+///   [`resolve_neighbor`](Self::resolve_neighbor), [`shutdown`](Self::shutdown) (which
+///   also sends its RSTs at once); and the settings
+///   [`set_link_check_interval`](Self::set_link_check_interval) and, for tests,
+///   [`set_rx_hook`](Self::set_rx_hook), [`link_mut`](Self::link_mut) and
+///   [`into_link`](Self::into_link).
+/// - **Outputs**: [`poll`](Self::poll) does the work due (frames in and out, the
+///   connections' rounds) and returns the next deadline; [`poll_event`](Self::poll_event)
+///   hands out what happened, oldest first. The upper layers ([`Ulp`]) are called from
+///   inside `poll`, from [`accept`](Self::accept) (its `Established`) and from
+///   [`shutdown`](Self::shutdown) (the final `on_error`).
+///
+/// The driver calls `poll(now)` whenever the link is readable, a command was made, or
+/// the returned deadline passed, then drains `poll_event` until `None`, before it
+/// sleeps. A command's frames go out at the next `poll` (a SYN, an MPA Reply, a FIN or
+/// RST): a driver that makes a command and then sleeps until the old deadline leaves
+/// them waiting. `progressed` after `poll` says whether sleeping is safe.
 pub struct Stack<L: Link> {
     dev: TrackedDevice<L>,
     iface: Interface,

@@ -1,4 +1,4 @@
-//! The upper layer of a connection ([`Ulp`]) and what a [`Stack`](super::Stack) reports
+//! The upper layer of a connection ([`Ulp`]) and what a [`Stack`] reports
 //! about connections: [`ConnEvent`], [`ConnError`], [`StackEvent`].
 
 use std::net::SocketAddrV4;
