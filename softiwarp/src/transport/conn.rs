@@ -59,6 +59,31 @@ pub(super) enum Abort {
     Done,
 }
 
+/// The user's close of a connection ([`Stack::close`](super::Stack::close)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LocalClose {
+    /// Not asked for.
+    No,
+    /// Asked for (graceful or abortive): the final event is [`ConnEvent::Closed`]
+    /// unless a failure came first, and the peer's FIN is not reported.
+    Asked,
+    /// A graceful close asked in full operation: MPA closes once the upper's queue is
+    /// empty (`Conn::finish_close`), then it is `Asked`.
+    Draining,
+}
+
+/// A Terminate on its way out (RFC 5040 5.3): the socket is reset once it is
+/// acknowledged, or when the linger ends ([`Timer::Linger`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TerminateOut {
+    /// None queued.
+    No,
+    /// The stack queued one after an MPA error.
+    Queued,
+    /// The upper sent one ([`Ulp::poll_terminate`]): the connection aborts once it is out.
+    FromUpper,
+}
+
 /// The connection's own pending deadline, besides MPA's timers and smoltcp's (as
 /// smoltcp's `tcp::Timer`): at most one is pending, since the connect deadline ends when
 /// TCP is established and the linger starts only once MPA runs.
@@ -104,9 +129,8 @@ pub(super) struct Conn {
     /// Counts against its listener's backlog.
     pub(super) in_backlog: bool,
     pub(super) final_sent: bool,
-    pub(super) close_requested: bool,
-    /// Graceful close asked in full operation: MPA closes once the upper's queue is empty.
-    pub(super) close_pending: bool,
+    /// The user's close.
+    pub(super) close: LocalClose,
     /// How far an abort has gone.
     pub(super) abort: Abort,
     pub(super) peer_fin_seen: bool,
@@ -115,9 +139,8 @@ pub(super) struct Conn {
     pub(super) tcp_dead: bool,
     pub(super) fin_sent: bool,
     pub(super) rx_stopped: bool,
-    pub(super) terminate_queued: bool,
-    /// The upper sent a Terminate: abort once it is out.
-    pub(super) ulp_terminated: bool,
+    /// A Terminate queued, and by whom.
+    pub(super) terminate: TerminateOut,
     pub(super) written: u64,
     pub(super) snd_base: Option<u32>,
     pub(super) rx_offset: u64,
@@ -228,7 +251,7 @@ impl Conn {
             || self.emss < 48
             || self.final_sent
             || self.abort != Abort::No
-            || self.close_pending
+            || self.close == LocalClose::Draining
         {
             return false;
         }
@@ -359,7 +382,9 @@ impl Conn {
                     if mpa.can_send_terminate() && !self.tcp_dead {
                         if let Some(t) = terminate_ulpdu(cause) {
                             if mpa.send_terminate(&[&t]).is_ok() {
-                                self.terminate_queued = true;
+                                if self.terminate == TerminateOut::No {
+                                    self.terminate = TerminateOut::Queued;
+                                }
                                 cx.stats.terminates_sent += 1;
                             }
                         }
@@ -376,7 +401,7 @@ impl Conn {
                 self.fail(cx, error);
             }
             MpaEvent::Closed => {
-                if !self.close_requested && !self.final_sent && self.visible {
+                if self.close == LocalClose::No && !self.final_sent && self.visible {
                     if let Some(u) = self.upper.as_mut() {
                         u.on_disconnected();
                     }
@@ -506,7 +531,7 @@ impl Conn {
         let Some(mpa) = self.mpa.as_ref() else {
             return false;
         };
-        let close = if self.ulp_terminated {
+        let close = if self.terminate == TerminateOut::FromUpper {
             Some(LlpClose::Abort)
         } else {
             mpa.llp_close()
@@ -516,7 +541,7 @@ impl Conn {
         let mut wrote = false;
         match close {
             Some(LlpClose::Abort) => {
-                if !self.terminate_queued {
+                if self.terminate == TerminateOut::No {
                     sock.abort();
                     self.abort = Abort::Done;
                     *cx.progress = true;
@@ -563,7 +588,7 @@ impl Conn {
                 // a few ULPDUs from the upper: MPA holds them (RFC 5044 7.1.2) and the
                 // upper's local work (a QP's Fast Register, Local Invalidate) goes on.
                 let hold = mpa_state == State::AwaitingFirstFpdu
-                    && !self.close_pending
+                    && self.close != LocalClose::Draining
                     && self
                         .mpa
                         .as_ref()
@@ -604,7 +629,8 @@ impl Conn {
 
     /// A graceful close waits for the upper's queue to drain; then MPA closes.
     pub(super) fn finish_close(&mut self, cx: &mut Cx) {
-        if std::mem::take(&mut self.close_pending) {
+        if self.close == LocalClose::Draining {
+            self.close = LocalClose::Asked;
             if let Some(m) = self.mpa.as_mut() {
                 // Err only in Closed/Failed, where the close is under way anyway.
                 let _ = m.close();
@@ -628,13 +654,12 @@ impl Conn {
             match mpa.send_terminate(&[&t]) {
                 Ok(()) => {
                     cx.stats.terminates_sent += 1;
-                    self.terminate_queued = true;
                     self.rx_stopped = true;
                     self.fail(cx, ConnError::TerminateSent(cause));
                     // The Terminate goes out, then the RST (as after an MPA error).
                     self.timer = Timer::Idle;
                     let wrote = self.write_pending(sock, cx) > 0;
-                    self.ulp_terminated = true;
+                    self.terminate = TerminateOut::FromUpper;
                     return Pulled::Sent(wrote, 0);
                 }
                 Err(e) => {
@@ -731,16 +756,14 @@ impl Conn {
             visible: role == Role::Initiator,
             in_backlog: role == Role::Responder,
             final_sent: false,
-            close_requested: false,
-            close_pending: false,
+            close: LocalClose::No,
             abort: Abort::No,
             peer_fin_seen: false,
             tcp_closed_reported: false,
             tcp_dead: false,
             fin_sent: false,
             rx_stopped: false,
-            terminate_queued: false,
-            ulp_terminated: false,
+            terminate: TerminateOut::No,
             written: 0,
             snd_base: None,
             rx_offset: 0,
@@ -823,7 +846,7 @@ impl Conn {
                 }
                 _ => {
                     // Closed before MPA started: refused, timed out, or closed by the user.
-                    if self.close_requested {
+                    if self.close != LocalClose::No {
                         self.emit(cx, ConnEvent::Closed);
                     } else if self.role == Role::Initiator {
                         let waited = micros(now).saturating_sub(micros(self.connect_started));
@@ -894,7 +917,7 @@ impl Conn {
                     .mpa
                     .as_ref()
                     .is_some_and(|m| m.state() == State::Closed);
-                if self.close_requested || mpa_closed {
+                if self.close != LocalClose::No || mpa_closed {
                     self.emit(cx, ConnEvent::Closed);
                 } else {
                     self.fail(cx, ConnError::Reset);

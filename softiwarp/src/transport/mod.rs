@@ -150,7 +150,7 @@ use smoltcp::time::Instant;
 use smoltcp::wire::IpAddress;
 
 use crate::link::{GoneReason, Link, LinkError, LinkEvent};
-use conn::{from_micros, micros, v4, Conn, Cx, Life, Timer};
+use conn::{from_micros, micros, v4, Conn, Cx, Life, LocalClose, Timer};
 use listener::Listener;
 use mpa::negotiate::{LocalSettings, SettingsError};
 use mpa_conn::{CallError, MpaConn, Role, State};
@@ -698,12 +698,14 @@ impl<L: Link> Stack<L> {
                 why: "the connection already ended",
             });
         }
-        c.close_requested = true;
+        if c.close == LocalClose::No {
+            c.close = LocalClose::Asked;
+        }
         match (mode, c.mpa.as_mut()) {
             (CloseMode::Graceful, Some(m)) => {
                 if m.state() == State::FullOperation && c.upper.is_some() {
                     // What the upper still has queued goes out first.
-                    c.close_pending = true;
+                    c.close = LocalClose::Draining;
                 } else {
                     // Err only in Closed/Failed, where the close is under way anyway.
                     let _ = m.close();
