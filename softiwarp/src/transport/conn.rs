@@ -128,16 +128,25 @@ pub(super) struct Conn {
     pub(super) visible: bool,
     /// Counts against its listener's backlog.
     pub(super) in_backlog: bool,
+    /// The final event was given ([`ConnEvent::Closed`] or [`ConnEvent::Failed`]), or the
+    /// connection ended without one (a startup failure, a rejected request).
     pub(super) final_sent: bool,
     /// The user's close.
     pub(super) close: LocalClose,
     /// How far an abort has gone.
     pub(super) abort: Abort,
+    /// The socket's state showed the peer's FIN (CLOSE-WAIT, CLOSING, LAST-ACK,
+    /// TIME-WAIT).
     pub(super) peer_fin_seen: bool,
+    /// MPA was told that TCP closed ([`MpaConn::handle_tcp_closed`]), or the socket
+    /// closed before it could be.
     pub(super) tcp_closed_reported: bool,
     /// The TCP connection is closed: nothing can be sent any more.
     pub(super) tcp_dead: bool,
+    /// The socket was closed (FIN queued) after MPA's graceful close.
     pub(super) fin_sent: bool,
+    /// No more received bytes go to MPA (after an MPA error, or a Terminate received
+    /// or sent).
     pub(super) rx_stopped: bool,
     /// A Terminate queued, and by whom.
     pub(super) terminate: TerminateOut,
