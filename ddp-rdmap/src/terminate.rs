@@ -36,7 +36,8 @@
 
 use crate::ddp;
 use crate::error::{check_in, check_out, Error, Field, Result};
-use crate::rdmap::{Opcode, READ_REQUEST_LEN};
+use crate::rdmap::{Opcode, QN_TERMINATE, READ_REQUEST_LEN};
+use crate::ulpdu::{Body, Header, Ulpdu};
 use crate::wire;
 use core::fmt;
 
@@ -784,6 +785,43 @@ pub struct Repr {
     /// The RDMAP header of the offending message (R flag): the 28-byte RDMA Read
     /// Request header.
     pub rdma_header: Option<[u8; RDMA_HEADER_LEN]>,
+}
+
+/// The cause of the Terminate `ulpdu`, if it is one (RDMAP opcode 7 on QN 2; RFC 5040
+/// §4.8), or `None` for every other ULPDU.
+///
+/// A malformed Terminate (a valid untagged DDP/RDMAP header with opcode 7 on QN 2, but
+/// too short to hold the Terminate Control word, or with junk after it) is still the
+/// peer ending the stream (RFC 5040 §7: never answered with a Terminate): its cause is
+/// the raw Layer/EType/Error Code triple when those two bytes are there
+/// ([`ErrorCause::from_raw`]), else [`ErrorCause::Unrecognized`] `0xf/0xf/0xff`. Runs
+/// [`Header::is_terminate`] first, so other ULPDUs cost two byte tests.
+pub fn cause_of(ulpdu: &[u8]) -> Option<ErrorCause> {
+    if !Header::is_terminate(ulpdu) {
+        return None;
+    }
+    match Ulpdu::parse(ulpdu) {
+        Ok(u) => match u.body {
+            Body::Terminate(t) => Some(t.cause),
+            _ => None,
+        },
+        Err(_) => match Header::parse(ulpdu) {
+            Ok(h) if h.opcode == Opcode::Terminate && h.qn() == Some(QN_TERMINATE) => {
+                let at = h.buffer_len();
+                Some(match ulpdu.get(at..at + 2) {
+                    Some(&[layer_etype, code]) => {
+                        ErrorCause::from_raw(layer_etype >> 4, layer_etype & 0x0f, code)
+                    }
+                    _ => ErrorCause::Unrecognized {
+                        layer: 0x0f,
+                        etype: 0x0f,
+                        code: 0xff,
+                    },
+                })
+            }
+            _ => None,
+        },
+    }
 }
 
 impl Repr {

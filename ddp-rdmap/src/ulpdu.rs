@@ -34,6 +34,30 @@ pub struct Header {
 }
 
 impl Header {
+    /// Whether `ulpdu` starts like an RDMAP Terminate, judged from its first two bytes
+    /// alone, the DDP control byte and the RDMAP control byte: untagged (T = 0), DDP
+    /// Version 1, RDMAP Version 1 and opcode 7 (RFC 5041 §4.2, RFC 5040 §4.1, §4.8). The
+    /// L flag and the reserved bits are not looked at; shorter than two bytes is
+    /// `false`.
+    ///
+    /// The cheap test a receiver runs on every ULPDU: `false` is final, `true` still
+    /// wants [`Ulpdu::parse`] or [`terminate::cause_of`] (the QN, the lengths).
+    #[inline]
+    pub fn is_terminate(ulpdu: &[u8]) -> bool {
+        const DDP_BITS: u8 = ddp::FLAG_T | ddp::DV_MASK;
+        const RDMAP_BITS: u8 = rdmap::RV_MASK | rdmap::OPCODE_MASK;
+        match (
+            ulpdu.get(ddp::field::CONTROL),
+            ulpdu.get(ddp::field::RSVD_ULP),
+        ) {
+            (Some(&ddp_control), Some(&rdmap_control)) => {
+                ddp_control & DDP_BITS == ddp::DDP_VERSION
+                    && rdmap_control & RDMAP_BITS == Opcode::Terminate.control_byte()
+            }
+            _ => false,
+        }
+    }
+
     /// Parses and validates the header at the start of `bytes`.
     ///
     /// Checks, in order: two bytes present; DV = 1; RV = 1; opcode defined; the
@@ -215,6 +239,32 @@ pub struct Ulpdu<'a> {
     /// Total ULPDU length in bytes (the MPA ULPDU Length), as parsed. [`Ulpdu::emit`]
     /// ignores it and writes [`Ulpdu::buffer_len`] bytes.
     pub len: usize,
+}
+
+impl Ulpdu<'static> {
+    /// The Terminate that carries only `cause` (M = D = R = 0: no header of the
+    /// offending segment copied; RFC 5040 §4.8), on the Terminate queue
+    /// ([`rdmap::QN_TERMINATE`]) with MSN `msn`, L = 1 and MO 0: for errors tied to no
+    /// trustworthy ULPDU, such as an MPA error found below DDP. The first and only
+    /// message of that queue has `msn` 1 (RFC 5041 §5.1). Emit it with [`Ulpdu::emit`]
+    /// into [`Ulpdu::buffer_len`] bytes (22).
+    pub fn terminate(cause: terminate::ErrorCause, msn: u32) -> Ulpdu<'static> {
+        Ulpdu {
+            header: Header {
+                opcode: Opcode::Terminate,
+                last: true,
+                buffer: BufferModel::Untagged {
+                    rsvd_ulp: 0,
+                    qn: rdmap::QN_TERMINATE,
+                    msn,
+                    mo: 0,
+                },
+            },
+            body: Body::Terminate(terminate::Repr::for_error(cause, None)),
+            payload: &[],
+            len: 0,
+        }
+    }
 }
 
 impl<'a> Ulpdu<'a> {

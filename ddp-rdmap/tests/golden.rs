@@ -635,3 +635,94 @@ fn terminate_truncated_and_impossible_len() {
         })
     );
 }
+
+// ---- Terminate recognition and the error-only Terminate -------------------------
+
+#[test]
+fn terminates_are_recognised_by_their_control_bytes() {
+    // Terminates: what Linux siw sends, and the hand-built ones above.
+    let invalid_stag = term_rdmap_invalid_stag();
+    let terminates: [(&[u8], ErrorCause); 5] = [
+        (
+            &TERM_SIW_LOCAL_CATASTROPHIC,
+            ErrorCause::RdmapLocalCatastrophic { code: 0xff },
+        ),
+        (
+            &TERM_DDP_MSN_RANGE,
+            ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidMsnRange),
+        ),
+        (
+            &invalid_stag,
+            ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::InvalidStag),
+        ),
+        (&TERM_LLP_CRC, ErrorCause::Llp(LlpCode::CrcError)),
+        (
+            &TERM_DDP_TAGGED_BOUNDS,
+            ErrorCause::DdpTagged(DdpTaggedCode::BaseOrBoundsViolation),
+        ),
+    ];
+    for (t, cause) in terminates {
+        assert!(Header::is_terminate(t), "{cause}");
+        assert_eq!(terminate::cause_of(t), Some(cause));
+    }
+    // Not Terminates: a tagged RDMA Write (rping frame 15), an untagged Send (frame
+    // 10), a Read Request and a Read Response.
+    for other in [
+        &RPING_WRITE_F15[..],
+        &RPING_SEND_F10,
+        &RPING_READ_REQUEST_F11,
+        &RPING_READ_RESPONSE_F12,
+    ] {
+        assert!(!Header::is_terminate(other));
+        assert_eq!(terminate::cause_of(other), None);
+    }
+    // The two control bytes alone decide; L and the reserved bits do not count.
+    assert!(Header::is_terminate(&[0x01, 0x47]));
+    assert!(Header::is_terminate(&[0x41, 0x77]));
+    assert!(!Header::is_terminate(&[0x81, 0x40]));
+    assert!(!Header::is_terminate(&[0x81, 0x47])); // tagged
+    assert!(!Header::is_terminate(&[0x02, 0x47])); // DDP version 2
+    assert!(!Header::is_terminate(&[0x01, 0x87])); // RDMAP version 2
+    assert!(!Header::is_terminate(&[0x01]));
+    assert!(!Header::is_terminate(b""));
+}
+
+#[test]
+fn terminates_are_built_and_recognised() {
+    for cause in [
+        ErrorCause::Llp(LlpCode::CrcError),
+        ErrorCause::Llp(LlpCode::InvalidRequestReply),
+        ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidQn),
+    ] {
+        let t = emit(&Ulpdu::terminate(cause, 1));
+        // Untagged header on QN 2, MSN 1, MO 0; then the Terminate control word.
+        assert_eq!(&t[..2], &[0x41, 0x47]);
+        assert_eq!(&t[6..18], &[0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(terminate::cause_of(&t), Some(cause));
+    }
+    assert_eq!(
+        emit(&Ulpdu::terminate(ErrorCause::Llp(LlpCode::CrcError), 1)),
+        TERM_LLP_CRC
+    );
+    assert_eq!(terminate::cause_of(&[0x41, 0x47, 0, 0]), None);
+    assert_eq!(terminate::cause_of(b""), None);
+    let send = [
+        0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 9,
+    ];
+    assert_eq!(terminate::cause_of(&send), None);
+    // Malformed Terminates still end the stream: the raw triple, or 0xf/0xf/0xff.
+    let mut short = TERM_LLP_CRC[..20].to_vec();
+    assert_eq!(
+        terminate::cause_of(&short),
+        Some(ErrorCause::Llp(LlpCode::CrcError))
+    );
+    short.truncate(18);
+    assert_eq!(
+        terminate::cause_of(&short),
+        Some(ErrorCause::Unrecognized {
+            layer: 0x0f,
+            etype: 0x0f,
+            code: 0xff
+        })
+    );
+}

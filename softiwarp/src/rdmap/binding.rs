@@ -189,11 +189,6 @@ where
     }
 }
 
-/// True if `ulpdu` starts like a Terminate (untagged, DV = 01, RV = 01, opcode 7).
-fn is_terminate(ulpdu: &[u8]) -> bool {
-    ulpdu.len() >= 2 && ulpdu[0] & 0x83 == 0x01 && ulpdu[1] & 0xcf == 0x47
-}
-
 /// What application threads see of one QP, published by the engine thread after every
 /// touch (see the [module documentation](self)).
 #[derive(Debug)]
@@ -621,7 +616,10 @@ impl Ulp for QpUlp {
         c.take_posted();
         let mut terminate = None;
         let mut sink = PartsSink::new(|parts: &[&[u8]]| {
-            if parts.first().is_some_and(|p| is_terminate(p)) {
+            if parts
+                .first()
+                .is_some_and(|p| ddp_rdmap::Header::is_terminate(p))
+            {
                 terminate = Some(parts.concat());
                 return Ok(());
             }
@@ -747,12 +745,5 @@ mod tests {
         }
         assert_eq!(s.take_error(), Some(1));
         assert_eq!(s.emitted(), 0);
-    }
-
-    #[test]
-    fn terminates_are_recognised() {
-        assert!(is_terminate(&[0x01, 0x47]));
-        assert!(!is_terminate(&[0x81, 0x40]));
-        assert!(!is_terminate(&[0x01]));
     }
 }

@@ -1,0 +1,939 @@
+//! One connection ([`Conn`]): its TCP socket, its [`MpaConn`], its upper layer, and
+//! [`Conn::service`], one round of work on it (see "A connection" in the [module
+//! docs](super)).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use ddp_rdmap::terminate::{self, ErrorCause};
+use ddp_rdmap::{Header, Ulpdu};
+use mpa::negotiate::LocalSettings;
+use smoltcp::iface::SocketHandle;
+use smoltcp::socket::tcp;
+use smoltcp::time::Instant;
+use smoltcp::wire::{IpAddress, IpEndpoint};
+
+use super::mpa_conn::{InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State};
+use super::seg_tracker::{tuple_key, SegTracker, Track};
+use super::smoltcp_glue::mss_for_mtu;
+use super::{
+    ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId, RxHook, StackConfig,
+    StackEvent, StackStats, TimeoutPhase, Ulp, MAX_HELD_ULPDUS, RX_CHUNK, TX_BATCH_BYTES,
+};
+
+/// Where a connection is in its life, as far as the stack's bookkeeping goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Life {
+    /// Being serviced.
+    Active,
+    /// Final event given (or never visible); waiting for the socket to finish (RST sent,
+    /// TIME-WAIT over) before removal.
+    Zombie {
+        /// When the reaper first saw it a zombie (`Stack::reap` sets it; a socket
+        /// that cannot send its RST is dropped [`ZOMBIE_LINGER_MS`](super::ZOMBIE_LINGER_MS)
+        /// after it).
+        since: Option<Instant>,
+    },
+}
+
+impl Life {
+    /// A zombie not yet seen by the reaper.
+    pub(super) const ZOMBIE: Life = Life::Zombie { since: None };
+
+    /// Whether the connection is a zombie.
+    pub(super) fn is_zombie(self) -> bool {
+        matches!(self, Life::Zombie { .. })
+    }
+}
+
+/// How far a connection's abort (RST, `tcp::Socket::abort`) has gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Abort {
+    /// None asked for.
+    No,
+    /// Asked for (a user close, its listener removed, an error): the next service of
+    /// the connection aborts the socket.
+    Asked,
+    /// The socket was aborted, or closed for good: nothing more goes out.
+    Done,
+}
+
+/// The user's close of a connection ([`Stack::close`](super::Stack::close)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LocalClose {
+    /// Not asked for.
+    No,
+    /// Asked for (graceful or abortive): the final event is [`ConnEvent::Closed`]
+    /// unless a failure came first, and the peer's FIN is not reported.
+    Asked,
+    /// A graceful close asked in full operation: MPA closes once the upper's queue is
+    /// empty (`Conn::finish_close`), then it is `Asked`.
+    Draining,
+}
+
+/// A Terminate on its way out (RFC 5040 5.3): the socket is reset once it is
+/// acknowledged, or when the linger ends ([`Timer::Linger`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TerminateOut {
+    /// None queued.
+    No,
+    /// The stack queued one after an MPA error.
+    Queued,
+    /// The upper sent one ([`Ulp::poll_terminate`]): the connection aborts once it is out.
+    FromUpper,
+}
+
+/// The connection's own pending deadline, besides MPA's timers and smoltcp's (as
+/// smoltcp's `tcp::Timer`): at most one is pending, since the connect deadline ends when
+/// TCP is established and the linger starts only once MPA runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// Nothing timed.
+    Idle,
+    /// An initiator's TCP must be established by `deadline`
+    /// ([`StackConfig::connect_timeout_us`] after [`Stack::connect`](super::Stack::connect)),
+    /// else the connection fails with [`TimeoutPhase::TcpConnect`].
+    Connect {
+        /// When the connect times out.
+        deadline: Instant,
+    },
+    /// A queued Terminate gets until `until` to be acknowledged
+    /// ([`StackConfig::terminate_linger_us`]); then the RST goes anyway.
+    Linger {
+        /// When the RST goes.
+        until: Instant,
+    },
+}
+
+pub(super) struct Conn {
+    pub(super) id: ConnId,
+    pub(super) handle: SocketHandle,
+    pub(super) role: Role,
+    pub(super) key: u64,
+    pub(super) local: SocketAddrV4,
+    pub(super) remote: SocketAddrV4,
+    pub(super) listener: Option<ListenerId>,
+    pub(super) settings: LocalSettings,
+    /// `debug` span of this connection (id, role, peer), entered while it is serviced.
+    pub(super) span: tracing::Span,
+    pub(super) connect_started: Instant,
+    /// The pending connect or Terminate linger deadline.
+    pub(super) timer: Timer,
+    pub(super) mpa: Option<MpaConn>,
+    pub(super) upper: Option<Box<dyn Ulp>>,
+    pub(super) emss: usize,
+    pub(super) life: Life,
+    /// The user knows of this connection (initiator; responder after ConnectRequest).
+    pub(super) visible: bool,
+    /// Counts against its listener's backlog.
+    pub(super) in_backlog: bool,
+    /// The final event was given ([`ConnEvent::Closed`] or [`ConnEvent::Failed`]), or the
+    /// connection ended without one (a startup failure, a rejected request).
+    pub(super) final_sent: bool,
+    /// The user's close.
+    pub(super) close: LocalClose,
+    /// How far an abort has gone.
+    pub(super) abort: Abort,
+    /// The socket's state showed the peer's FIN (CLOSE-WAIT, CLOSING, LAST-ACK,
+    /// TIME-WAIT).
+    pub(super) peer_fin_seen: bool,
+    /// MPA was told that TCP closed ([`MpaConn::handle_tcp_closed`]), or the socket
+    /// closed before it could be.
+    pub(super) tcp_closed_reported: bool,
+    /// The TCP connection is closed: nothing can be sent any more.
+    pub(super) tcp_dead: bool,
+    /// The socket was closed (FIN queued) after MPA's graceful close.
+    pub(super) fin_sent: bool,
+    /// No more received bytes go to MPA (after an MPA error, or a Terminate received
+    /// or sent).
+    pub(super) rx_stopped: bool,
+    /// A Terminate queued, and by whom.
+    pub(super) terminate: TerminateOut,
+    pub(super) written: u64,
+    pub(super) snd_base: Option<u32>,
+    pub(super) rx_offset: u64,
+    pub(super) hooked_upto: u64,
+    pub(super) hook: Option<RxHook>,
+}
+
+/// Borrowed stack state a connection works with.
+pub(super) struct Cx<'a> {
+    pub(super) events: &'a mut VecDeque<StackEvent>,
+    pub(super) tracker: &'a RefCell<SegTracker>,
+    pub(super) stats: &'a mut StackStats,
+    pub(super) cfg: &'a StackConfig,
+    pub(super) progress: &'a mut bool,
+    /// The link's IP MTU in bytes.
+    pub(super) mtu: usize,
+}
+
+pub(super) fn micros(t: Instant) -> u64 {
+    u64::try_from(t.total_micros()).unwrap_or(0)
+}
+
+pub(super) fn from_micros(us: u64) -> Instant {
+    Instant::from_micros(i64::try_from(us).unwrap_or(i64::MAX))
+}
+
+pub(super) fn v4(ep: IpEndpoint) -> SocketAddrV4 {
+    #[allow(unreachable_patterns)] // IPv6 exists only if another crate turns it on
+    match ep.addr {
+        IpAddress::Ipv4(a) => SocketAddrV4::new(a, ep.port),
+        _ => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, ep.port),
+    }
+}
+
+/// The ULPDU of a Terminate with only the error ([`Ulpdu::terminate`]: M = D = R = 0;
+/// RFC 5040 4.8), on the Terminate queue (QN 2) with MSN 1: the first and only message
+/// of that queue.
+fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
+    let u = Ulpdu::terminate(cause, 1);
+    let mut out = vec![0u8; u.buffer_len()];
+    u.emit(&mut out).ok()?;
+    Some(out)
+}
+
+impl Conn {
+    pub(super) fn emit(&mut self, cx: &mut Cx, event: ConnEvent) {
+        if !self.visible || self.final_sent {
+            return;
+        }
+        *cx.progress = true;
+        if event.is_final() {
+            self.final_sent = true;
+            if let Some(u) = self.upper.as_mut() {
+                match &event {
+                    ConnEvent::Failed(e) => u.on_error(e),
+                    _ => u.on_closed(),
+                }
+            }
+        }
+        cx.events.push_back(StackEvent::Conn {
+            conn: self.id,
+            event,
+        });
+    }
+
+    pub(super) fn fail(&mut self, cx: &mut Cx, error: ConnError) {
+        if !self.visible && !self.final_sent {
+            cx.stats.startup_failures += 1;
+            self.final_sent = true;
+            return;
+        }
+        self.emit(cx, ConnEvent::Failed(error));
+    }
+
+    pub(super) fn unsent(&self, cx: &Cx) -> usize {
+        self.unsent_by(&cx.tracker.borrow().get(self.key))
+    }
+
+    /// Bytes written into the socket and not yet transmitted, by `track`.
+    pub(super) fn unsent_by(&self, track: &Track) -> usize {
+        let Some(snd_max) = track.snd_max else {
+            return 0;
+        };
+        let Some(base) = self.snd_base else {
+            return 0;
+        };
+        let sent = snd_max.wrapping_sub(base);
+        let unsent = (self.written as u32).wrapping_sub(sent);
+        // A FIN counts in snd_max; anything absurd means "nothing to wait for".
+        if unsent as i32 <= 0 {
+            0
+        } else {
+            unsent as usize
+        }
+    }
+
+    /// Whether another FPDU may be written behind the one just written, whose `direct`
+    /// bytes went straight into the socket, before that one is on the wire ("One FPDU per
+    /// TCP segment" in the module docs): only if that FPDU fills a segment exactly (so
+    /// smoltcp, which cuts segments of EMSS from the first unsent byte, ends a segment
+    /// at its end), MPA holds nothing, the connection is still in full operation, and the
+    /// peer's window takes all that is unsent plus one more full segment (so no segment
+    /// is cut short by the window).
+    pub(super) fn may_batch(&mut self, cx: &Cx, direct: usize) -> bool {
+        // smoltcp takes an MSS option below 48 as 48 (`MIN_REMOTE_MSS`): its segments would
+        // then not end where our EMSS-sized FPDUs do.
+        if direct != self.emss
+            || self.emss < 48
+            || self.final_sent
+            || self.abort != Abort::No
+            || self.close == LocalClose::Draining
+        {
+            return false;
+        }
+        if !self
+            .mpa
+            .as_ref()
+            .is_some_and(|m| m.transmit_pending() == 0 && m.state() == State::FullOperation)
+        {
+            return false;
+        }
+        let track = cx.tracker.borrow().get(self.key);
+        let Some(room) = track.window_room() else {
+            return false;
+        };
+        self.unsent_by(&track) + self.emss <= room as usize
+    }
+
+    /// Creates the MPA endpoint once TCP is established.
+    pub(super) fn start_mpa(&mut self, cx: &mut Cx, now: Instant) {
+        let local_mss = mss_for_mtu(cx.mtu);
+        let remote_mss = cx
+            .tracker
+            .borrow()
+            .get(self.key)
+            .remote_mss
+            .map_or(local_mss, usize::from);
+        self.emss = local_mss.min(remote_mss);
+        self.snd_base = cx.tracker.borrow().get(self.key).snd_max;
+        cx.stats.tcp_established += 1;
+        *cx.progress = true;
+        let cfg = MpaConfig {
+            settings: self.settings.clone(),
+            limits: cx.cfg.mpa.limits,
+            emss: self.emss,
+            startup_timeout_us: cx.cfg.mpa.startup_timeout_us,
+            first_fpdu_delay_us: cx.cfg.mpa.first_fpdu_delay_us,
+        };
+        let made = match self.role {
+            Role::Initiator => MpaConn::initiator(cfg, micros(now)),
+            Role::Responder => MpaConn::responder(cfg, micros(now)),
+        };
+        match made {
+            Ok(m) => {
+                tracing::debug!(conn = self.id.0, emss = self.emss, role = ?self.role, "TCP established");
+                self.timer = Timer::Idle;
+                self.mpa = Some(m);
+            }
+            Err(e) => {
+                self.ask_abort();
+                self.fail(cx, ConnError::Setup(e.to_string()));
+            }
+        }
+    }
+
+    pub(super) fn drain_mpa(&mut self, cx: &mut Cx) {
+        while let Some(ev) = self.mpa.as_mut().and_then(MpaConn::poll_event) {
+            self.on_mpa_event(cx, ev);
+        }
+    }
+
+    pub(super) fn on_mpa_event(&mut self, cx: &mut Cx, ev: MpaEvent) {
+        *cx.progress = true;
+        match ev {
+            MpaEvent::ConnectRequest { request } => {
+                self.visible = true;
+                let listener = self.listener.unwrap_or(ListenerId(0));
+                tracing::debug!(conn = self.id.0, remote = %self.remote, "MPA Request received");
+                cx.events
+                    .push_back(StackEvent::ConnectRequest(ConnectRequestInfo {
+                        listener,
+                        conn: self.id,
+                        local: self.local,
+                        remote: self.remote,
+                        request,
+                    }));
+            }
+            MpaEvent::Established { agreed } => {
+                let Some(mpa) = self.mpa.as_ref() else { return };
+                let info = Established {
+                    role: self.role,
+                    mulpdu: mpa.mulpdu().unwrap_or(0),
+                    emss: self.emss,
+                    initial_msn: mpa.initial_msn().unwrap_or(InitialMsn {
+                        send_tx: 1,
+                        send_rx: 1,
+                        read_tx: 1,
+                        read_rx: 1,
+                    }),
+                    agreed,
+                    local: self.local,
+                    remote: self.remote,
+                };
+                cx.stats.mpa_established += 1;
+                tracing::debug!(conn = self.id.0, mulpdu = info.mulpdu, "MPA established");
+                if let Some(u) = self.upper.as_mut() {
+                    u.on_established(&info);
+                }
+                self.emit(cx, ConnEvent::Established(info));
+            }
+            MpaEvent::Rejected { private_data } => {
+                self.fail(cx, ConnError::Rejected { private_data });
+            }
+            MpaEvent::Ulpdu(ulpdu) => {
+                if self.rx_stopped || self.final_sent {
+                    return;
+                }
+                cx.stats.ulpdus_rx += 1;
+                if let Some(cause) = terminate::cause_of(&ulpdu) {
+                    cx.stats.terminates_received += 1;
+                    tracing::debug!(conn = self.id.0, %cause, "Terminate received");
+                    self.rx_stopped = true;
+                    self.ask_abort();
+                    if let Some(u) = self.upper.as_mut() {
+                        u.on_terminate(&ulpdu);
+                    }
+                    self.fail(cx, ConnError::TerminateReceived(cause));
+                } else if let Some(u) = self.upper.as_mut() {
+                    u.on_ulpdu(ulpdu);
+                }
+            }
+            MpaEvent::Error(e) => {
+                tracing::debug!(conn = self.id.0, error = %e, "MPA error");
+                if matches!(e, MpaError::Crc { .. }) {
+                    cx.stats.crc_errors += 1;
+                }
+                self.rx_stopped = true;
+                if let (Some(cause), Some(mpa)) = (e.terminate_cause(), self.mpa.as_mut()) {
+                    if mpa.can_send_terminate() && !self.tcp_dead {
+                        if let Some(t) = terminate_ulpdu(cause) {
+                            if mpa.send_terminate(&[&t]).is_ok() {
+                                if self.terminate == TerminateOut::No {
+                                    self.terminate = TerminateOut::Queued;
+                                }
+                                cx.stats.terminates_sent += 1;
+                            }
+                        }
+                    }
+                }
+                let error = match e {
+                    MpaError::Timeout { .. } => ConnError::TimedOut(TimeoutPhase::MpaReply),
+                    MpaError::PeerClosedDuringStartup { graceful: false }
+                    | MpaError::ConnectionLost {
+                        graceful: false, ..
+                    } => ConnError::Reset,
+                    e => ConnError::Mpa(e),
+                };
+                self.fail(cx, error);
+            }
+            MpaEvent::Closed => {
+                if self.close == LocalClose::No && !self.final_sent && self.visible {
+                    if let Some(u) = self.upper.as_mut() {
+                        u.on_disconnected();
+                    }
+                    cx.events.push_back(StackEvent::Conn {
+                        conn: self.id,
+                        event: ConnEvent::Disconnected,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The receive path: socket bytes into MPA while the upper has room; then the upper
+    /// is told the pass is over ([`Ulp::rx_done`]).
+    pub(super) fn rx(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
+        self.rx_pass(sock, cx, now_us);
+        if let Some(u) = self.upper.as_mut() {
+            u.rx_done();
+        }
+    }
+
+    pub(super) fn rx_pass(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
+        loop {
+            if self.rx_stopped || !sock.can_recv() {
+                return;
+            }
+            let room = match self.upper.as_mut() {
+                Some(u) => u.rx_room(),
+                None => usize::MAX,
+            };
+            if room == 0 {
+                return;
+            }
+            let limit = room.min(RX_CHUNK);
+            let Some(mpa) = self.mpa.as_mut() else { return };
+            let offset = self.rx_offset;
+            let hooked_upto = &mut self.hooked_upto;
+            let hook = &mut self.hook;
+            // ULPDUs go to the upper in place while the connection is live; a
+            // Terminate takes the event path (the connection ends there).
+            let upper = if self.final_sent {
+                None
+            } else {
+                self.upper.as_mut()
+            };
+            let stats = &mut *cx.stats;
+            let used = sock.recv(|buf| {
+                let n = buf.len().min(limit);
+                let buf = &mut buf[..n];
+                if let Some(hook) = hook.as_mut() {
+                    let end = offset + n as u64;
+                    if end > *hooked_upto {
+                        let from = (*hooked_upto).max(offset);
+                        hook(from, &mut buf[(from - offset) as usize..]);
+                        *hooked_upto = end;
+                    }
+                }
+                let used = match upper {
+                    Some(u) => mpa.handle_rx_in_place(buf, now_us, &mut |ulpdu: &[u8]| {
+                        if Header::is_terminate(ulpdu) || !u.on_ulpdu_in_place(ulpdu) {
+                            return false;
+                        }
+                        stats.ulpdus_rx += 1;
+                        true
+                    }),
+                    None => mpa.handle_rx(buf, now_us),
+                };
+                (used, used)
+            });
+            match used {
+                Ok(0) | Err(_) => {
+                    self.drain_mpa(cx);
+                    return;
+                }
+                Ok(n) => {
+                    self.rx_offset += n as u64;
+                    cx.stats.stream_rx_bytes += n as u64;
+                    *cx.progress = true;
+                    self.drain_mpa(cx);
+                }
+            }
+        }
+    }
+
+    /// Writes MPA's pending bytes into the socket if they fit whole (or if they could
+    /// never fit). Returns the bytes written.
+    pub(super) fn write_pending(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx) -> usize {
+        let Some(mpa) = self.mpa.as_mut() else {
+            return 0;
+        };
+        let Some(data) = mpa.poll_transmit() else {
+            return 0;
+        };
+        let free = sock.send_capacity() - sock.send_queue();
+        if data.len() > free && data.len() <= sock.send_capacity() {
+            return 0;
+        }
+        match sock.send_slice(data) {
+            Ok(n) if n > 0 => {
+                // Cannot fail: n <= what poll_transmit offered.
+                let _ = mpa.transmit_done(n);
+                self.written += n as u64;
+                cx.stats.stream_tx_bytes += n as u64;
+                *cx.progress = true;
+                n
+            }
+            _ => 0,
+        }
+    }
+
+    /// The transmit and closing path; returns whether bytes went into the socket.
+    pub(super) fn tx(
+        &mut self,
+        sock: &mut tcp::Socket<'static>,
+        cx: &mut Cx,
+        now: Instant,
+    ) -> bool {
+        if self.abort == Abort::Done {
+            return false;
+        }
+        if self.abort == Abort::Asked {
+            sock.abort();
+            self.abort = Abort::Done;
+            *cx.progress = true;
+            return false;
+        }
+        let Some(mpa) = self.mpa.as_ref() else {
+            return false;
+        };
+        let close = if self.terminate == TerminateOut::FromUpper {
+            Some(LlpClose::Abort)
+        } else {
+            mpa.llp_close()
+        };
+        let pending = mpa.transmit_pending();
+        let mpa_state = mpa.state();
+        let mut wrote = false;
+        match close {
+            Some(LlpClose::Abort) => {
+                if self.terminate == TerminateOut::No {
+                    sock.abort();
+                    self.abort = Abort::Done;
+                    *cx.progress = true;
+                    return false;
+                }
+                let deadline = match self.timer {
+                    Timer::Linger { until } => until,
+                    _ => {
+                        let until =
+                            now + smoltcp::time::Duration::from_micros(cx.cfg.terminate_linger_us);
+                        self.timer = Timer::Linger { until };
+                        until
+                    }
+                };
+                if pending > 0 && self.unsent(cx) == 0 {
+                    wrote = self.write_pending(sock, cx) > 0;
+                }
+                let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
+                if (pending == 0 && sock.send_queue() == 0) || now >= deadline || !sock.may_send() {
+                    sock.abort();
+                    self.abort = Abort::Done;
+                    *cx.progress = true;
+                }
+            }
+            Some(LlpClose::Graceful) => {
+                if pending > 0 && self.unsent(cx) == 0 {
+                    wrote = self.write_pending(sock, cx) > 0;
+                }
+                let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
+                if (pending == 0 || !sock.may_send()) && !self.fin_sent {
+                    sock.close();
+                    self.fin_sent = true;
+                    *cx.progress = true;
+                }
+            }
+            None => {
+                if pending > 0 {
+                    if self.unsent(cx) == 0 {
+                        wrote = self.write_pending(sock, cx) > 0;
+                    }
+                    return wrote;
+                }
+                // A responder waiting for the initiator's first FPDU may still take
+                // a few ULPDUs from the upper: MPA holds them (RFC 5044 7.1.2) and the
+                // upper's local work (a QP's Fast Register, Local Invalidate) goes on.
+                let hold = mpa_state == State::AwaitingFirstFpdu
+                    && self.close != LocalClose::Draining
+                    && self
+                        .mpa
+                        .as_ref()
+                        .is_some_and(|m| m.held_ulpdus() < MAX_HELD_ULPDUS);
+                if (mpa_state != State::FullOperation && !hold) || self.final_sent {
+                    // Nothing can be sent in this state: a pending close goes ahead.
+                    self.finish_close(cx);
+                    return false;
+                }
+                if self.unsent(cx) != 0 {
+                    return false;
+                }
+                let mut batch = 0;
+                loop {
+                    let free = sock.send_capacity() - sock.send_queue();
+                    match self.pull_from_upper(sock, cx, free) {
+                        Pulled::Sent(w, direct) => {
+                            wrote |= w;
+                            if batch > 0 {
+                                cx.stats.fpdus_batched += 1;
+                            }
+                            batch += direct;
+                            if batch + self.emss > TX_BATCH_BYTES || !self.may_batch(cx, direct) {
+                                break;
+                            }
+                        }
+                        Pulled::Empty => {
+                            self.finish_close(cx);
+                            break;
+                        }
+                        Pulled::NoRoom => break,
+                    }
+                }
+            }
+        }
+        wrote
+    }
+
+    /// A graceful close waits for the upper's queue to drain; then MPA closes.
+    pub(super) fn finish_close(&mut self, cx: &mut Cx) {
+        if self.close == LocalClose::Draining {
+            self.close = LocalClose::Asked;
+            if let Some(m) = self.mpa.as_mut() {
+                // Err only in Closed/Failed, where the close is under way anyway.
+                let _ = m.close();
+            }
+            *cx.progress = true;
+        }
+    }
+
+    /// Asks the upper for a Terminate or one ULPDU and writes the FPDU.
+    pub(super) fn pull_from_upper(
+        &mut self,
+        sock: &mut tcp::Socket<'static>,
+        cx: &mut Cx,
+        free: usize,
+    ) -> Pulled {
+        let (Some(mpa), Some(upper)) = (self.mpa.as_mut(), self.upper.as_mut()) else {
+            return Pulled::Empty;
+        };
+        if let Some(t) = upper.poll_terminate() {
+            let cause = terminate::cause_of(&t);
+            match mpa.send_terminate(&[&t]) {
+                Ok(()) => {
+                    cx.stats.terminates_sent += 1;
+                    self.rx_stopped = true;
+                    self.fail(cx, ConnError::TerminateSent(cause));
+                    // The Terminate goes out, then the RST (as after an MPA error).
+                    self.timer = Timer::Idle;
+                    let wrote = self.write_pending(sock, cx) > 0;
+                    self.terminate = TerminateOut::FromUpper;
+                    return Pulled::Sent(wrote, 0);
+                }
+                Err(e) => {
+                    self.ask_abort();
+                    self.fail(cx, ConnError::Ulp(e));
+                    return Pulled::Sent(false, 0);
+                }
+            }
+        }
+        if free < self.emss.max(1) {
+            return Pulled::NoRoom;
+        }
+        let Some(mulpdu) = mpa.mulpdu() else {
+            return Pulled::Empty;
+        };
+        // Nothing is pending (checked by `tx`), so the FPDU goes straight into the
+        // socket's send buffer, CRC in that copy; MPA's own queue only when the free
+        // room wraps around the end of the ring (or the ULPDU is held).
+        let mut direct = 0;
+        let mut emit = |parts: &[&[u8]]| {
+            if mpa.transmit_pending() == 0 {
+                let mut framed = Ok(None);
+                let _ = sock.send(|buf| {
+                    framed = mpa.frame_into(buf, parts);
+                    (framed.as_ref().map_or(0, |n| n.unwrap_or(0)), ())
+                });
+                if let Some(n) = framed? {
+                    direct += n;
+                    return Ok(());
+                }
+            }
+            mpa.send_ulpdu(parts)
+        };
+        let polled = upper.poll_ulpdu(mulpdu, &mut emit);
+        if direct > 0 {
+            self.written += direct as u64;
+            cx.stats.stream_tx_bytes += direct as u64;
+            *cx.progress = true;
+        }
+        match polled {
+            Ok(true) => {
+                cx.stats.ulpdus_tx += 1;
+                Pulled::Sent(self.write_pending(sock, cx) > 0 || direct > 0, direct)
+            }
+            Ok(false) => Pulled::Empty,
+            Err(e) => {
+                self.ask_abort();
+                self.fail(cx, ConnError::Ulp(e));
+                Pulled::Sent(false, 0)
+            }
+        }
+    }
+}
+
+/// What asking the upper for a ULPDU gave.
+pub(super) enum Pulled {
+    /// A ULPDU (or Terminate) was framed; whether bytes went into the socket, and how
+    /// many bytes of it went straight into the socket's send buffer.
+    Sent(bool, usize),
+    /// The upper had nothing to send.
+    Empty,
+    /// The socket had no room for a whole FPDU; the upper was not asked.
+    NoRoom,
+}
+
+impl Conn {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        id: ConnId,
+        handle: SocketHandle,
+        role: Role,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        listener: Option<ListenerId>,
+        settings: LocalSettings,
+        now: Instant,
+    ) -> Conn {
+        Conn {
+            id,
+            handle,
+            role,
+            key: tuple_key(local.port(), *remote.ip(), remote.port()),
+            local,
+            remote,
+            listener,
+            settings,
+            span: tracing::debug_span!("conn", id = id.0, ?role, %remote),
+            connect_started: now,
+            timer: Timer::Idle,
+            mpa: None,
+            upper: None,
+            emss: 0,
+            life: Life::Active,
+            visible: role == Role::Initiator,
+            in_backlog: role == Role::Responder,
+            final_sent: false,
+            close: LocalClose::No,
+            abort: Abort::No,
+            peer_fin_seen: false,
+            tcp_closed_reported: false,
+            tcp_dead: false,
+            fin_sent: false,
+            rx_stopped: false,
+            terminate: TerminateOut::No,
+            written: 0,
+            snd_base: None,
+            rx_offset: 0,
+            hooked_upto: 0,
+            hook: None,
+        }
+    }
+
+    /// Asks for an abort (RST at the next service); one already done stays done.
+    pub(super) fn ask_abort(&mut self) {
+        if self.abort == Abort::No {
+            self.abort = Abort::Asked;
+        }
+    }
+
+    /// The connection's own next deadline ([`Timer`]), while its socket is not aborted.
+    pub(super) fn poll_at(&self) -> Option<Instant> {
+        if self.abort == Abort::Done {
+            return None;
+        }
+        match self.timer {
+            Timer::Connect { deadline } if self.mpa.is_none() => Some(deadline),
+            Timer::Linger { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// Whether MPA still takes received bytes.
+    pub(super) fn mpa_consumes(&self) -> bool {
+        !self.rx_stopped
+            && self.mpa.as_ref().is_some_and(|m| {
+                !matches!(
+                    m.state(),
+                    State::AwaitingDecision | State::Closed | State::Failed
+                )
+            })
+    }
+
+    /// One round of work on this connection; returns whether bytes went into the socket.
+    pub(super) fn service(
+        &mut self,
+        sock: &mut tcp::Socket<'static>,
+        cx: &mut Cx,
+        now: Instant,
+    ) -> bool {
+        use tcp::State as T;
+        if self.life.is_zombie() {
+            return false;
+        }
+        let span = self.span.clone();
+        let _entered = span.enter();
+        let state = sock.state();
+        if matches!(state, T::CloseWait | T::Closing | T::LastAck | T::TimeWait) {
+            self.peer_fin_seen = true;
+        }
+        if self.mpa.is_none() && self.abort == Abort::Asked {
+            // Closed by the user (or its listener) before TCP was established.
+            sock.abort();
+            self.abort = Abort::Done;
+            *cx.progress = true;
+        }
+        if self.mpa.is_none() && self.abort != Abort::Done {
+            match state {
+                T::Established | T::CloseWait => {
+                    self.start_mpa(cx, now);
+                    if self.mpa.is_none() {
+                        self.tx(sock, cx, now);
+                        self.life = Life::ZOMBIE;
+                        return false;
+                    }
+                }
+                T::SynSent | T::SynReceived => {
+                    if matches!(self.timer, Timer::Connect { deadline } if now >= deadline) {
+                        sock.abort();
+                        self.abort = Abort::Done;
+                        self.fail(cx, ConnError::TimedOut(TimeoutPhase::TcpConnect));
+                        self.life = Life::ZOMBIE;
+                    }
+                    return false;
+                }
+                _ => {
+                    // Closed before MPA started: refused, timed out, or closed by the user.
+                    if self.close != LocalClose::No {
+                        self.emit(cx, ConnEvent::Closed);
+                    } else if self.role == Role::Initiator {
+                        let waited = micros(now).saturating_sub(micros(self.connect_started));
+                        let tcp_timeout = cx.cfg.tcp.timeout.map_or(u64::MAX, |t| {
+                            u64::try_from(t.as_micros()).unwrap_or(u64::MAX)
+                        });
+                        let limit = tcp_timeout.min(cx.cfg.connect_timeout_us);
+                        let e = if waited >= limit {
+                            ConnError::TimedOut(TimeoutPhase::TcpConnect)
+                        } else {
+                            ConnError::Refused
+                        };
+                        self.fail(cx, e);
+                    } else {
+                        self.fail(cx, ConnError::Reset);
+                    }
+                    if state != T::Closed {
+                        sock.abort();
+                    }
+                    self.abort = Abort::Done;
+                    self.life = Life::ZOMBIE;
+                    return false;
+                }
+            }
+        }
+        if self.mpa.is_none() {
+            // Aborted before MPA started (user close of a pending connect).
+            if !self.final_sent {
+                self.emit(cx, ConnEvent::Closed);
+            }
+            self.life = Life::ZOMBIE;
+            return false;
+        }
+        let now_us = micros(now);
+        if let Some(m) = self.mpa.as_mut() {
+            m.handle_timeout(now_us);
+        }
+        self.drain_mpa(cx);
+        self.rx(sock, cx, now_us);
+        let tcp_gone = matches!(sock.state(), T::Closed | T::TimeWait);
+        if self.peer_fin_seen
+            && !self.tcp_closed_reported
+            && !tcp_gone
+            && (sock.recv_queue() == 0 || !self.mpa_consumes())
+        {
+            self.tcp_closed_reported = true;
+            if let Some(m) = self.mpa.as_mut() {
+                m.handle_tcp_closed(true);
+            }
+            self.drain_mpa(cx);
+        }
+        let wrote = self.tx(sock, cx, now);
+        if matches!(sock.state(), T::Closed | T::TimeWait) {
+            if !self.tcp_closed_reported {
+                self.tcp_closed_reported = true;
+                // No Terminate can go out on a dead connection.
+                self.tcp_dead = true;
+                if self.abort != Abort::Done {
+                    let graceful = self.peer_fin_seen;
+                    if let Some(m) = self.mpa.as_mut() {
+                        m.handle_tcp_closed(graceful);
+                    }
+                    self.drain_mpa(cx);
+                }
+            }
+            if !self.final_sent {
+                let mpa_closed = self
+                    .mpa
+                    .as_ref()
+                    .is_some_and(|m| m.state() == State::Closed);
+                if self.close != LocalClose::No || mpa_closed {
+                    self.emit(cx, ConnEvent::Closed);
+                } else {
+                    self.fail(cx, ConnError::Reset);
+                }
+            }
+            self.life = Life::ZOMBIE;
+        }
+        wrote
+    }
+}
