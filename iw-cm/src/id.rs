@@ -14,7 +14,6 @@
 //! [`EventSink`] clone the provider keeps, a scheduled worker job, a delivery in
 //! progress. The last one to go frees the id (`iwcm_deref_id` -> `free_cm_id`).
 
-use crate::cm::{bump, sub, Job, RuleBreak, Shared};
 use crate::error::CmError;
 use crate::event::{CmEvent, ConnectRequest, Disposition, EventHandler};
 use crate::machine::{CmState, Downcall, DropReason, Input, Machine, Upcall};
@@ -23,6 +22,7 @@ use crate::provider::{
     MAX_PRIVATE_DATA,
 };
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex, MutexGuard};
+use crate::work::{bump, sub, Job, RuleBreak, Shared};
 use core::fmt;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 /// Stands for the id's memory: freed (dropped) with the last reference, or at destroy
 /// under [`RuleBreak::EagerFree`]. Counts `ids_alive` / `ids_freed`.
 struct AllocToken {
-    counters: std::sync::Arc<crate::cm::Counters>,
+    counters: std::sync::Arc<crate::work::Counters>,
 }
 
 impl Drop for AllocToken {

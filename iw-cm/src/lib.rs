@@ -96,7 +96,6 @@
 //! cm.flush().unwrap();
 //! ```
 
-mod cm;
 mod error;
 mod event;
 mod id;
@@ -105,8 +104,8 @@ mod provider;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod work;
 
-pub use cm::{CmConfig, CmStats, IwCm, RuleBreak};
 pub use error::CmError;
 pub use event::{CmEvent, ConnectRequest, Disposition, EventHandler};
 pub use id::{
@@ -118,3 +117,4 @@ pub use provider::{
     AcceptArgs, ConnectArgs, ConnectReply, ConnectStatus, DisconnectMode, IncomingRequest,
     Provider, ProviderError, ProviderEvent, MAX_IRD_ORD, MAX_PRIVATE_DATA,
 };
+pub use work::{CmConfig, CmStats, IwCm, RuleBreak};
