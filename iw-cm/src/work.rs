@@ -1,10 +1,15 @@
-//! One CM instance per provider (device): its worker threads, job queue, counters.
+//! What every id of one CM instance shares (the kernel's `iw_cm_wq` and its work
+//! items): the configuration, the counters, the job queue and the worker threads that
+//! run it.
+//!
+//! This module sits below `id` (the id engine) and `cm` ([`crate::IwCm`], the
+//! instance): it names no id type. A job that runs an id reaches it through the small
+//! trait [`IdJob`], which the id engine implements; [`Shared`] is generic over it
+//! (static dispatch: a queued job owns a `crate::sync::Arc` of its id, which loom
+//! must see).
 
-use crate::error::CmError;
-use crate::event::EventHandler;
-use crate::id::{CmId, IdInner};
 use crate::provider::Provider;
-use crate::sync::{self, lock, wait, Arc, Condvar, JoinHandle, Mutex};
+use crate::sync::{self, lock, wait, Arc, Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -78,7 +83,7 @@ impl Default for CmConfig {
 }
 
 /// Live-object and event counters of one CM instance, for tests proving that
-/// nothing leaks ([`IwCm::stats`]).
+/// nothing leaks ([`crate::IwCm::stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CmStats {
     /// cm_ids whose memory is not freed yet.
@@ -132,18 +137,26 @@ pub(crate) fn sub(c: &AtomicUsize, n: usize) {
     c.fetch_sub(n, Relaxed);
 }
 
-/// Work for a CM worker.
-pub(crate) enum Job<P: Provider> {
+/// What a worker does with an id whose job comes up: implemented by the id engine
+/// (`crate::id`), which sits above this module.
+pub(crate) trait IdJob: Send + Sync + Sized + 'static {
+    /// Take the id's next queued event and deliver or drop it (`cm_work_handler`,
+    /// one event per job).
+    fn run_one(this: &Arc<Self>);
+}
+
+/// Work for a CM worker; `I` is the id type ([`IdJob`]).
+pub(crate) enum Job<P: Provider, I> {
     /// Deliver (or drop) the next queued event of this id.
-    Run(Arc<IdInner<P>>),
+    Run(Arc<I>),
     /// Reject a connection request at the provider (backlog full, or its listener was
     /// destroyed): done on a worker so the provider is never called back from inside
     /// its own event report.
     Reject(P::Conn),
 }
 
-struct JobQueue<P: Provider> {
-    jobs: VecDeque<Job<P>>,
+struct JobQueue<P: Provider, I> {
+    jobs: VecDeque<Job<P, I>>,
     /// Jobs taken by a worker and not finished.
     busy: usize,
     /// Workers still running.
@@ -151,23 +164,47 @@ struct JobQueue<P: Provider> {
     stopping: bool,
 }
 
-/// What every id of one instance shares.
-pub(crate) struct Shared<P: Provider> {
+/// What every id of one instance shares; `I` is the id type ([`IdJob`]).
+pub(crate) struct Shared<P: Provider, I: IdJob> {
     pub(crate) provider: std::sync::Arc<P>,
     pub(crate) config: CmConfig,
     pub(crate) counters: std::sync::Arc<Counters>,
     next_serial: AtomicUsize,
-    jobs: Mutex<JobQueue<P>>,
+    jobs: Mutex<JobQueue<P, I>>,
     /// Workers wait here for jobs.
     jobs_cv: Condvar,
     /// `flush` waits here for the queue to drain.
     idle_cv: Condvar,
     #[cfg(not(loom))]
-    pub(crate) registry:
-        std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<IdInner<P>>>>,
+    pub(crate) registry: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<I>>>,
 }
 
-impl<P: Provider> Shared<P> {
+impl<P: Provider, I: IdJob> Shared<P, I> {
+    /// The shared part of an instance that will have `workers` worker threads.
+    pub(crate) fn new(provider: std::sync::Arc<P>, config: CmConfig, workers: usize) -> Self {
+        Shared {
+            provider,
+            config,
+            counters: std::sync::Arc::new(Counters::default()),
+            next_serial: AtomicUsize::new(0),
+            jobs: Mutex::new(JobQueue {
+                jobs: VecDeque::new(),
+                busy: 0,
+                workers,
+                stopping: false,
+            }),
+            jobs_cv: Condvar::new(),
+            idle_cv: Condvar::new(),
+            #[cfg(not(loom))]
+            registry: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Account for `n` workers that will never run (their threads could not start).
+    pub(crate) fn workers_lost(&self, n: usize) {
+        lock(&self.jobs).workers -= n;
+    }
+
     pub(crate) fn breaks(&self, rule: RuleBreak) -> bool {
         self.config.rule_break == Some(rule)
     }
@@ -177,7 +214,7 @@ impl<P: Provider> Shared<P> {
     }
 
     /// Queue a job; gives it back if every worker has exited (after shutdown).
-    pub(crate) fn push_job(&self, job: Job<P>) -> Result<(), Job<P>> {
+    pub(crate) fn push_job(&self, job: Job<P, I>) -> Result<(), Job<P, I>> {
         let mut q = lock(&self.jobs);
         if q.workers == 0 {
             return Err(job);
@@ -188,7 +225,7 @@ impl<P: Provider> Shared<P> {
         Ok(())
     }
 
-    fn next_job(&self) -> Option<Job<P>> {
+    fn next_job(&self) -> Option<Job<P, I>> {
         let mut q = lock(&self.jobs);
         loop {
             if let Some(job) = q.jobs.pop_front() {
@@ -220,9 +257,9 @@ impl<P: Provider> Shared<P> {
     /// Runs one job on the calling thread (a worker; or, after shutdown, whoever holds a
     /// job no worker will take: a refused connect request must still be rejected at the
     /// provider, never dropped silently).
-    pub(crate) fn run(&self, job: Job<P>) {
+    pub(crate) fn run(&self, job: Job<P, I>) {
         match job {
-            Job::Run(id) => IdInner::run_one(&id),
+            Job::Run(id) => I::run_one(&id),
             Job::Reject(conn) => {
                 if let Err(e) = self.provider.reject(&conn, &[]) {
                     tracing::debug!(error = %e, "provider reject of a refused request failed");
@@ -251,205 +288,48 @@ impl<P: Provider> Shared<P> {
             jobs_pending,
         }
     }
+
+    /// Wait until every queued job has been run and no job is running, or every worker
+    /// has exited (`flush_workqueue`).
+    pub(crate) fn wait_idle(&self) {
+        let mut q = lock(&self.jobs);
+        while !(q.jobs.is_empty() && q.busy == 0) && q.workers > 0 {
+            q = wait(&self.idle_cv, q);
+        }
+    }
+
+    /// [`Shared::wait_idle`] with a deadline; `false` if it passed first.
+    #[cfg(not(loom))]
+    pub(crate) fn wait_idle_timeout(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut q = lock(&self.jobs);
+        while !(q.jobs.is_empty() && q.busy == 0) && q.workers > 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            q = self
+                .idle_cv
+                .wait_timeout(q, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+
+    /// Tell the workers to stop once the queued jobs are done.
+    pub(crate) fn stop_workers(&self) {
+        lock(&self.jobs).stopping = true;
+        self.jobs_cv.notify_all();
+    }
 }
 
-fn worker_main<P: Provider>(shared: Arc<Shared<P>>) {
+/// A worker thread: run jobs until told to stop.
+pub(crate) fn worker_main<P: Provider, I: IdJob>(shared: Arc<Shared<P, I>>) {
     sync::set_delivery_context(true);
     while let Some(job) = shared.next_job() {
         shared.run(job);
         shared.job_done();
     }
     sync::set_delivery_context(false);
-}
-
-/// An iWARP CM instance bound to one provider (device): the kernel's `iw_cm` for one
-/// `ib_device`, with its own ordered worker(s) (`iw_cm_wq`).
-///
-/// Dropping it stops the workers after the queued jobs are done (and joins them,
-/// unless dropped on a worker). Ids outlive it safely; events reported after the
-/// workers stopped are dropped.
-pub struct IwCm<P: Provider> {
-    shared: Arc<Shared<P>>,
-    workers: Vec<JoinHandle<()>>,
-}
-
-impl<P: Provider> core::fmt::Debug for IwCm<P> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("IwCm")
-            .field("name", &self.shared.config.name)
-            .field("stats", &self.shared.stats())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<P: Provider> IwCm<P> {
-    /// Start a CM instance over `provider` with `config.workers` worker threads.
-    ///
-    /// # Errors
-    /// [`CmError::Spawn`] if a worker thread cannot be started.
-    pub fn new(provider: std::sync::Arc<P>, config: CmConfig) -> Result<IwCm<P>, CmError> {
-        let workers = config.workers.max(1);
-        let name = config.name.clone();
-        let shared = Arc::new(Shared {
-            provider,
-            config,
-            counters: std::sync::Arc::new(Counters::default()),
-            next_serial: AtomicUsize::new(0),
-            jobs: Mutex::new(JobQueue {
-                jobs: VecDeque::new(),
-                busy: 0,
-                workers,
-                stopping: false,
-            }),
-            jobs_cv: Condvar::new(),
-            idle_cv: Condvar::new(),
-            #[cfg(not(loom))]
-            registry: std::sync::Mutex::new(std::collections::HashMap::new()),
-        });
-        let mut cm = IwCm {
-            shared,
-            workers: Vec::with_capacity(workers),
-        };
-        for n in 0..workers {
-            let shared = cm.shared.clone();
-            match sync::spawn(format!("{name}-worker-{n}"), move || worker_main(shared)) {
-                Ok(handle) => cm.workers.push(handle),
-                Err(e) => {
-                    // Account for the workers that will never run, then stop the rest.
-                    lock(&cm.shared.jobs).workers -= workers - n;
-                    return Err(CmError::Spawn(e.to_string()));
-                }
-            }
-        }
-        Ok(cm)
-    }
-
-    /// Create a cm_id in `IDLE` whose events go to `handler` (`iw_create_cm_id`). The
-    /// returned [`CmId`] is the creator's reference; dropping it destroys the id.
-    pub fn create_id<H: EventHandler<P>>(&self, handler: H) -> CmId<P> {
-        self.create_id_shared(std::sync::Arc::new(handler))
-    }
-
-    /// [`IwCm::create_id`] with a handler shared with other ids.
-    pub fn create_id_shared(&self, handler: std::sync::Arc<dyn EventHandler<P>>) -> CmId<P> {
-        CmId::from_inner(IdInner::new(
-            &self.shared,
-            handler,
-            crate::machine::Machine::new(),
-        ))
-    }
-
-    /// The provider.
-    pub fn provider(&self) -> &std::sync::Arc<P> {
-        &self.shared.provider
-    }
-
-    /// The instance's name.
-    pub fn name(&self) -> &str {
-        &self.shared.config.name
-    }
-
-    /// A snapshot of the live-object and event counters.
-    pub fn stats(&self) -> CmStats {
-        self.shared.stats()
-    }
-
-    /// Wait until every queued job has been run and no delivery is in progress
-    /// (the kernel's `flush_workqueue(iw_cm_wq)`). Events reported meanwhile are
-    /// waited for too.
-    ///
-    /// # Errors
-    /// [`CmError::InDeliveryContext`] on a CM worker thread (from a handler), where it
-    /// would wait for itself; nothing is waited for.
-    pub fn flush(&self) -> Result<(), CmError> {
-        if sync::in_delivery_context() {
-            return Err(CmError::InDeliveryContext { op: "flush" });
-        }
-        let mut q = lock(&self.shared.jobs);
-        while !(q.jobs.is_empty() && q.busy == 0) && q.workers > 0 {
-            q = wait(&self.shared.idle_cv, q);
-        }
-        Ok(())
-    }
-
-    /// [`IwCm::flush`] with a deadline.
-    ///
-    /// # Errors
-    /// [`CmError::InDeliveryContext`] as for `flush`; [`CmError::Timeout`] if the
-    /// workers are still busy after `timeout`.
-    #[cfg(not(loom))]
-    pub fn flush_timeout(&self, timeout: std::time::Duration) -> Result<(), CmError> {
-        if sync::in_delivery_context() {
-            return Err(CmError::InDeliveryContext { op: "flush" });
-        }
-        let deadline = std::time::Instant::now() + timeout;
-        let mut q = lock(&self.shared.jobs);
-        while !(q.jobs.is_empty() && q.busy == 0) && q.workers > 0 {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Err(CmError::Timeout);
-            }
-            q = self
-                .shared
-                .idle_cv
-                .wait_timeout(q, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
-        Ok(())
-    }
-
-    /// A human-readable dump of the instance: counters, and each live id's state,
-    /// queue length and delivery flags (for watchdogs and debugging).
-    pub fn dump_state(&self) -> String {
-        use core::fmt::Write;
-        let mut out = String::new();
-        let _ = writeln!(out, "iw-cm {}: {:?}", self.shared.config.name, self.stats());
-        #[cfg(not(loom))]
-        {
-            let ids: Vec<_> = {
-                let reg = self
-                    .shared
-                    .registry
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                let mut v: Vec<_> = reg.values().filter_map(|w| w.upgrade()).collect();
-                v.sort_by_key(|id| id.serial);
-                v
-            };
-            for id in &ids {
-                let _ = writeln!(out, "  {}", id.describe());
-            }
-            drop(ids);
-        }
-        out
-    }
-
-    /// Stop the workers after the queued jobs are done and join them.
-    ///
-    /// # Errors
-    /// [`CmError::InDeliveryContext`] on a CM worker thread (it would join itself); the
-    /// workers are then told to stop but not joined.
-    pub fn shutdown(mut self) -> Result<(), CmError> {
-        self.stop_and_join()
-    }
-
-    fn stop_and_join(&mut self) -> Result<(), CmError> {
-        lock(&self.shared.jobs).stopping = true;
-        self.shared.jobs_cv.notify_all();
-        if sync::in_delivery_context() {
-            self.workers.clear();
-            return Err(CmError::InDeliveryContext { op: "shutdown" });
-        }
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
-        Ok(())
-    }
-}
-
-impl<P: Provider> Drop for IwCm<P> {
-    fn drop(&mut self) {
-        let _ = self.stop_and_join();
-    }
 }
