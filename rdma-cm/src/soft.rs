@@ -44,8 +44,8 @@ use softiwarp::neighbor::NeighborError;
 use softiwarp::{Pd, QpInitAttr};
 use verbs::{QpState, VerbsError};
 
+use crate::cm::RdmaCm;
 use crate::device::{CmDevice, DeviceNotifier, NeighborDone, NeighborRequest, ResolveError};
-use crate::registry::RdmaCm;
 use crate::route::Ipv4Subnet;
 
 /// The RDMA CM over soft iWARP devices.
