@@ -18,5 +18,9 @@ cargo run --locked -p rdma-cm --example rdma_write_send
 # their own target dir, since --cfg loom rebuilds everything.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test -p iw-cm -p rdma-cm --release --locked --test 'loom_*'
+# No import cycle between the modules of a crate (issue #14); prints the graph if one is.
+for crate in iw-cm rdma-cm; do
+    python3 scripts/modgraph.py --check "$crate/src" >/dev/null || python3 scripts/modgraph.py --check "$crate/src"
+done
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo fmt --all -- --check
