@@ -18,5 +18,12 @@ cargo run --locked -p softiwarp --example rdma_write_send
 # their own target dir, since --cfg loom rebuilds everything.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test -p iw-cm -p rdma-cm --release --locked --test 'loom_*'
+# The crate graph keeps its layering and docs/ARCHITECTURE.md draws it as cargo metadata
+# has it; no import cycle between the modules of the device and the CMs (the graph is
+# printed when there is one).
+python3 scripts/crate-graph.py --check docs/ARCHITECTURE.md >/dev/null
+for crate in softiwarp iw-cm rdma-cm; do
+    python3 scripts/modgraph.py --check "$crate/src" >/dev/null || python3 scripts/modgraph.py --check "$crate/src"
+done
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo fmt --all -- --check

@@ -1,5 +1,15 @@
-//! cm_ids: the user's handles ([`CmId`], [`CmIdRef`]), the provider's handle
-//! ([`EventSink`]), the per-id event queue, delivery and destroy.
+//! cm_ids: the user's handles ([`CmId`], [`CmIdRef`]), what their handler gets and
+//! returns ([`CmEvent`], [`EventHandler`], [`Disposition`]), the per-id event queue
+//! that the provider's [`EventSink`] reports to, delivery and destroy.
+//!
+//! # Module order
+//!
+//! `id` sits above `work` (the job queue and workers it schedules its jobs on; they
+//! run an id through [`IdJob`], implemented here), `provider` (whose [`EventSink`]
+//! reaches an id through [`ReportTarget`], implemented here), `machine` and `error`,
+//! and below `cm` ([`crate::IwCm`]). The handler types live here, with the id they
+//! are handed, because the id holds its handler and the handler is handed the id
+//! (the kernel's `iw_cm_id.cm_handler`).
 //!
 //! # Locks and references
 //!
@@ -14,23 +24,27 @@
 //! [`EventSink`] clone the provider keeps, a scheduled worker job, a delivery in
 //! progress. The last one to go frees the id (`iwcm_deref_id` -> `free_cm_id`).
 
-use crate::cm::{bump, sub, Job, RuleBreak, Shared};
 use crate::error::CmError;
-use crate::event::{CmEvent, ConnectRequest, Disposition, EventHandler};
 use crate::machine::{CmState, Downcall, DropReason, Input, Machine, Upcall};
 use crate::provider::{
-    AcceptArgs, ConnectArgs, DisconnectMode, Provider, ProviderError, ProviderEvent, MAX_IRD_ORD,
-    MAX_PRIVATE_DATA,
+    AcceptArgs, ConnectArgs, ConnectReply, DisconnectMode, EventSink, Provider, ProviderError,
+    ProviderEvent, ReportError, ReportTarget, MAX_IRD_ORD, MAX_PRIVATE_DATA,
 };
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex, MutexGuard};
+use crate::work::{self, bump, sub, IdJob, RuleBreak};
 use core::fmt;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
+/// The shared part of the id's CM instance, with this module's id type.
+pub(crate) type Shared<P> = work::Shared<P, IdInner<P>>;
+/// A worker job, with this module's id type.
+type Job<P> = work::Job<P, IdInner<P>>;
+
 /// Stands for the id's memory: freed (dropped) with the last reference, or at destroy
 /// under [`RuleBreak::EagerFree`]. Counts `ids_alive` / `ids_freed`.
 struct AllocToken {
-    counters: std::sync::Arc<crate::cm::Counters>,
+    counters: std::sync::Arc<work::Counters>,
 }
 
 impl Drop for AllocToken {
@@ -456,7 +470,7 @@ impl<P: Provider> IdInner<P> {
 
     /// Take the next event of the id and deliver or drop it (`cm_work_handler`, one
     /// event per job).
-    pub(crate) fn run_one(this: &Arc<Self>) {
+    fn run_one(this: &Arc<Self>) {
         let _span = this.span.enter();
         let counters = &this.shared.counters;
         let (event, upcall, plan, handler) = {
@@ -684,70 +698,145 @@ impl<P: Provider> Drop for IdInner<P> {
     }
 }
 
+impl<P: Provider> IdJob for IdInner<P> {
+    fn run_one(this: &Arc<Self>) {
+        IdInner::run_one(this);
+    }
+}
+
+/// What an [`EventSink`] holds: a reference on its id.
+struct SinkTarget<P: Provider>(Arc<IdInner<P>>);
+
+impl<P: Provider> ReportTarget<P> for SinkTarget<P> {
+    fn report(&self, event: ProviderEvent<P::Conn>) -> Result<(), ReportError> {
+        IdInner::report(&self.0, event)
+    }
+
+    fn serial(&self) -> u64 {
+        self.0.serial
+    }
+}
+
 // ---------------------------------------------------------------------- handles
 
-/// Why [`EventSink::report`] did not queue an event. Informational: the CM has
-/// already done what is needed (a refused `ConnectRequest` is rejected at the
-/// provider by a CM worker, through [`Provider::reject`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ReportError {
-    /// The id is being destroyed; the event was dropped (`IWCM_F_DROP_EVENTS`).
-    #[error("the cm_id is being destroyed; event dropped")]
-    Destroyed,
-    /// A `ConnectRequest` beyond the listener's backlog; it will be rejected.
-    #[error("listener backlog full; the request will be rejected")]
-    BacklogFull,
-    /// More events queued on one connection than any correct provider reports
-    /// ([`crate::CmConfig::max_queued_per_id`]); dropped and counted as unexpected.
-    #[error("event queue of the cm_id is full; event dropped")]
-    QueueFull,
-    /// The CM instance's workers have stopped; the event was dropped.
-    #[error("the CM instance was shut down; event dropped")]
-    Shutdown,
-}
+// ----------------------------------------------------------------------- events
 
-/// The provider's handle on one cm_id: where it reports the id's events (the kernel's
-/// `cm_id->event_handler`, i.e. `cm_event_handler`).
+/// An event delivered to a cm_id's handler, on a CM worker thread, in the order the
+/// provider reported it, one at a time per id (the kernel's `cm_handler` upcalls).
 ///
-/// Reporting only enqueues; it never runs user code and never calls the provider, so
-/// it is safe from any thread and from inside any downcall. Each clone is a reference
-/// on the id (the kernel's `cm_id->add_ref`); dropping it is `rem_ref`.
-pub struct EventSink<P: Provider> {
-    inner: Arc<IdInner<P>>,
+/// The provider's `DISCONNECT` is never delivered: it only moves `ESTABLISHED` to
+/// `CLOSING` (`cm_disconnect_handler`); the user hears about the end of a connection
+/// from [`CmEvent::Close`]. `Established` (passive) or `ConnectReply` with
+/// [`ConnectStatus::Ok`](crate::ConnectStatus::Ok) (active) is always delivered before
+/// `Close`.
+pub enum CmEvent<P: Provider> {
+    /// A connection request arrived at a listener (`IW_CM_EVENT_CONNECT_REQUEST`,
+    /// `cm_conn_req_handler`). The handler runs for the new child id (`CONN_RECV`),
+    /// which inherits the listener's handler.
+    ConnectRequest(ConnectRequest<P>),
+    /// The outcome of `connect` (`IW_CM_EVENT_CONNECT_REPLY`, `cm_conn_rep_handler`).
+    /// On success the id is `ESTABLISHED`; otherwise it is back to `IDLE` and the QP
+    /// has been released.
+    ConnectReply(ConnectReply),
+    /// An accepted connection is established (`IW_CM_EVENT_ESTABLISHED`,
+    /// `cm_conn_est_handler`).
+    Established,
+    /// The connection is closed and the QP is in ERROR (`IW_CM_EVENT_CLOSE`,
+    /// `cm_close_handler`); the id is back to `IDLE` and the QP has been released.
+    Close,
 }
 
-impl<P: Provider> Clone for EventSink<P> {
-    fn clone(&self) -> Self {
-        EventSink {
-            inner: self.inner.clone(),
+impl<P: Provider> CmEvent<P> {
+    /// A short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CmEvent::ConnectRequest(_) => "ConnectRequest",
+            CmEvent::ConnectReply(_) => "ConnectReply",
+            CmEvent::Established => "Established",
+            CmEvent::Close => "Close",
         }
     }
 }
 
-impl<P: Provider> fmt::Debug for EventSink<P> {
+impl<P: Provider> fmt::Debug for CmEvent<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventSink")
-            .field("cm_id", &self.inner.serial)
+        match self {
+            CmEvent::ConnectRequest(r) => f.debug_tuple("ConnectRequest").field(r).finish(),
+            CmEvent::ConnectReply(r) => f.debug_tuple("ConnectReply").field(r).finish(),
+            CmEvent::Established => f.write_str("Established"),
+            CmEvent::Close => f.write_str("Close"),
+        }
+    }
+}
+
+/// A connection request delivered to a listener's handler.
+pub struct ConnectRequest<P: Provider> {
+    /// The new child id, owned by the user from now on: keep it to accept or reject
+    /// later, or drop it (dropping destroys it, which rejects the request, as
+    /// `destroy_cm_id` does in `CONN_RECV`).
+    pub id: CmId<P>,
+    /// The initiator's private data.
+    pub private_data: Vec<u8>,
+    /// The initiator's IRD.
+    pub ird: u16,
+    /// The initiator's ORD.
+    pub ord: u16,
+    /// Our address of the connection.
+    pub local_addr: SocketAddr,
+    /// The initiator's address.
+    pub remote_addr: SocketAddr,
+}
+
+impl<P: Provider> fmt::Debug for ConnectRequest<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("id", &self.id.serial())
+            .field("private_data_len", &self.private_data.len())
+            .field("ird", &self.ird)
+            .field("ord", &self.ord)
+            .field("local_addr", &self.local_addr)
+            .field("remote_addr", &self.remote_addr)
             .finish()
     }
 }
 
-impl<P: Provider> EventSink<P> {
-    /// Report an event of this id. Events of one id are delivered in the order they
-    /// are reported. A `ConnectRequest` on a listener whose queue holds `backlog`
-    /// undelivered requests is refused and rejected at the provider (`cm_event_handler`
-    /// returns `-ENOMEM` and the provider rejects; here the CM calls
-    /// [`Provider::reject`] from a worker so the provider cannot forget).
-    ///
-    /// # Errors
-    /// [`ReportError`], for information only (see there).
-    pub fn report(&self, event: ProviderEvent<P::Conn>) -> Result<(), ReportError> {
-        IdInner::report(&self.inner, event)
-    }
+/// What a handler wants done with its id after an event: the kernel's handler return
+/// value (0 or non-zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Disposition {
+    /// Keep the id.
+    Keep,
+    /// Destroy the id, as [`CmId::destroy`] does (`cm_work_handler` calls
+    /// `destroy_cm_id` when the handler returns non-zero). For a `ConnectRequest` the
+    /// child is destroyed, which rejects the request unless it was accepted (then the
+    /// connection is aborted). No further event of the id is delivered.
+    Destroy,
+}
 
-    /// The id's serial number (for logs).
-    pub fn cm_id_serial(&self) -> u64 {
-        self.inner.serial
+/// A cm_id's event handler (the kernel's `iw_cm_handler`).
+///
+/// Called on a CM worker thread, never on the provider's thread and never with a CM
+/// lock held, so it may call any downcall on any id ([`CmIdRef::accept`],
+/// [`CmIdRef::disconnect`], ...), including destroying ids (its own included). It must
+/// not wait for CM delivery: [`crate::IwCm::flush`] and [`crate::Destroyed::wait`]
+/// return [`crate::CmError::InDeliveryContext`] there. A child id made for a
+/// `ConnectRequest` inherits its listener's handler (`cm_conn_req_handler`); use
+/// [`CmIdRef::set_handler`] to give it its own.
+///
+/// Closures `Fn(&CmIdRef<P>, CmEvent<P>) -> Disposition + Send + Sync + 'static`
+/// implement it.
+pub trait EventHandler<P: Provider>: Send + Sync + 'static {
+    /// Handle one event of `id`.
+    fn on_event(&self, id: &CmIdRef<P>, event: CmEvent<P>) -> Disposition;
+}
+
+impl<P, F> EventHandler<P> for F
+where
+    P: Provider,
+    F: Fn(&CmIdRef<P>, CmEvent<P>) -> Disposition + Send + Sync + 'static,
+{
+    fn on_event(&self, id: &CmIdRef<P>, event: CmEvent<P>) -> Disposition {
+        self(id, event)
     }
 }
 
@@ -819,9 +908,7 @@ fn check_ird_ord(ird: u16, ord: u16) -> Result<(), CmError> {
 
 impl<P: Provider> CmIdRef<P> {
     fn sink(&self) -> EventSink<P> {
-        EventSink {
-            inner: self.inner.clone(),
-        }
+        EventSink::new(std::sync::Arc::new(SinkTarget(self.inner.clone())))
     }
 
     /// The id's serial number, unique within its CM instance (for logs and tracing

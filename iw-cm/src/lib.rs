@@ -13,9 +13,13 @@
 //! cargo feature `testing` (tests only), [`testing`] is the fake iWARP network that the
 //! iw-cm and rdma-cm tests share (it uses `testkit`).
 //!
-//! Modules: `cm` ([`IwCm`], workers, counters), `id` (cm_ids, their calls, delivery,
-//! destroy), [`machine`], `event`, `provider` (the trait and its events), `error`,
-//! `sync` (std or loom primitives).
+//! Modules, each above the ones after it (no import cycle; `scripts/modgraph.py
+//! --check iw-cm/src`): `cm` ([`IwCm`], the instance), `id` (cm_ids, their calls,
+//! what their handler gets and returns, delivery, destroy), `work` (configuration,
+//! counters, the job queue and its workers; it runs an id's job through a small trait
+//! the id implements), `error`, [`machine`], `provider` (the trait, its events and the
+//! [`EventSink`] they are reported to, which reaches its id through a small trait the
+//! id implements), `sync` (std or loom primitives).
 //!
 //! | item | what | kernel counterpart |
 //! |---|---|---|
@@ -98,23 +102,24 @@
 
 mod cm;
 mod error;
-mod event;
 mod id;
 pub mod machine;
 mod provider;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod work;
 
-pub use cm::{CmConfig, CmStats, IwCm, RuleBreak};
+pub use cm::IwCm;
 pub use error::CmError;
-pub use event::{CmEvent, ConnectRequest, Disposition, EventHandler};
 pub use id::{
-    in_delivery_context, AcceptParams, CmId, CmIdRef, ConnectParams, Destroyed, EventSink,
-    ReportError,
+    in_delivery_context, AcceptParams, CmEvent, CmId, CmIdRef, ConnectParams, ConnectRequest,
+    Destroyed, Disposition, EventHandler,
 };
 pub use machine::CmState;
 pub use provider::{
-    AcceptArgs, ConnectArgs, ConnectReply, ConnectStatus, DisconnectMode, IncomingRequest,
-    Provider, ProviderError, ProviderEvent, MAX_IRD_ORD, MAX_PRIVATE_DATA,
+    AcceptArgs, ConnectArgs, ConnectReply, ConnectStatus, DisconnectMode, EventSink,
+    IncomingRequest, Provider, ProviderError, ProviderEvent, ReportError, MAX_IRD_ORD,
+    MAX_PRIVATE_DATA,
 };
+pub use work::{CmConfig, CmStats, RuleBreak};

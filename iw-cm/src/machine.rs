@@ -29,8 +29,12 @@
 //!   delivered, so the user always hears the end of a connection it was offered.
 //! * `destroy` in `CLOSING` also aborts the connection (the kernel leaves it to the
 //!   peer), so a destroyed id never waits on the peer.
+//!
+//! Module order: this module sits above `provider` (it speaks the provider's
+//! vocabulary, [`ConnectStatus`] and [`DisconnectMode`], and classifies its events:
+//! [`ProviderEvent::kind`]) and below everything else but `sync`.
 
-use crate::provider::{ConnectStatus, DisconnectMode};
+use crate::provider::{ConnectStatus, DisconnectMode, ProviderEvent};
 use core::fmt;
 
 /// The state of a cm_id: the kernel's `enum iw_cm_state`, with the same names.
@@ -204,6 +208,21 @@ impl EventKind {
         EventKind::Disconnect,
         EventKind::Close,
     ];
+}
+
+/// How the machine sees a provider event (defined here, above `provider`, which
+/// names no machine type).
+impl<C> ProviderEvent<C> {
+    /// The event kind, as the state machine sees it.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            ProviderEvent::ConnectRequest(_) => EventKind::ConnectRequest,
+            ProviderEvent::ConnectReply(r) => EventKind::ConnectReply(r.status),
+            ProviderEvent::Established => EventKind::Established,
+            ProviderEvent::Disconnect => EventKind::Disconnect,
+            ProviderEvent::Close => EventKind::Close,
+        }
+    }
 }
 
 /// One input to the machine.

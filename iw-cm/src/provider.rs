@@ -2,12 +2,12 @@
 //! `iw_cm_verbs`: `iw_connect`, `iw_accept`, `iw_reject`, `iw_create_listen`,
 //! `iw_destroy_listen`, `iw_add_ref`, `iw_rem_ref`, plus the QP moves of
 //! `iw_cm_disconnect`), and the events it reports back through an
-//! [`EventSink`](crate::EventSink).
+//! [`EventSink`].
 //!
 //! # The contract
 //!
 //! * **Report, never call up.** The provider reports events only through the
-//!   [`EventSink`](crate::EventSink) it was handed. Reporting only enqueues (design.md
+//!   [`EventSink`] it was handed. Reporting only enqueues (design.md
 //!   section 5, iw-cm rule 1), so it is safe from any thread, including the device
 //!   engine thread and from inside any downcall (for example `disconnect` reporting
 //!   `Close` before it returns). User code never runs on the caller's thread.
@@ -24,7 +24,7 @@
 //!   connection fails first, `Close`. After a connection is established it reports
 //!   `Close` once, when the connection is gone and the QP is in ERROR; `Disconnect`
 //!   before it when the peer starts an orderly close.
-//! * **References.** Each [`EventSink`](crate::EventSink) clone the provider keeps is a
+//! * **References.** Each [`EventSink`] clone the provider keeps is a
 //!   reference on the cm_id (the kernel's `cm_id->add_ref`); the id's memory is freed
 //!   when the last reference, the user's or the provider's, is dropped. A provider
 //!   drops its sinks when the connection or listener is finished with.
@@ -151,7 +151,7 @@ impl<C> fmt::Debug for IncomingRequest<C> {
     }
 }
 
-/// An event a provider reports through an [`EventSink`](crate::EventSink): the
+/// An event a provider reports through an [`EventSink`]: the
 /// kernel's `enum iw_cm_event_type` with its payload.
 pub enum ProviderEvent<C> {
     /// `IW_CM_EVENT_CONNECT_REQUEST`: a new connection arrived at a listener.
@@ -167,20 +167,6 @@ pub enum ProviderEvent<C> {
     Close,
 }
 
-impl<C> ProviderEvent<C> {
-    /// The event kind, as the state machine sees it.
-    pub fn kind(&self) -> crate::machine::EventKind {
-        use crate::machine::EventKind;
-        match self {
-            ProviderEvent::ConnectRequest(_) => EventKind::ConnectRequest,
-            ProviderEvent::ConnectReply(r) => EventKind::ConnectReply(r.status),
-            ProviderEvent::Established => EventKind::Established,
-            ProviderEvent::Disconnect => EventKind::Disconnect,
-            ProviderEvent::Close => EventKind::Close,
-        }
-    }
-}
-
 impl<C> fmt::Debug for ProviderEvent<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -190,6 +176,89 @@ impl<C> fmt::Debug for ProviderEvent<C> {
             ProviderEvent::Disconnect => f.write_str("Disconnect"),
             ProviderEvent::Close => f.write_str("Close"),
         }
+    }
+}
+
+// ------------------------------------------------------------------ the sink
+
+/// Why [`EventSink::report`] did not queue an event. Informational: the CM has
+/// already done what is needed (a refused `ConnectRequest` is rejected at the
+/// provider by a CM worker, through [`Provider::reject`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// The id is being destroyed; the event was dropped (`IWCM_F_DROP_EVENTS`).
+    #[error("the cm_id is being destroyed; event dropped")]
+    Destroyed,
+    /// A `ConnectRequest` beyond the listener's backlog; it will be rejected.
+    #[error("listener backlog full; the request will be rejected")]
+    BacklogFull,
+    /// More events queued on one connection than any correct provider reports
+    /// ([`crate::CmConfig::max_queued_per_id`]); dropped and counted as unexpected.
+    #[error("event queue of the cm_id is full; event dropped")]
+    QueueFull,
+    /// The CM instance's workers have stopped; the event was dropped.
+    #[error("the CM instance was shut down; event dropped")]
+    Shutdown,
+}
+
+/// The provider's handle on one cm_id: where it reports the id's events (the kernel's
+/// `cm_id->event_handler`, i.e. `cm_event_handler`).
+///
+/// Reporting only enqueues; it never runs user code and never calls the provider, so
+/// it is safe from any thread and from inside any downcall. Each clone is a reference
+/// on the id (the kernel's `cm_id->add_ref`); dropping it is `rem_ref`.
+pub struct EventSink<P: Provider> {
+    target: std::sync::Arc<dyn ReportTarget<P>>,
+}
+
+/// What an [`EventSink`] reports to: a cm_id. Implemented by the id engine
+/// (`crate::id`), which sits above this module; a trait object, as reporting is a
+/// control path (connection setup and teardown), not the data path.
+pub(crate) trait ReportTarget<P: Provider>: Send + Sync + 'static {
+    /// Queue `event` on the id (see [`EventSink::report`]).
+    fn report(&self, event: ProviderEvent<P::Conn>) -> Result<(), ReportError>;
+    /// The id's serial number.
+    fn serial(&self) -> u64;
+}
+
+impl<P: Provider> Clone for EventSink<P> {
+    fn clone(&self) -> Self {
+        EventSink {
+            target: self.target.clone(),
+        }
+    }
+}
+
+impl<P: Provider> fmt::Debug for EventSink<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventSink")
+            .field("cm_id", &self.target.serial())
+            .finish()
+    }
+}
+
+impl<P: Provider> EventSink<P> {
+    /// A sink reporting to `target` (the id engine makes one per downcall that hands
+    /// the provider a sink).
+    pub(crate) fn new(target: std::sync::Arc<dyn ReportTarget<P>>) -> EventSink<P> {
+        EventSink { target }
+    }
+
+    /// Report an event of this id. Events of one id are delivered in the order they
+    /// are reported. A `ConnectRequest` on a listener whose queue holds `backlog`
+    /// undelivered requests is refused and rejected at the provider (`cm_event_handler`
+    /// returns `-ENOMEM` and the provider rejects; here the CM calls
+    /// [`Provider::reject`] from a worker so the provider cannot forget).
+    ///
+    /// # Errors
+    /// [`ReportError`], for information only (see there).
+    pub fn report(&self, event: ProviderEvent<P::Conn>) -> Result<(), ReportError> {
+        self.target.report(event)
+    }
+
+    /// The id's serial number (for logs).
+    pub fn cm_id_serial(&self) -> u64 {
+        self.target.serial()
     }
 }
 
@@ -302,7 +371,7 @@ pub trait Provider: Send + Sync + Sized + 'static {
     /// Any [`ProviderError`]; then no event may be reported for this attempt.
     fn connect(
         &self,
-        sink: crate::EventSink<Self>,
+        sink: EventSink<Self>,
         args: ConnectArgs<'_, Self::Qp>,
     ) -> Result<Self::Conn, ProviderError>;
 
@@ -314,7 +383,7 @@ pub trait Provider: Send + Sync + Sized + 'static {
     /// Any [`ProviderError`]; then no event may be reported for this accept.
     fn accept(
         &self,
-        sink: crate::EventSink<Self>,
+        sink: EventSink<Self>,
         conn: &Self::Conn,
         args: AcceptArgs<'_, Self::Qp>,
     ) -> Result<(), ProviderError>;
@@ -335,7 +404,7 @@ pub trait Provider: Send + Sync + Sized + 'static {
     /// Any [`ProviderError`] (typically [`ProviderError::AddressInUse`]).
     fn create_listen(
         &self,
-        sink: crate::EventSink<Self>,
+        sink: EventSink<Self>,
         local_addr: SocketAddr,
         backlog: u32,
     ) -> Result<Self::Listener, ProviderError>;

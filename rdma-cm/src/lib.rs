@@ -20,12 +20,20 @@
 //! channel's queue is reached through a trait object, so `id` does not name `channel`;
 //! `id/calls.rs` the public [`CmIdRef`]/[`CmId`] calls,
 //! `id/handlers.rs` the address, route, iWARP and connect-request paths,
-//! `id/removal.rs` the per-id device removal), `registry` ([`RdmaCm`], devices, worker,
-//! ports, timers), `stats` ([`RdmaCmStats`]), `device` (the [`CmDevice`] trait and its
-//! plain types), `channel`, `event` (event kinds and the iWARP mapping), [`route`],
-//! `sync` (std or loom primitives). The one cycle left between files is `id` <->
-//! `registry`: an id holds its registry and device entry, the registry holds its ids
-//! and runs their work (cma.c's `rdma_id_private` and `cma_device` lists).
+//! `id/removal.rs` the per-id device removal), `cm` ([`RdmaCm`], [`Removal`]: the
+//! public instance), `registry` (what the ids share: devices, worker, ports, timers,
+//! [`RdmaCmConfig`]), `stats` ([`RdmaCmStats`]), `device` (the [`CmDevice`] trait and
+//! its plain types), `channel`, `event` (event kinds and the iWARP mapping),
+//! [`route`], `sync` (std or loom primitives).
+//!
+//! No import cycle between modules (`scripts/modgraph.py --check rdma-cm/src`); from
+//! the top: `cm` > `channel` > `id` (and its files) > `registry` > `device`, `error`,
+//! `machine`, `event`, `route`, `stats`, `sync`. An id holds its registry and device
+//! entry, and the registry holds its ids and runs their work (cma.c's
+//! `rdma_id_private` and `cma_device` lists point at each other): the registry reaches
+//! an id only through the small trait `registry::RegId`, which `id` implements, and an
+//! id reaches its event channel only through the trait `id::ChannelQueue`, which
+//! `channel` implements.
 //!
 //! | item | what | cma.c / librdmacm counterpart |
 //! |---|---|---|
@@ -143,6 +151,7 @@
 //! ```
 
 mod channel;
+mod cm;
 mod device;
 mod error;
 mod event;
@@ -154,6 +163,7 @@ mod stats;
 mod sync;
 
 pub use channel::{ChannelEvent, EventChannel, EventStream};
+pub use cm::{RdmaCm, Removal};
 pub use device::{
     CmDevice, DeviceNotifier, NeighborDone, NeighborRequest, NeighborResult, QpOf, ResolveError,
 };
@@ -162,6 +172,6 @@ pub use event::{map_connect_reply, map_iw_event, Disposition, EventKind, IwEvent
 pub use id::calls::{ConnParam, DestroyRefused};
 pub use id::{CmEvent, CmId, CmIdRef, Handler};
 pub use machine::IdState;
-pub use registry::{RdmaCm, RdmaCmConfig, Removal, RuleBreak};
+pub use registry::{RdmaCmConfig, RuleBreak};
 pub use route::Ipv4Subnet;
 pub use stats::RdmaCmStats;

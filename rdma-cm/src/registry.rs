@@ -1,15 +1,24 @@
-//! The RDMA CM instance: the device registry, the worker thread (cma.c's `cma_wq`),
-//! port reservations, wildcard listeners, device removal, counters.
+//! What the ids, the devices' handles and the worker of an RDMA CM share: the device
+//! registry, the worker thread (cma.c's `cma_wq`) and its jobs and timers, port
+//! reservations, wildcard listeners, the device side of removal, counters.
+//!
+//! # Module order
+//!
+//! The registry sits below `id` (the id engine) and `cm` ([`crate::RdmaCm`], the
+//! public instance): it names no id type. What it does to an id — run a finished
+//! address or route query, an address change, the per-id step of a device removal,
+//! listen on a new device for a wildcard listener — goes through the small trait
+//! [`RegId`], which the id engine implements; the registry's types are generic over it
+//! (static dispatch: jobs, timers and device entries own `crate::sync::Arc`s of their
+//! ids, which loom must see). cma.c keeps both in one file (`rdma_id_private` and
+//! `cma_device` point at each other); the lock order of `crate::id` is unchanged:
+//! `handler_lock` -> `ops` -> `st` -> (registry, device entry).
 
-use crate::channel::{ChanInner, EventChannel};
 use crate::device::{CmDevice, DeviceEvents, DeviceNotifier, NeighborResult, QpOf};
 use crate::error::CmError;
-use crate::id::{CmId, Delivery, Handler, IdInner, IwId, Role};
-use crate::machine::IdState;
 use crate::route::DeviceRoutes;
 use crate::stats::{bump, sub, Counters, RdmaCmStats};
-use crate::sync::{self, lock, wait, Arc, Condvar, JoinHandle, Mutex};
-use core::fmt;
+use crate::sync::{self, lock, wait, Arc, Condvar, Mutex};
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -52,7 +61,7 @@ impl RuleBreak {
     }
 }
 
-/// Configuration of an [`RdmaCm`].
+/// Configuration of an [`crate::RdmaCm`].
 #[derive(Debug, Clone)]
 pub struct RdmaCmConfig {
     /// A name for the worker thread and logs.
@@ -76,31 +85,73 @@ impl Default for RdmaCmConfig {
     }
 }
 
+// ------------------------------------------------------------------- the ids
+
+/// What the registry and its worker do to an id: implemented by the id engine
+/// (`crate::id`), which sits above this module.
+pub(crate) trait RegId: Send + Sync + Sized + 'static {
+    /// The device type of the ids' RDMA CM.
+    type Device: CmDevice;
+    /// The id's serial number.
+    fn serial(&self) -> u64;
+    /// Whether it is a user id (not an internal per-device listener of a wildcard
+    /// listen).
+    fn is_user(&self) -> bool;
+    /// The first half of device removal, as soon as the device reports it: mark the
+    /// id `DEVICE_REMOVAL` unless destroy was asked. Never waits.
+    fn mark_device_removal(&self);
+    /// An address resolution of query `gen` ended.
+    fn addr_done(
+        this: &Arc<Self>,
+        gen: u64,
+        entry: Option<Arc<DevEntry<Self>>>,
+        src: Ipv4Addr,
+        next_hop: Ipv4Addr,
+        result: NeighborResult,
+    );
+    /// Deliver the route of query `gen`.
+    fn route_done(this: &Arc<Self>, gen: u64);
+    /// The addresses of the id's device changed.
+    fn addr_change(this: &Arc<Self>);
+    /// The per-id step of the removal of `entry` (cma.c's `cma_process_remove` loop
+    /// body): an internal listener is destroyed silently, a user id gets
+    /// `cma_remove_id_dev`.
+    fn device_removed(this: &Arc<Self>, entry: &Arc<DevEntry<Self>>);
+    /// Make wildcard listener `listener`'s internal listener on `entry`
+    /// (`cma_listen_on_dev`).
+    fn create_internal(listener: &Arc<Self>, entry: &Arc<DevEntry<Self>>);
+}
+
+/// The device type of id type `I`.
+type Dev<I> = <I as RegId>::Device;
+/// The iWARP provider of id type `I`'s device.
+type Prov<I> = <Dev<I> as CmDevice>::Provider;
+
 // ------------------------------------------------------------------- devices
 
-struct DevSt<D: CmDevice> {
+struct DevSt<I: RegId> {
     removing: bool,
     processed: bool,
     release_queued: bool,
     released: bool,
     /// Every id bound to the device (cma.c's `cma_dev->id_list`), internal listeners
     /// included.
-    ids: Vec<Arc<IdInner<D>>>,
+    ids: Vec<Arc<I>>,
 }
 
 /// A registered device (cma.c's `struct cma_device`).
-pub(crate) struct DevEntry<D: CmDevice> {
+pub(crate) struct DevEntry<I: RegId> {
     pub(crate) serial: u64,
     pub(crate) name: String,
-    dev: Mutex<Option<std::sync::Arc<D>>>,
-    iw: Mutex<Option<iw_cm::IwCm<D::Provider>>>,
-    st: Mutex<DevSt<D>>,
+    dev: Mutex<Option<std::sync::Arc<Dev<I>>>>,
+    iw: Mutex<Option<iw_cm::IwCm<Prov<I>>>>,
+    st: Mutex<DevSt<I>>,
     cv: Condvar,
 }
 
-impl<D: CmDevice> DevEntry<D> {
+impl<I: RegId> DevEntry<I> {
     /// The device, until it is released.
-    pub(crate) fn device(&self) -> Option<std::sync::Arc<D>> {
+    pub(crate) fn device(&self) -> Option<std::sync::Arc<Dev<I>>> {
         lock(&self.dev).clone()
     }
 
@@ -111,26 +162,26 @@ impl<D: CmDevice> DevEntry<D> {
     /// Create an iWARP CM id on the device's iw-cm instance (`None` once released).
     pub(crate) fn create_iw_id(
         &self,
-        handler: std::sync::Arc<dyn iw_cm::EventHandler<D::Provider>>,
-    ) -> Option<IwId<D>> {
+        handler: std::sync::Arc<dyn iw_cm::EventHandler<Prov<I>>>,
+    ) -> Option<iw_cm::CmId<Prov<I>>> {
         lock(&self.iw)
             .as_ref()
             .map(|cm| cm.create_id_shared(handler))
     }
 
     /// The user ids bound to the device now (internal listeners left out).
-    pub(crate) fn user_ids(&self) -> Vec<Arc<IdInner<D>>> {
+    pub(crate) fn user_ids(&self) -> Vec<Arc<I>> {
         lock(&self.st)
             .ids
             .iter()
-            .filter(|i| matches!(i.role, Role::User))
+            .filter(|i| i.is_user())
             .cloned()
             .collect()
     }
 
     /// Bind an id to the device (cma.c's `cma_attach_to_dev`); refused once removal
     /// started.
-    pub(crate) fn attach(&self, id: &Arc<IdInner<D>>) -> Result<(), CmError> {
+    pub(crate) fn attach(&self, id: &Arc<I>) -> Result<(), CmError> {
         let mut st = lock(&self.st);
         if st.removing {
             return Err(CmError::DeviceRemoved { op: "attach" });
@@ -141,10 +192,10 @@ impl<D: CmDevice> DevEntry<D> {
 
     /// Unbind an id (cma.c's `cma_release_dev`); the last id of a removed device lets
     /// it be released.
-    pub(crate) fn detach(this: &Arc<Self>, shared: &Shared<D>, serial: u64) {
+    pub(crate) fn detach(this: &Arc<Self>, shared: &Shared<I>, serial: u64) {
         let release = {
             let mut st = lock(&this.st);
-            st.ids.retain(|i| i.serial != serial);
+            st.ids.retain(|i| i.serial() != serial);
             this.release_due(&mut st)
         };
         if release {
@@ -152,7 +203,7 @@ impl<D: CmDevice> DevEntry<D> {
         }
     }
 
-    fn release_due(&self, st: &mut DevSt<D>) -> bool {
+    fn release_due(&self, st: &mut DevSt<I>) -> bool {
         if st.removing && st.processed && st.ids.is_empty() && !st.release_queued {
             st.release_queued = true;
             true
@@ -161,17 +212,51 @@ impl<D: CmDevice> DevEntry<D> {
         }
     }
 
-    pub(crate) fn qp_to_error(&self, qp: &QpOf<D>) {
+    pub(crate) fn qp_to_error(&self, qp: &QpOf<Dev<I>>) {
         if let Some(dev) = self.device() {
             dev.qp_to_error(qp);
         }
     }
 
-    pub(crate) fn destroy_qp(&self, qp: QpOf<D>) {
+    pub(crate) fn destroy_qp(&self, qp: QpOf<Dev<I>>) {
         match self.device() {
             Some(dev) => dev.destroy_qp(qp),
             None => drop(qp),
         }
+    }
+
+    /// Ids still bound to the device.
+    pub(crate) fn ids_bound(&self) -> usize {
+        lock(&self.st).ids.len()
+    }
+
+    /// Whether the device was released.
+    pub(crate) fn is_released(&self) -> bool {
+        lock(&self.st).released
+    }
+
+    /// Wait until the device is released (cma.c's `wait_for_completion(&cma_dev->comp)`).
+    pub(crate) fn wait_released(&self) {
+        let mut st = lock(&self.st);
+        while !st.released {
+            st = wait(&self.cv, st);
+        }
+    }
+
+    /// [`DevEntry::wait_released`] for at most `timeout`; `false` if ids are still
+    /// bound then.
+    #[cfg(not(loom))]
+    pub(crate) fn wait_released_timeout(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut st = lock(&self.st);
+        while !st.released {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            st = sync::wait_timeout(&self.cv, st, deadline - now);
+        }
+        true
     }
 
     /// Let go of the device: shut its iWARP CM down, tell it, drop it.
@@ -197,40 +282,40 @@ impl<D: CmDevice> DevEntry<D> {
 // ----------------------------------------------------------------------- jobs
 
 /// Work for the worker thread.
-pub(crate) enum Job<D: CmDevice> {
+pub(crate) enum Job<I: RegId> {
     /// An address resolution ended (device completion, or a route-less failure).
     AddrDone {
-        id: Arc<IdInner<D>>,
+        id: Arc<I>,
         gen: u64,
-        entry: Option<Arc<DevEntry<D>>>,
+        entry: Option<Arc<DevEntry<I>>>,
         src: Ipv4Addr,
         next_hop: Ipv4Addr,
         result: NeighborResult,
     },
     /// Deliver the route of an id.
-    RouteDone { id: Arc<IdInner<D>>, gen: u64 },
+    RouteDone { id: Arc<I>, gen: u64 },
     /// A device reported its removal.
-    Remove(Arc<DevEntry<D>>),
+    Remove(Arc<DevEntry<I>>),
     /// A device reported an address change.
-    AddrChange(Arc<DevEntry<D>>),
+    AddrChange(Arc<DevEntry<I>>),
     /// Release a removed device whose ids are all gone.
-    Release(Arc<DevEntry<D>>),
+    Release(Arc<DevEntry<I>>),
 }
 
 #[cfg(not(loom))]
-struct Timer<D: CmDevice> {
+struct Timer<I: RegId> {
     deadline: std::time::Instant,
-    id: Arc<IdInner<D>>,
+    id: Arc<I>,
     gen: u64,
 }
 
-struct JobQueue<D: CmDevice> {
-    jobs: VecDeque<Job<D>>,
+struct JobQueue<I: RegId> {
+    jobs: VecDeque<Job<I>>,
     busy: usize,
     running: bool,
     stopping: bool,
     #[cfg(not(loom))]
-    timers: Vec<Timer<D>>,
+    timers: Vec<Timer<I>>,
 }
 
 struct PortRes {
@@ -239,30 +324,148 @@ struct PortRes {
     owner: u64,
 }
 
-pub(crate) struct Reg<D: CmDevice> {
-    devices: Vec<Arc<DevEntry<D>>>,
-    listen_any: Vec<Arc<IdInner<D>>>,
+pub(crate) struct Reg<I: RegId> {
+    devices: Vec<Arc<DevEntry<I>>>,
+    listen_any: Vec<Arc<I>>,
     ports: Vec<PortRes>,
     next_port: u16,
 }
 
 /// What the ids, the devices' handles and the worker share.
-pub(crate) struct Shared<D: CmDevice> {
+pub(crate) struct Shared<I: RegId> {
     pub(crate) config: RdmaCmConfig,
     pub(crate) counters: std::sync::Arc<Counters>,
     next_serial: AtomicU64,
-    reg: Mutex<Reg<D>>,
+    reg: Mutex<Reg<I>>,
     /// Serializes listen on the wildcard address with device addition, so that each
     /// (wildcard listener, device) pair gets exactly one internal listener.
     listen_lock: Mutex<()>,
-    jobs: Mutex<JobQueue<D>>,
+    jobs: Mutex<JobQueue<I>>,
     jobs_cv: Condvar,
     idle_cv: Condvar,
     #[cfg(not(loom))]
-    pub(crate) ids: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<IdInner<D>>>>,
+    pub(crate) ids: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<I>>>,
 }
 
-impl<D: CmDevice> Shared<D> {
+impl<I: RegId> Shared<I> {
+    /// The shared part of a new RDMA CM (its worker not started yet).
+    pub(crate) fn new(config: RdmaCmConfig) -> Self {
+        let first_port = config.ephemeral_ports.0;
+        Shared {
+            config,
+            counters: std::sync::Arc::new(Counters::default()),
+            next_serial: AtomicU64::new(0),
+            reg: Mutex::new(Reg {
+                devices: Vec::new(),
+                listen_any: Vec::new(),
+                ports: Vec::new(),
+                next_port: first_port,
+            }),
+            listen_lock: Mutex::new(()),
+            jobs: Mutex::new(JobQueue {
+                jobs: VecDeque::new(),
+                busy: 0,
+                running: true,
+                stopping: false,
+                #[cfg(not(loom))]
+                timers: Vec::new(),
+            }),
+            jobs_cv: Condvar::new(),
+            idle_cv: Condvar::new(),
+            #[cfg(not(loom))]
+            ids: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Register a device ([`crate::RdmaCm::add_device`], cma.c's `cma_add_one`).
+    pub(crate) fn add_device(this: &Arc<Self>, dev: std::sync::Arc<Dev<I>>) -> Result<(), CmError> {
+        let name = dev.name().to_string();
+        let _l = lock(&this.listen_lock);
+        if lock(&this.reg).devices.iter().any(|d| d.name == name) {
+            return Err(CmError::DuplicateDevice(name));
+        }
+        let iw = iw_cm::IwCm::new(dev.provider(), dev.iw_cm_config())?;
+        let entry = Arc::new(DevEntry {
+            serial: this.next_serial(),
+            name: name.clone(),
+            dev: Mutex::new(Some(dev.clone())),
+            iw: Mutex::new(Some(iw)),
+            st: Mutex::new(DevSt {
+                removing: false,
+                processed: false,
+                release_queued: false,
+                released: false,
+                ids: Vec::new(),
+            }),
+            cv: Condvar::new(),
+        });
+        let listeners = {
+            let mut reg = lock(&this.reg);
+            reg.devices.push(entry.clone());
+            reg.listen_any.clone()
+        };
+        bump(&this.counters.devices_held);
+        bump(&this.counters.devices_added);
+        tracing::info!(device = %name, "device added");
+        dev.attached(DeviceNotifier::new(std::sync::Arc::new(Notifier {
+            shared: this.clone(),
+            entry: entry.clone(),
+        })));
+        for l in &listeners {
+            I::create_internal(l, &entry);
+        }
+        Ok(())
+    }
+
+    /// The registered device named `name` (not being removed).
+    pub(crate) fn find_device(&self, name: &str) -> Option<Arc<DevEntry<I>>> {
+        lock(&self.reg)
+            .devices
+            .iter()
+            .find(|d| d.name == name)
+            .cloned()
+    }
+
+    /// The names of the registered devices (not being removed), in the order added.
+    pub(crate) fn device_names(&self) -> Vec<String> {
+        lock(&self.reg)
+            .devices
+            .iter()
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
+    /// Wait until the worker has nothing queued or running, or has stopped.
+    pub(crate) fn wait_idle(&self) {
+        let mut q = lock(&self.jobs);
+        while !(q.jobs.is_empty() && q.busy == 0) && q.running {
+            q = wait(&self.idle_cv, q);
+        }
+    }
+
+    /// Tell the worker to stop after its queued jobs.
+    pub(crate) fn stop_worker(&self) {
+        lock(&self.jobs).stopping = true;
+        self.jobs_cv.notify_all();
+    }
+
+    /// One line per registered device, for [`crate::RdmaCm::dump_state`].
+    pub(crate) fn dump_devices(&self, out: &mut String) {
+        use core::fmt::Write;
+        let devices = lock(&self.reg).devices.clone();
+        for d in &devices {
+            let st = lock(&d.st);
+            let _ = writeln!(
+                out,
+                "  device {} #{}: removing={} ids={}",
+                d.name,
+                d.serial,
+                st.removing,
+                st.ids.len()
+            );
+        }
+    }
+
     pub(crate) fn breaks(&self, rule: RuleBreak) -> bool {
         self.config.rule_break == Some(rule)
     }
@@ -273,7 +476,7 @@ impl<D: CmDevice> Shared<D> {
 
     /// Queue work for the worker. Dropped (with a log line) once the worker stopped;
     /// a release is then done at once.
-    pub(crate) fn push_job(&self, job: Job<D>) {
+    pub(crate) fn push_job(&self, job: Job<I>) {
         let mut q = lock(&self.jobs);
         if !q.running {
             drop(q);
@@ -288,12 +491,12 @@ impl<D: CmDevice> Shared<D> {
         self.jobs_cv.notify_all();
     }
 
-    pub(crate) fn queue_release(&self, entry: Arc<DevEntry<D>>) {
+    pub(crate) fn queue_release(&self, entry: Arc<DevEntry<I>>) {
         self.push_job(Job::Release(entry));
     }
 
     #[cfg(not(loom))]
-    pub(crate) fn add_timer(&self, id: &Arc<IdInner<D>>, gen: u64, timeout: std::time::Duration) {
+    pub(crate) fn add_timer(&self, id: &Arc<I>, gen: u64, timeout: std::time::Duration) {
         let deadline = std::time::Instant::now() + timeout;
         let mut q = lock(&self.jobs);
         q.timers.push(Timer {
@@ -307,23 +510,17 @@ impl<D: CmDevice> Shared<D> {
 
     /// Loom has no time: address resolutions end only by their device's completion.
     #[cfg(loom)]
-    pub(crate) fn add_timer(
-        &self,
-        _id: &Arc<IdInner<D>>,
-        _gen: u64,
-        _timeout: std::time::Duration,
-    ) {
-    }
+    pub(crate) fn add_timer(&self, _id: &Arc<I>, _gen: u64, _timeout: std::time::Duration) {}
 
     /// Forget the resolution timeout of id `serial` (of query `gen`, or all of them):
     /// a timer holds its id.
     #[cfg(not(loom))]
     pub(crate) fn cancel_timer(&self, serial: u64, gen: Option<u64>) {
-        let gone: Vec<Timer<D>> = {
+        let gone: Vec<Timer<I>> = {
             let mut q = lock(&self.jobs);
             let (gone, kept) = core::mem::take(&mut q.timers)
                 .into_iter()
-                .partition(|t| t.id.serial == serial && gen.is_none_or(|g| t.gen == g));
+                .partition(|t| t.id.serial() == serial && gen.is_none_or(|g| t.gen == g));
             q.timers = kept;
             gone
         };
@@ -334,7 +531,7 @@ impl<D: CmDevice> Shared<D> {
     pub(crate) fn cancel_timer(&self, _serial: u64, _gen: Option<u64>) {}
 
     #[cfg(not(loom))]
-    fn next_job(&self) -> Option<Job<D>> {
+    fn next_job(&self) -> Option<Job<I>> {
         let mut q = lock(&self.jobs);
         loop {
             let now = std::time::Instant::now();
@@ -373,7 +570,7 @@ impl<D: CmDevice> Shared<D> {
     }
 
     #[cfg(loom)]
-    fn next_job(&self) -> Option<Job<D>> {
+    fn next_job(&self) -> Option<Job<I>> {
         let mut q = lock(&self.jobs);
         loop {
             if let Some(job) = q.jobs.pop_front() {
@@ -400,7 +597,7 @@ impl<D: CmDevice> Shared<D> {
         }
     }
 
-    fn run(this: &Arc<Self>, job: Job<D>) {
+    fn run(this: &Arc<Self>, job: Job<I>) {
         match job {
             Job::AddrDone {
                 id,
@@ -409,14 +606,14 @@ impl<D: CmDevice> Shared<D> {
                 src,
                 next_hop,
                 result,
-            } => IdInner::addr_done(&id, gen, entry, src, next_hop, result),
-            Job::RouteDone { id, gen } => IdInner::route_done(&id, gen),
+            } => I::addr_done(&id, gen, entry, src, next_hop, result),
+            Job::RouteDone { id, gen } => I::route_done(&id, gen),
             Job::Remove(entry) => Shared::process_removal(this, &entry),
             Job::AddrChange(entry) => {
                 let ids: Vec<_> = lock(&entry.st).ids.clone();
                 for id in ids {
-                    if matches!(id.role, Role::User) {
-                        IdInner::addr_change(&id);
+                    if id.is_user() {
+                        I::addr_change(&id);
                     }
                 }
             }
@@ -428,9 +625,9 @@ impl<D: CmDevice> Shared<D> {
 
     /// cma.c's `cma_process_remove`: for each id bound to the device, internal
     /// listeners are destroyed silently and user ids get `cma_remove_id_dev`
-    /// ([`IdInner::remove_id_dev`]); the device is released once the last id is gone.
+    /// ([`RegId::device_removed`]); the device is released once the last id is gone.
     /// A second call for the same device waits until the first has delivered.
-    pub(crate) fn process_removal(this: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
+    pub(crate) fn process_removal(this: &Arc<Self>, entry: &Arc<DevEntry<I>>) {
         lock(&this.reg).devices.retain(|d| d.serial != entry.serial);
         let ids = {
             let mut st = lock(&entry.st);
@@ -445,15 +642,7 @@ impl<D: CmDevice> Shared<D> {
         };
         tracing::info!(device = %entry.name, ids = ids.len(), "device removal");
         for id in ids {
-            match &id.role {
-                Role::Internal { parent } => {
-                    if this.breaks(RuleBreak::RemovalHitsWildcardListener) {
-                        IdInner::remove_id_dev(parent, entry);
-                    }
-                    IdInner::internal_teardown(&id);
-                }
-                Role::User => IdInner::remove_id_dev(&id, entry),
-            }
+            I::device_removed(&id, entry);
         }
         let release = {
             let mut st = lock(&entry.st);
@@ -469,7 +658,7 @@ impl<D: CmDevice> Shared<D> {
     // ------------------------------------------------------- addresses, ports
 
     /// The devices and their IPv4 configuration, for route selection.
-    pub(crate) fn route_snapshot(&self) -> (Vec<Arc<DevEntry<D>>>, Vec<DeviceRoutes>) {
+    pub(crate) fn route_snapshot(&self) -> (Vec<Arc<DevEntry<I>>>, Vec<DeviceRoutes>) {
         let entries = lock(&self.reg).devices.clone();
         let routes = entries
             .iter()
@@ -488,7 +677,7 @@ impl<D: CmDevice> Shared<D> {
     }
 
     /// The registered device that has address `ip`.
-    pub(crate) fn device_owning(&self, ip: Ipv4Addr) -> Option<Arc<DevEntry<D>>> {
+    pub(crate) fn device_owning(&self, ip: Ipv4Addr) -> Option<Arc<DevEntry<I>>> {
         let (entries, routes) = self.route_snapshot();
         crate::route::device_owning(&routes, ip).map(|i| entries[i].clone())
     }
@@ -498,7 +687,7 @@ impl<D: CmDevice> Shared<D> {
     /// kernel's port space without `SO_REUSEADDR`).
     pub(crate) fn reserve_port(&self, ip: Ipv4Addr, port: u16, owner: u64) -> Result<u16, CmError> {
         let mut reg = lock(&self.reg);
-        let conflict = |reg: &Reg<D>, p: u16| {
+        let conflict = |reg: &Reg<I>, p: u16| {
             reg.ports.iter().any(|r| {
                 r.port == p && (r.ip == ip || r.ip.is_unspecified() || ip.is_unspecified())
             })
@@ -537,7 +726,7 @@ impl<D: CmDevice> Shared<D> {
 
     /// Register a wildcard listener and create its internal listener on every device
     /// (cma.c's `cma_listen_on_all`).
-    pub(crate) fn listen_any(&self, listener: &Arc<IdInner<D>>) {
+    pub(crate) fn listen_any(&self, listener: &Arc<I>) {
         let _l = lock(&self.listen_lock);
         let devices = {
             let mut reg = lock(&self.reg);
@@ -545,7 +734,7 @@ impl<D: CmDevice> Shared<D> {
             reg.devices.clone()
         };
         for entry in &devices {
-            IdInner::create_internal(listener, entry);
+            I::create_internal(listener, entry);
         }
     }
 
@@ -554,14 +743,14 @@ impl<D: CmDevice> Shared<D> {
             let mut reg = lock(&self.reg);
             let (gone, kept) = core::mem::take(&mut reg.listen_any)
                 .into_iter()
-                .partition(|l| l.serial == serial);
+                .partition(|l| l.serial() == serial);
             reg.listen_any = kept;
             gone
         };
         drop(gone);
     }
 
-    fn stats(&self) -> RdmaCmStats {
+    pub(crate) fn stats(&self) -> RdmaCmStats {
         let c = &self.counters;
         let (jobs_pending, timers_pending) = {
             let q = lock(&self.jobs);
@@ -576,12 +765,12 @@ impl<D: CmDevice> Shared<D> {
 }
 
 /// What a registered device's [`DeviceNotifier`] reaches: its entry, and the worker.
-struct Notifier<D: CmDevice> {
-    shared: Arc<Shared<D>>,
-    entry: Arc<DevEntry<D>>,
+struct Notifier<I: RegId> {
+    shared: Arc<Shared<I>>,
+    entry: Arc<DevEntry<I>>,
 }
 
-impl<D: CmDevice> DeviceEvents for Notifier<D> {
+impl<I: RegId> DeviceEvents for Notifier<I> {
     fn removed(&self) {
         for id in self.entry.user_ids() {
             id.mark_device_removal();
@@ -598,361 +787,11 @@ impl<D: CmDevice> DeviceEvents for Notifier<D> {
     }
 }
 
-fn worker_main<D: CmDevice>(shared: Arc<Shared<D>>) {
+pub(crate) fn worker_main<I: RegId>(shared: Arc<Shared<I>>) {
     sync::set_on_worker(true);
     while let Some(job) = shared.next_job() {
         Shared::run(&shared, job);
         shared.job_done();
     }
     sync::set_on_worker(false);
-}
-
-// ------------------------------------------------------------------- the API
-
-/// The RDMA connection manager: a registry of devices, the ids, and the worker thread
-/// that delivers address, route, device-removal and address-change events (cma.c's
-/// `cma_wq` and the `ib_client` callbacks; connection events come from each device's
-/// iWARP CM worker). Generic over the device type `D` (see [`CmDevice`]).
-///
-/// Dropping it stops the worker (after its queued jobs) and joins it. Remove the
-/// devices first for an orderly end: ids and devices outlive it, but no address, route
-/// or removal event is delivered any more.
-pub struct RdmaCm<D: CmDevice> {
-    shared: Arc<Shared<D>>,
-    worker: Option<JoinHandle<()>>,
-}
-
-impl<D: CmDevice> fmt::Debug for RdmaCm<D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RdmaCm")
-            .field("name", &self.shared.config.name)
-            .field("stats", &self.shared.stats())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<D: CmDevice> RdmaCm<D> {
-    /// Start an RDMA CM with its worker thread.
-    ///
-    /// # Errors
-    /// [`CmError::Worker`] if the thread cannot be started.
-    pub fn new(config: RdmaCmConfig) -> Result<RdmaCm<D>, CmError> {
-        let name = config.name.clone();
-        let first_port = config.ephemeral_ports.0;
-        let shared = Arc::new(Shared {
-            config,
-            counters: std::sync::Arc::new(Counters::default()),
-            next_serial: AtomicU64::new(0),
-            reg: Mutex::new(Reg {
-                devices: Vec::new(),
-                listen_any: Vec::new(),
-                ports: Vec::new(),
-                next_port: first_port,
-            }),
-            listen_lock: Mutex::new(()),
-            jobs: Mutex::new(JobQueue {
-                jobs: VecDeque::new(),
-                busy: 0,
-                running: true,
-                stopping: false,
-                #[cfg(not(loom))]
-                timers: Vec::new(),
-            }),
-            jobs_cv: Condvar::new(),
-            idle_cv: Condvar::new(),
-            #[cfg(not(loom))]
-            ids: std::sync::Mutex::new(std::collections::HashMap::new()),
-        });
-        let s2 = shared.clone();
-        let worker = sync::spawn(format!("{name}-worker"), move || worker_main(s2))
-            .map_err(|e| CmError::Worker(e.to_string()))?;
-        Ok(RdmaCm {
-            shared,
-            worker: Some(worker),
-        })
-    }
-
-    /// Register a device (cma.c's `cma_add_one`): start its iWARP CM instance, hand it
-    /// its [`DeviceNotifier`] ([`CmDevice::attached`]), and make every wildcard
-    /// listener listen on it too.
-    ///
-    /// # Errors
-    /// [`CmError::DuplicateDevice`] if a registered device has the same name;
-    /// [`CmError::Iw`] if its iWARP CM cannot start.
-    pub fn add_device(&self, dev: std::sync::Arc<D>) -> Result<(), CmError> {
-        let name = dev.name().to_string();
-        let _l = lock(&self.shared.listen_lock);
-        if lock(&self.shared.reg)
-            .devices
-            .iter()
-            .any(|d| d.name == name)
-        {
-            return Err(CmError::DuplicateDevice(name));
-        }
-        let iw = iw_cm::IwCm::new(dev.provider(), dev.iw_cm_config())?;
-        let entry = Arc::new(DevEntry {
-            serial: self.shared.next_serial(),
-            name: name.clone(),
-            dev: Mutex::new(Some(dev.clone())),
-            iw: Mutex::new(Some(iw)),
-            st: Mutex::new(DevSt {
-                removing: false,
-                processed: false,
-                release_queued: false,
-                released: false,
-                ids: Vec::new(),
-            }),
-            cv: Condvar::new(),
-        });
-        let listeners = {
-            let mut reg = lock(&self.shared.reg);
-            reg.devices.push(entry.clone());
-            reg.listen_any.clone()
-        };
-        bump(&self.shared.counters.devices_held);
-        bump(&self.shared.counters.devices_added);
-        tracing::info!(device = %name, "device added");
-        dev.attached(DeviceNotifier::new(std::sync::Arc::new(Notifier {
-            shared: self.shared.clone(),
-            entry: entry.clone(),
-        })));
-        for l in &listeners {
-            IdInner::create_internal(l, &entry);
-        }
-        Ok(())
-    }
-
-    /// Remove a device now, on the calling thread (cma.c's `cma_remove_one`): it stops
-    /// being chosen by routes and listens; its wildcard internal listeners are
-    /// destroyed silently; every other id bound to it, under its callback
-    /// serialization, gets exactly one `DeviceRemoval` unless its destroy was already
-    /// asked (its QP first moved to ERROR). `DeviceRemoval` callbacks run on this
-    /// thread. Returns once every id was handled; the device itself is released when
-    /// the last id bound to it is destroyed: see [`Removal`]. A device that reports its
-    /// own removal uses [`DeviceNotifier::removed`] instead (same steps, on the
-    /// worker).
-    ///
-    /// # Errors
-    /// [`CmError::InCallback`] from inside a callback (it could wait for that callback);
-    /// [`CmError::NoSuchDevice`].
-    pub fn remove_device(&self, name: &str) -> Result<Removal<D>, CmError> {
-        if sync::in_callback() {
-            return Err(CmError::InCallback {
-                op: "remove_device",
-            });
-        }
-        let entry = lock(&self.shared.reg)
-            .devices
-            .iter()
-            .find(|d| d.name == name)
-            .cloned()
-            .ok_or_else(|| CmError::NoSuchDevice(name.to_string()))?;
-        Shared::process_removal(&self.shared, &entry);
-        Ok(Removal { entry })
-    }
-
-    /// The names of the registered devices (not being removed), in the order added.
-    pub fn devices(&self) -> Vec<String> {
-        lock(&self.shared.reg)
-            .devices
-            .iter()
-            .map(|d| d.name.clone())
-            .collect()
-    }
-
-    /// Create an id whose events go to `handler` (`rdma_create_id` with a callback, the
-    /// kernel API).
-    pub fn create_id<H: Handler<D>>(&self, handler: H) -> CmId<D> {
-        self.create_id_shared(std::sync::Arc::new(handler))
-    }
-
-    /// [`RdmaCm::create_id`] with a handler shared with other ids.
-    pub fn create_id_shared(&self, handler: std::sync::Arc<dyn Handler<D>>) -> CmId<D> {
-        CmId::from_inner(IdInner::new(
-            &self.shared,
-            Role::User,
-            Delivery::Callback(handler),
-            IdState::Idle,
-        ))
-    }
-
-    /// Create an event channel (`rdma_create_event_channel`).
-    pub fn create_event_channel(&self) -> EventChannel<D> {
-        EventChannel {
-            inner: ChanInner::new(self.shared.counters.clone()),
-        }
-    }
-
-    /// Create an id whose events go to `channel` (`rdma_create_id` with a channel,
-    /// librdmacm).
-    pub fn create_id_with_channel(&self, channel: &EventChannel<D>) -> CmId<D> {
-        CmId::from_inner(IdInner::new(
-            &self.shared,
-            Role::User,
-            Delivery::Channel(channel.inner.clone()),
-            IdState::Idle,
-        ))
-    }
-
-    /// A snapshot of the counters.
-    pub fn stats(&self) -> RdmaCmStats {
-        self.shared.stats()
-    }
-
-    /// Wait until the worker has nothing queued or running (address, route, removal
-    /// and address-change jobs; not pending resolution timeouts).
-    ///
-    /// # Errors
-    /// [`CmError::InCallback`] from a callback or the worker thread.
-    pub fn flush(&self) -> Result<(), CmError> {
-        if sync::in_callback() || sync::on_worker() {
-            return Err(CmError::InCallback { op: "flush" });
-        }
-        let mut q = lock(&self.shared.jobs);
-        while !(q.jobs.is_empty() && q.busy == 0) && q.running {
-            q = wait(&self.shared.idle_cv, q);
-        }
-        Ok(())
-    }
-
-    /// A human-readable dump: counters, devices, and every live id (for watchdogs).
-    pub fn dump_state(&self) -> String {
-        use core::fmt::Write;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "rdma-cm {}: {:?}",
-            self.shared.config.name,
-            self.stats()
-        );
-        let devices = lock(&self.shared.reg).devices.clone();
-        for d in &devices {
-            let st = lock(&d.st);
-            let _ = writeln!(
-                out,
-                "  device {} #{}: removing={} ids={}",
-                d.name,
-                d.serial,
-                st.removing,
-                st.ids.len()
-            );
-        }
-        #[cfg(not(loom))]
-        {
-            let ids: Vec<_> = {
-                let reg = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
-                let mut v: Vec<_> = reg.values().filter_map(|w| w.upgrade()).collect();
-                v.sort_by_key(|i| i.serial);
-                v
-            };
-            for id in &ids {
-                let _ = writeln!(out, "  {}", id.describe());
-            }
-        }
-        out
-    }
-
-    /// Stop the worker after its queued jobs and join it.
-    ///
-    /// # Errors
-    /// [`CmError::InCallback`] on the worker (from a callback), where it would join
-    /// itself; the worker is then told to stop but not joined.
-    pub fn shutdown(mut self) -> Result<(), CmError> {
-        self.stop()
-    }
-
-    fn stop(&mut self) -> Result<(), CmError> {
-        lock(&self.shared.jobs).stopping = true;
-        self.shared.jobs_cv.notify_all();
-        if sync::on_worker() {
-            self.worker = None;
-            return Err(CmError::InCallback { op: "shutdown" });
-        }
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
-        Ok(())
-    }
-}
-
-impl<D: CmDevice> Drop for RdmaCm<D> {
-    fn drop(&mut self) {
-        let _ = self.stop();
-    }
-}
-
-/// A device removal in progress ([`RdmaCm::remove_device`]): the device is released
-/// (its iWARP CM shut down, [`CmDevice::released`] called, the registry's reference
-/// dropped) when the last id bound to it is destroyed.
-pub struct Removal<D: CmDevice> {
-    entry: Arc<DevEntry<D>>,
-}
-
-impl<D: CmDevice> fmt::Debug for Removal<D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Removal")
-            .field("device", &self.entry.name)
-            .field("released", &self.is_released())
-            .finish()
-    }
-}
-
-impl<D: CmDevice> Removal<D> {
-    /// The device's name.
-    pub fn device_name(&self) -> &str {
-        &self.entry.name
-    }
-
-    /// Ids still bound to the device.
-    pub fn ids_bound(&self) -> usize {
-        lock(&self.entry.st).ids.len()
-    }
-
-    /// Whether the device was released.
-    pub fn is_released(&self) -> bool {
-        lock(&self.entry.st).released
-    }
-
-    /// Wait until the device is released (cma.c's `wait_for_completion(&cma_dev->comp)`).
-    ///
-    /// # Errors
-    /// [`CmError::InCallback`] from a callback or the worker (the release may need
-    /// them).
-    pub fn wait(&self) -> Result<(), CmError> {
-        if sync::in_callback() || sync::on_worker() {
-            return Err(CmError::InCallback {
-                op: "Removal::wait",
-            });
-        }
-        let mut st = lock(&self.entry.st);
-        while !st.released {
-            st = wait(&self.entry.cv, st);
-        }
-        Ok(())
-    }
-
-    /// [`Removal::wait`] for at most `timeout`.
-    ///
-    /// # Errors
-    /// As `wait`; [`CmError::Timeout`] if ids are still bound after `timeout`.
-    #[cfg(not(loom))]
-    pub fn wait_timeout(&self, timeout: std::time::Duration) -> Result<(), CmError> {
-        if sync::in_callback() || sync::on_worker() {
-            return Err(CmError::InCallback {
-                op: "Removal::wait",
-            });
-        }
-        let deadline = std::time::Instant::now() + timeout;
-        let mut st = lock(&self.entry.st);
-        while !st.released {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Err(CmError::Timeout {
-                    what: "the device's release",
-                });
-            }
-            st = sync::wait_timeout(&self.entry.cv, st, deadline - now);
-        }
-        Ok(())
-    }
 }

@@ -4,11 +4,10 @@
 //! Each takes the id's `ops` lock, checks and writes the state through the machine,
 //! and calls the device or the iWARP CM outside `st`.
 
-use super::{CmId, CmIdRef, IdInner, IdSt};
+use super::{CmId, CmIdRef, IdInner, IdSt, Job};
 use crate::device::{CmDevice, NeighborDone, NeighborRequest, QpOf, ResolveError};
 use crate::error::CmError;
 use crate::machine::{step, IdState, Input, Refused};
-use crate::registry::Job;
 use crate::route::RouteError;
 use crate::sync::{lock, Arc};
 use core::fmt;

@@ -3,11 +3,12 @@
 //! connection requests (`iw_conn_req_handler`), and the internal listeners of a
 //! wildcard listen (`cma_listen_on_dev`).
 
-use super::{call_handler, CmEvent, CmId, CmIdRef, Delivery, IdInner, IwHandler, Queued, Role};
+use super::{
+    call_handler, CmEvent, CmId, CmIdRef, Delivery, DevEntry, IdInner, IwHandler, Queued, Role,
+};
 use crate::device::{CmDevice, NeighborResult, ResolveError};
 use crate::event::{map_iw_event, Disposition, EventKind, IwEventKind};
 use crate::machine::{IdState, Input, IwInput};
-use crate::registry::DevEntry;
 use crate::stats::{bump, sub};
 use crate::sync::{lock, Arc};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

@@ -29,11 +29,11 @@
 //! so once an id is marked nothing new is delivered, except the one `DeviceRemoval`
 //! whose own check sees `DEVICE_REMOVAL` still there.
 
-use crate::device::{CmDevice, QpOf};
+use crate::device::{CmDevice, NeighborResult, QpOf};
 use crate::error::CmError;
 use crate::event::{Disposition, EventKind};
 use crate::machine::{IdState, Input, Refused, StateCell};
-use crate::registry::{DevEntry, RuleBreak, Shared};
+use crate::registry::{self, RegId, RuleBreak};
 use crate::stats::{bump, sub};
 use crate::sync::{self, lock, wait, Arc, Condvar, Mutex, MutexGuard};
 use core::fmt;
@@ -44,6 +44,12 @@ mod handlers;
 mod removal;
 
 pub(crate) type IwId<D> = iw_cm::CmId<<D as CmDevice>::Provider>;
+/// The registry shared by the ids of one RDMA CM, with this module's id type.
+pub(crate) type Shared<D> = registry::Shared<IdInner<D>>;
+/// A registered device, with this module's id type.
+pub(crate) type DevEntry<D> = registry::DevEntry<IdInner<D>>;
+/// A job for the RDMA CM's worker, with this module's id type.
+pub(crate) type Job<D> = registry::Job<IdInner<D>>;
 type IwHandler<D> = std::sync::Arc<dyn iw_cm::EventHandler<<D as CmDevice>::Provider>>;
 
 /// Where an id's events go.
@@ -466,6 +472,50 @@ impl<D: CmDevice> Drop for IdInner<D> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.serial);
+    }
+}
+
+/// What the registry (below this module) does to an id.
+impl<D: CmDevice> RegId for IdInner<D> {
+    type Device = D;
+
+    fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    fn is_user(&self) -> bool {
+        matches!(self.role, Role::User)
+    }
+
+    fn mark_device_removal(&self) {
+        IdInner::mark_device_removal(self);
+    }
+
+    fn addr_done(
+        this: &Arc<Self>,
+        gen: u64,
+        entry: Option<Arc<DevEntry<D>>>,
+        src: Ipv4Addr,
+        next_hop: Ipv4Addr,
+        result: NeighborResult,
+    ) {
+        IdInner::addr_done(this, gen, entry, src, next_hop, result);
+    }
+
+    fn route_done(this: &Arc<Self>, gen: u64) {
+        IdInner::route_done(this, gen);
+    }
+
+    fn addr_change(this: &Arc<Self>) {
+        IdInner::addr_change(this);
+    }
+
+    fn device_removed(this: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
+        IdInner::device_removed(this, entry);
+    }
+
+    fn create_internal(listener: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
+        IdInner::create_internal(listener, entry);
     }
 }
 

@@ -1,11 +1,10 @@
 //! The per-id part of device removal (cma.c's `cma_remove_id_dev`), and `AddrChange`.
 
-use super::CmEvent;
-use super::IdInner;
+use super::{CmEvent, DevEntry, IdInner, Role};
 use crate::device::CmDevice;
 use crate::event::EventKind;
 use crate::machine::{IdState, Input};
-use crate::registry::{DevEntry, RuleBreak};
+use crate::registry::RuleBreak;
 use crate::stats::bump;
 use crate::sync::{lock, Arc};
 
@@ -18,6 +17,21 @@ impl<D: CmDevice> IdInner<D> {
         let mut st = lock(&self.st);
         if let Ok(from) = self.exch(&mut st, Input::DeviceRemovalReported) {
             tracing::debug!(parent: &self.span, %from, "-> RDMA_CM_DEVICE_REMOVAL (device reported removal)");
+        }
+    }
+
+    /// The per-id step of the removal of `entry` (cma.c's `cma_process_remove` loop
+    /// body): an internal listener of a wildcard listen is destroyed silently, a user
+    /// id gets [`Self::remove_id_dev`].
+    pub(crate) fn device_removed(this: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
+        match &this.role {
+            Role::Internal { parent } => {
+                if this.shared.breaks(RuleBreak::RemovalHitsWildcardListener) {
+                    IdInner::remove_id_dev(parent, entry);
+                }
+                IdInner::internal_teardown(this);
+            }
+            Role::User => IdInner::remove_id_dev(this, entry),
         }
     }
 
