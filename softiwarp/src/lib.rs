@@ -129,7 +129,7 @@
 //! # Layers
 //!
 //! One folder per layer, bottom up (as smoltcp's `phy/ iface/ socket/`); a folder uses
-//! only the folders listed before it (`scripts/module-cycles.sh` prints the module graph
+//! only the folders listed before it (`scripts/modgraph.py softiwarp/src` prints the module graph
 //! and fails on a cycle):
 //!
 //! | folder | owns | may touch |

@@ -59,15 +59,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{
     CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, Handler, IdState, RdmaCmConfig,
 };
 use serde::{Deserialize, Serialize};
-use softiwarp::{Device, DeviceConfig, LinkConfig};
 use softiwarp::cm::iwcm::SoftQp;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::transport::smoltcp_glue::TcpConfig;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 use verbs::{AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, WcStatus};
 
 /// The TCP port the server listens on.

@@ -6,10 +6,9 @@
 //! exactly-once events, every posted WR completed and nothing left in the registries
 //! (design.md section 5, rdma-cm).
 
-
+use crate::support::*;
 use iw_cm::ProviderError;
 use rdma_cm::{CmError, CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind};
-use crate::support::*;
 use softiwarp::cm::rdmacm::SoftDevice;
 use std::net::SocketAddr;
 use std::sync::mpsc;

@@ -4,9 +4,8 @@
 //! delivering exactly one `DeviceRemoval` and flushing every posted WR (design.md
 //! section 5, rdma-cm rules 3 and 4).
 
-
-use rdma_cm::{CmId, ConnParam, EventChannel, EventKind};
 use crate::support::*;
+use rdma_cm::{CmId, ConnParam, EventChannel, EventKind};
 use softiwarp::cm::rdmacm::SoftDevice;
 use std::net::SocketAddr;
 use std::sync::mpsc;

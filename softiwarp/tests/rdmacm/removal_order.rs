@@ -15,9 +15,8 @@
 //! of one id never overlap nor run on a device thread; every posted WR completes
 //! flushed; the device is released once its ids are gone; nothing hangs (watchdogs).
 
-
-use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind, IdState};
 use crate::support::*;
+use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind, IdState};
 use softiwarp::cm::rdmacm::SoftDevice;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -20,11 +20,11 @@
 
 use crate::cm_support as support;
 
+use crate::support::*;
 use rdma_cm::{
     CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind as K, RdmaCmConfig,
     Removal,
 };
-use crate::support::*;
 use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};

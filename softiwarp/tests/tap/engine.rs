@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use netlab::netns::{is_root, unique_tag, TapPair, TapPairConfig};
-use softiwarp::{Device, DeviceConfig, LinkConfig};
 use softiwarp::transport::{CloseMode, ConnEvent, MpaParams};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(20);

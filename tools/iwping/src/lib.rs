@@ -37,8 +37,8 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use rdma_cm::{CmError, CmId, CmIdRef, ConnParam, EventChannel, EventKind};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::CqError;
 use softiwarp::{Cq, Mr, Pd, QpInitAttr};
 use verbs::{
@@ -816,8 +816,8 @@ fn run_server(
 mod tests {
     use super::*;
     use rdma_cm::RdmaCmConfig;
-    use softiwarp::{Device, DeviceConfig, LinkConfig};
     use softiwarp::link::{MemoryConfig, MemoryLink};
+    use softiwarp::{Device, DeviceConfig, LinkConfig};
     use std::sync::Arc;
 
     const SERVER: Ipv4Addr = Ipv4Addr::new(10, 8, 0, 2);

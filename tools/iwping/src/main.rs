@@ -22,8 +22,8 @@ use iwping::rping;
 use iwping::{run, PingOptions, Role};
 use mpa::negotiate::CrcPolicy;
 use mpa::wire::RtrKinds;
-use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use rdma_cm::RdmaCmConfig;
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::{Device, DeviceConfig, LinkConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
