@@ -40,7 +40,7 @@
 //!    for what step 4 consumed (the ACKs of step 2 advertised the window before it): a
 //!    sender's window edge then seldom falls inside a full-sized FPDU (at MTU 65000 with
 //!    256 KiB buffers, without this pass 170 of 400 such FPDUs left as two segments:
-//!    `engine_pair.rs` `full_sized_fpdus_leave_whole_at_a_large_mtu`);
+//!    `softiwarp/tests/engine/pair.rs` `full_sized_fpdus_leave_whole_at_a_large_mtu`);
 //! 6. the next deadline: the earliest of smoltcp's `poll_at`, the MPA startup timers, TCP
 //!    connect deadlines and Terminate linger deadlines, or `now` when work was left over.
 //!

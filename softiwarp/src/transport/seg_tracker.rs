@@ -308,7 +308,7 @@ impl SegTracker {
         // pure ACKs (their window decides how many FPDUs `Conn::tx` writes ahead) are
         // verified, as smoltcp verifies them: a window from a frame smoltcp dropped would
         // be ahead of smoltcp's, and every FPDU written ahead into it would straddle two
-        // segments (breaker_batching.rs). Data segments are not looked at.
+        // segments (softiwarp/tests/engine/batching.rs). Data segments are not looked at.
         let Some(&flags) = frame
             .get(field::IPV4_VER_IHL)
             .map(|b| usize::from(b & 0x0f) * 4)
