@@ -147,6 +147,27 @@ impl<D: CmDevice> RdmaCm<D> {
         Ok(())
     }
 
+    /// Waits (at most `timeout`) until every id has been freed, then returns the
+    /// counters. An id is freed on its last reference (rule 2, cma.c's `cma_id_put`),
+    /// which a worker may still hold a moment after `destroy` returned (an event in
+    /// delivery, a resolution job, a device's shutdown completing the resolutions it
+    /// held): this flushes the worker and polls every 2 ms. `ids_alive` in the result is
+    /// 0 unless an id really is still alive at the deadline (a leak, or a user's handle).
+    ///
+    /// # Errors
+    /// [`CmError::InCallback`] from a callback or the worker thread (as [`RdmaCm::flush`]).
+    pub fn wait_ids_freed(&self, timeout: std::time::Duration) -> Result<RdmaCmStats, CmError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            self.flush()?;
+            let s = self.stats();
+            if s.ids_alive == 0 || std::time::Instant::now() >= deadline {
+                return Ok(s);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     /// A human-readable dump: counters, devices, and every live id (for watchdogs).
     pub fn dump_state(&self) -> String {
         use core::fmt::Write;

@@ -803,3 +803,22 @@ fn async_stream_of_a_channel() {
 async fn next_item<S: futures_core::Stream + Unpin>(s: &mut S) -> Option<S::Item> {
     std::future::poll_fn(|cx| std::pin::Pin::new(&mut *s).poll_next(cx)).await
 }
+
+#[test]
+fn wait_ids_freed_counts_only_ids_still_referenced() {
+    let w = world();
+    let (kept, _rx) = client(&w.cm);
+    let (gone, _rx2) = client(&w.cm);
+    gone.destroy().expect("destroy");
+    // One id is still held by its user: after the timeout it is counted.
+    let t0 = std::time::Instant::now();
+    let s =
+        w.cm.wait_ids_freed(Duration::from_millis(50))
+            .expect("wait");
+    assert_eq!(s.ids_alive, 1);
+    assert!(t0.elapsed() >= Duration::from_millis(50));
+    kept.destroy().expect("destroy");
+    let s = w.cm.wait_ids_freed(Duration::from_secs(5)).expect("wait");
+    assert_eq!(s.ids_alive, 0);
+    finish(w);
+}

@@ -615,7 +615,18 @@ impl CmSide {
         while let Ok(ev) = self.rx.try_recv() {
             drop(ev.new_id);
         }
-        let alive = self.cm.as_ref().map_or(0, ids_alive_after_release);
+        // An id is freed on its last reference, which a CM worker may hold a moment
+        // after destroy returned: wait (at most 1 s) before counting what is left.
+        let alive =
+            self.cm
+                .as_ref()
+                .map_or(0, |cm| match cm.wait_ids_freed(Duration::from_secs(1)) {
+                    Ok(s) => s.ids_alive,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "rdma-cm flush");
+                        cm.stats().ids_alive
+                    }
+                });
         if let Some(cm) = self.cm.take() {
             // Remove the device before the shutdown: the registry then lets it go
             // (`released`), which ends the SoftDevice's hold on the CM and the device's
@@ -635,24 +646,5 @@ impl CmSide {
             }
         }
         alive
-    }
-}
-
-/// The CM's count of ids still alive once every destroyed id has been freed: an id is
-/// freed on its last reference (rdma-cm rule 2, as cma.c's `cma_id_put`), which a CM or
-/// iw-cm worker may still hold for a moment after `destroy` returned (an event in
-/// delivery, a resolution job). Flushes the worker and waits at most 1 s for the count to
-/// reach 0, then returns it (0 unless an id really was left alive).
-fn ids_alive_after_release(cm: &SoftRdmaCm) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
-        if let Err(e) = cm.flush() {
-            tracing::debug!(error = %e, "rdma-cm flush");
-        }
-        let alive = cm.stats().ids_alive;
-        if alive == 0 || Instant::now() >= deadline {
-            return alive;
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
