@@ -180,6 +180,14 @@ impl Mr {
         self.mr.stag()
     }
 
+    /// A random 8-bit key for the next fast registration of this MR
+    /// ([`verbs::FastReg::key`]), other than the current one: the registration then
+    /// re-keys the STag, which it must (a fast registration with the previous
+    /// registration's key fails with [`VerbsError::InvalidArgument`] `"key"`).
+    pub fn fresh_key(&self) -> u8 {
+        self.pd.handle.mrs.fresh_key(&self.mr)
+    }
+
     /// The lkey, for local SGEs (`ibv_mr.lkey`): the STag.
     pub fn lkey(&self) -> Lkey {
         self.mr.stag()

@@ -11,9 +11,35 @@
 //!   Tagged Offset (TO) on the wire (RFC 5040 §2; RFC 5041 §4.1).
 //! - The **STag** is `index << 8 | key` as in Linux siw (`siw_mem.c`): the 24-bit
 //!   index names the MR's slot in the [`MrTable`], the 8-bit key is the consumer key.
-//!   Index 0 is never handed out (siw avoids STag 0 too). A freed index is reused
-//!   last (FIFO) and the new registration gets the slot's previous key plus one, so a
-//!   stale STag held by a peer stops matching.
+//!   Index 0 is never handed out (siw avoids STag 0 too).
+//!
+//! # Unguessable STags
+//!
+//! A peer that could predict STags could aim Writes and Reads at MRs never
+//! advertised to it. As Linux siw (`siw_mem_add` / `siw_mr_add_mem` draw a random
+//! start for `xa_alloc_cyclic` over indices 1..2^24 - 1 on every registration), the
+//! table draws its STags at random:
+//!
+//! - **Index.** Slot `s` of the table (a dense array, so a lookup is one multiply,
+//!   one add and one array access: O(1)) answers to STag index
+//!   `(mul * s + add) mod 2^24`, a bijection on 24 bits with `add` random (the
+//!   random starting index) and `mul` random, odd and neither 1 nor 2^24 - 1, so two
+//!   consecutively created slots never have adjacent indices. The lookup applies the
+//!   inverse map, `(mul^-1 * (index - add)) mod 2^24`. The slot that would map to
+//!   index 0 is skipped.
+//! - **Key.** Every registration ([`MrTable::reg_mr`], [`MrTable::alloc_mr`]) draws
+//!   a fresh random 8-bit key, different from the key of the slot's previous
+//!   registration, so a stale STag held by a peer never matches a reused slot. A
+//!   freed slot is reused last (FIFO).
+//! - **Fast registration** takes the key the consumer puts in the [`FastReg`] WR (the
+//!   verbs rule: `ib_update_fast_reg_key` / `ibv_inc_rkey`, siw `siw_fastreg` copies
+//!   it), but refuses to re-register with the key of the MR's previous registration,
+//!   so re-keying really changes the STag a peer holds; [`MrTable::fresh_key`] draws
+//!   a random key for it.
+//!
+//! The generator is a ChaCha8 stream owned by the table, seeded from the OS through
+//! std's `RandomState` ([`MrTable::new`]) or from a fixed seed for tests
+//! ([`MrTable::with_seed`]).
 //!
 //! # Checks
 //!
@@ -56,8 +82,12 @@
 //! crate-private.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use ddp_rdmap::terminate::{DdpTaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode};
 use verbs::{AccessFlags, FastReg, ObjectKind, Stag, VerbsError};
@@ -202,6 +232,9 @@ impl ProtectionError {
 #[derive(Debug)]
 struct MrInner {
     key: u8,
+    /// The key of the latest fast registration, which a fast registration may not
+    /// reuse (`None` before the first one, and for [`MrTable::reg_mr`] MRs).
+    fast_reg_key: Option<u8>,
     iova: u64,
     length: u64,
     access: AccessFlags,
@@ -456,15 +489,103 @@ struct Slot {
     last_key: Option<u8>,
 }
 
+/// Number of STag indices (24 bits).
+const INDEX_SPACE: u32 = 1 << 24;
+const INDEX_MASK: u32 = INDEX_SPACE - 1;
+
+/// The random bijection between slot numbers and STag indices (see "Unguessable
+/// STags" in the [module documentation](self)): `index = (mul * slot + add) mod 2^24`.
+#[derive(Debug, Clone, Copy)]
+struct IndexMap {
+    /// Odd, neither 1 nor 2^24 - 1.
+    mul: u32,
+    /// `mul`'s inverse modulo 2^24.
+    inv: u32,
+    /// The index of slot 0: the random starting index.
+    add: u32,
+}
+
+impl IndexMap {
+    fn random(rng: &mut ChaCha8Rng) -> IndexMap {
+        let mul = loop {
+            let m = (rng.next_u32() & INDEX_MASK) | 1;
+            if m != 1 && m != INDEX_MASK {
+                break m;
+            }
+        };
+        // Newton's iteration for the inverse modulo 2^24: each step doubles the
+        // number of correct low bits (an odd `mul` is its own inverse mod 8).
+        let mut inv = mul;
+        for _ in 0..4 {
+            inv = inv.wrapping_mul(2u32.wrapping_sub(mul.wrapping_mul(inv)));
+        }
+        IndexMap {
+            mul,
+            inv: inv & INDEX_MASK,
+            add: rng.next_u32() & INDEX_MASK,
+        }
+    }
+
+    /// The STag index of slot `slot`.
+    fn index(self, slot: u32) -> u32 {
+        self.mul.wrapping_mul(slot).wrapping_add(self.add) & INDEX_MASK
+    }
+
+    /// The slot of STag index `index` (any 24-bit value; the slot may not exist).
+    fn slot(self, index: u32) -> u32 {
+        self.inv.wrapping_mul(index.wrapping_sub(self.add)) & INDEX_MASK
+    }
+}
+
 #[derive(Debug)]
 struct Table {
-    /// Slot `i` holds the MR of STag index `i`; slot 0 is never used.
+    /// Slot `s` holds the MR of STag index `map.index(s)`; the slot mapping to
+    /// index 0 is never used.
     slots: Vec<Slot>,
+    /// Freed slot numbers, reused first in, first out.
     free: VecDeque<u32>,
+    /// Slots handed out so far (the slot of index 0 not counted).
+    made: u32,
     max_mrs: u32,
+    map: IndexMap,
+    rng: ChaCha8Rng,
     /// Live PDs and the number of MRs in each.
     pds: HashMap<u32, usize>,
     next_pd: u32,
+}
+
+impl Table {
+    /// A random key other than `avoid`.
+    fn key_other_than(&mut self, avoid: Option<u8>) -> u8 {
+        loop {
+            let k = (self.rng.next_u32() & 0xff) as u8;
+            if Some(k) != avoid {
+                return k;
+            }
+        }
+    }
+
+    /// The slot holding STag index `index`, if the table made it.
+    fn slot(&self, index: u32) -> Option<&Slot> {
+        if index == 0 || index > INDEX_MASK {
+            return None;
+        }
+        self.slots.get(self.map.slot(index) as usize)
+    }
+
+    fn slot_mut(&mut self, index: u32) -> Option<&mut Slot> {
+        if index == 0 || index > INDEX_MASK {
+            return None;
+        }
+        let s = self.map.slot(index) as usize;
+        self.slots.get_mut(s)
+    }
+}
+
+/// A seed from the OS: std's `RandomState` keys its hashers with random bytes the
+/// OS provides (once per thread, then varied per `RandomState`).
+fn os_seed() -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(0x5749_4152_5053_5441u64)
 }
 
 /// The STag table of one device: PDs, and the MRs by STag index (siw's `mem_xa`).
@@ -484,19 +605,31 @@ impl Default for MrTable {
 }
 
 impl MrTable {
-    /// An empty table handing out up to [`DEFAULT_MAX_MRS`] STag indices.
+    /// An empty table handing out up to [`DEFAULT_MAX_MRS`] STag indices, its STags
+    /// drawn from a generator seeded by the OS.
     pub fn new() -> MrTable {
         MrTable::with_max_mrs(DEFAULT_MAX_MRS)
     }
 
     /// An empty table handing out up to `max_mrs` STag indices (clamped to
-    /// [`Stag::MAX_INDEX`]).
+    /// [`Stag::MAX_INDEX`]), its STags drawn from a generator seeded by the OS.
     pub fn with_max_mrs(max_mrs: u32) -> MrTable {
+        MrTable::with_seed(max_mrs, os_seed())
+    }
+
+    /// As [`MrTable::with_max_mrs`] with the STag generator seeded by `seed`: the
+    /// same seed and the same calls give the same STags (for tests).
+    pub fn with_seed(max_mrs: u32, seed: u64) -> MrTable {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let map = IndexMap::random(&mut rng);
         MrTable {
             inner: RwLock::new(Table {
-                slots: vec![Slot::default()],
+                slots: Vec::new(),
                 free: VecDeque::new(),
+                made: 0,
                 max_mrs: max_mrs.min(Stag::MAX_INDEX),
+                map,
+                rng,
                 pds: HashMap::new(),
                 next_pd: 1,
             }),
@@ -584,6 +717,7 @@ impl MrTable {
         }
         self.insert(pd, length, false, |key, data| MrInner {
             key,
+            fast_reg_key: None,
             iova,
             length,
             access,
@@ -606,6 +740,7 @@ impl MrTable {
         }
         self.insert(pd, max_len, true, |key, data| MrInner {
             key,
+            fast_reg_key: None,
             iova: 0,
             length: 0,
             access: AccessFlags::empty(),
@@ -638,25 +773,28 @@ impl MrTable {
                 handle: pd.0,
             });
         }
-        let index = match t.free.pop_front() {
-            Some(i) => i,
+        let slot = match t.free.pop_front() {
+            Some(s) => s,
             None => {
-                let i = u32::try_from(t.slots.len()).unwrap_or(u32::MAX);
-                if i > t.max_mrs {
+                if t.made >= t.max_mrs {
                     return Err(VerbsError::OutOfResources {
                         what: "STag indices",
                     });
                 }
+                let mut s = u32::try_from(t.slots.len()).unwrap_or(u32::MAX);
+                if t.map.index(s) == 0 {
+                    // The slot of index 0 stays empty forever.
+                    t.slots.push(Slot::default());
+                    s += 1;
+                }
                 t.slots.push(Slot::default());
-                i
+                t.made += 1;
+                s
             }
         };
-        let Some(slot) = t.slots.get_mut(index as usize) else {
-            return Err(VerbsError::OutOfResources {
-                what: "STag indices",
-            });
-        };
-        let key = slot.last_key.map_or(0, |k| k.wrapping_add(1));
+        let index = t.map.index(slot);
+        let last_key = t.slots.get(slot as usize).and_then(|s| s.last_key);
+        let key = t.key_other_than(last_key);
         let mr = Arc::new(MemoryRegion {
             index,
             fast_reg,
@@ -664,7 +802,7 @@ impl MrTable {
             dead: AtomicBool::new(false),
             inner: Mutex::new(make(key, data)),
         });
-        if let Some(slot) = t.slots.get_mut(index as usize) {
+        if let Some(slot) = t.slots.get_mut(slot as usize) {
             slot.mr = Some(Arc::clone(&mr));
             slot.last_key = Some(key);
         }
@@ -683,8 +821,7 @@ impl MrTable {
     pub fn dereg_mr(&self, mr: &MemoryRegion) -> Result<(), VerbsError> {
         let mut t = self.write();
         let registered = t
-            .slots
-            .get(mr.index as usize)
+            .slot(mr.index)
             .and_then(|s| s.mr.as_ref())
             .is_some_and(|m| core::ptr::eq(Arc::as_ptr(m), mr));
         if !registered {
@@ -699,10 +836,11 @@ impl MrTable {
             g.pd
         };
         mr.dead.store(true, Ordering::Release);
-        if let Some(slot) = t.slots.get_mut(mr.index as usize) {
+        if let Some(slot) = t.slot_mut(mr.index) {
             slot.mr = None;
         }
-        t.free.push_back(mr.index);
+        let slot = t.map.slot(mr.index);
+        t.free.push_back(slot);
         if let Some(n) = t.pds.get_mut(&pd.0) {
             *n = n.saturating_sub(1);
         }
@@ -712,10 +850,7 @@ impl MrTable {
     /// The MR registered under `stag`'s index, whatever its key and state (check 1
     /// of the module documentation; the other checks are the caller's).
     pub fn lookup(&self, stag: Stag) -> Option<Arc<MemoryRegion>> {
-        self.read()
-            .slots
-            .get(stag.index() as usize)
-            .and_then(|s| s.mr.clone())
+        self.read().slot(stag.index()).and_then(|s| s.mr.clone())
     }
 
     /// Number of registered MRs.
@@ -762,7 +897,9 @@ impl MrTable {
     /// [`VerbsError::InvalidHandle`] (no MR at that index),
     /// [`VerbsError::NotPermitted`] (`"fast registration of a reg_mr MR"`, or
     /// `"foreign PD"` when the MR is not in `pd`), [`VerbsError::InvalidArgument`]
-    /// `"MR already valid"` (a valid MR must be invalidated first),
+    /// `"MR already valid"` (a valid MR must be invalidated first) or `"key"`
+    /// (`reg.key` is the key of the MR's previous fast registration: re-keying is
+    /// required, see "Unguessable STags" in the [module documentation](self)),
     /// [`VerbsError::InvalidAccessFlags`], [`VerbsError::InvalidArgument`]
     /// `"length"` / `"iova"`, [`VerbsError::MrOutOfBounds`] (`length` above the
     /// MR's capacity).
@@ -792,6 +929,9 @@ impl MrTable {
                 what: "MR already valid",
             });
         }
+        if g.fast_reg_key == Some(reg.key) {
+            return Err(VerbsError::InvalidArgument { what: "key" });
+        }
         if reg.length > mr.capacity as u64 {
             return Err(VerbsError::MrOutOfBounds {
                 addr: reg.iova,
@@ -801,16 +941,24 @@ impl MrTable {
             });
         }
         g.key = reg.key;
+        g.fast_reg_key = Some(reg.key);
         g.iova = reg.iova;
         g.length = reg.length;
         g.access = reg.access;
         g.state = MrState::Valid;
         drop(g);
         let mut t = self.write();
-        if let Some(slot) = t.slots.get_mut(mr.index as usize) {
+        if let Some(slot) = t.slot_mut(mr.index) {
             slot.last_key = Some(reg.key);
         }
         Ok(())
+    }
+
+    /// A random 8-bit key for the next fast registration of `mr` ([`FastReg::key`]):
+    /// different from `mr`'s current key, so the registration re-keys the STag.
+    pub fn fresh_key(&self, mr: &MemoryRegion) -> u8 {
+        let current = mr.lock().key;
+        self.write().key_other_than(Some(current))
     }
 
     /// Invalidates `stag` for a QP of `pd`: a Local Invalidate WR
@@ -865,24 +1013,28 @@ mod tests {
         let pd = t.alloc_pd().unwrap();
         let a = t.reg_mr(pd, 0x1000, 64, rw()).unwrap();
         let b = t.reg_mr(pd, 0x2000, 64, rw()).unwrap();
-        assert_eq!(a.stag().raw(), 1 << 8);
-        assert_eq!(b.stag().raw(), 2 << 8);
+        for m in [&a, &b] {
+            assert_eq!(m.stag().index(), m.index());
+            assert_ne!(m.index(), 0);
+            assert!(Arc::ptr_eq(&t.lookup(m.stag()).unwrap(), m));
+        }
+        let gap = b.index().wrapping_sub(a.index()) & INDEX_MASK;
+        assert!(gap > 1 && gap < INDEX_MASK, "adjacent indices {gap:#x}");
         let old = a.stag();
         t.dereg_mr(&a).unwrap();
         assert!(a.is_deregistered());
         assert_eq!(a.state(), MrState::Invalid);
         assert!(t.lookup(old).is_none());
-        // Index 1 is reused (FIFO) with the next key; the stale STag does not match.
+        // A's index is reused (FIFO) with another key; the stale STag does not match.
         let c = t.reg_mr(pd, 0x3000, 64, rw()).unwrap();
-        assert_eq!(c.index(), 1);
-        assert_eq!(c.stag().raw(), (1 << 8) | 1);
-        assert!(matches!(
-            t.check(old, pd, 0x3000, 1, AccessFlags::empty()),
-            Err(ProtectionError::KeyMismatch {
-                key: 0,
-                expected: 1
-            })
-        ));
+        assert_eq!(c.index(), a.index());
+        assert_ne!(c.stag().key(), old.key());
+        let (key, expected) = (old.key(), c.stag().key());
+        assert_eq!(
+            t.check(old, pd, 0x3000, 1, AccessFlags::empty())
+                .unwrap_err(),
+            ProtectionError::KeyMismatch { key, expected }
+        );
         assert!(t.dereg_mr(&a).is_err(), "double deregistration");
         assert_eq!(t.len(), 2);
     }
@@ -1029,8 +1181,15 @@ mod tests {
             })
         ));
         t.invalidate(reg.new_stag(), pd, true).unwrap();
+        // Re-registering needs a new key (siw and the verbs rule: re-key).
+        assert!(matches!(
+            t.fast_reg(&reg, pd),
+            Err(VerbsError::InvalidArgument { what: "key" })
+        ));
+        assert_eq!(mr.state(), MrState::Invalid);
         let big = FastReg {
             length: 4097,
+            key: 0x5b,
             ..reg
         };
         assert!(matches!(
@@ -1046,6 +1205,168 @@ mod tests {
             t.fast_reg(&re, pd),
             Err(VerbsError::NotPermitted { .. })
         ));
+    }
+
+    /// The slot <-> index map is a bijection on 24 bits: the inverse undoes it for
+    /// slots across the whole range, and the multiplier is never 1 or -1.
+    #[test]
+    fn index_map_is_a_bijection() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..100 {
+            let m = IndexMap::random(&mut rng);
+            assert_eq!(m.mul.wrapping_mul(m.inv) & INDEX_MASK, 1);
+            assert!(m.mul % 2 == 1 && m.mul != 1 && m.mul != INDEX_MASK);
+            for s in [0, 1, 2, 77, 0xffff, INDEX_MASK - 1, INDEX_MASK] {
+                assert_eq!(m.slot(m.index(s)), s);
+                assert!(m.index(s) <= INDEX_MASK);
+            }
+        }
+    }
+
+    /// Over 1,000 registrations in one table: no two consecutive STag indices are
+    /// equal or adjacent (differ by 0 or +-1 modulo 2^24); the consecutive STags do
+    /// not all differ by the same amount (keys vary), and the keys take more than
+    /// 128 of the 256 values; every STag is distinct and index 0 never appears.
+    /// Two tables seeded by the OS start at different STags; two tables with the
+    /// same fixed seed hand out the same STags.
+    #[test]
+    fn stags_are_not_sequential() {
+        let run = |t: &MrTable| {
+            let pd = t.alloc_pd().unwrap();
+            (0..1000)
+                .map(|_| t.reg_mr(pd, 0, 1, rw()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let t = MrTable::new();
+        let mrs = run(&t);
+        let stags: Vec<u32> = mrs.iter().map(|m| m.stag().raw()).collect();
+        for w in stags.windows(2) {
+            let gap = (w[1] >> 8).wrapping_sub(w[0] >> 8) & INDEX_MASK;
+            assert!(gap > 1 && gap < INDEX_MASK, "{:#x} then {:#x}", w[0], w[1]);
+        }
+        let diffs: std::collections::HashSet<u32> =
+            stags.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        assert!(diffs.len() > 1, "constant STag step");
+        let keys: std::collections::HashSet<u8> = stags.iter().map(|s| *s as u8).collect();
+        assert!(keys.len() > 128, "only {} keys", keys.len());
+        let distinct: std::collections::HashSet<u32> = stags.iter().copied().collect();
+        assert_eq!(distinct.len(), 1000);
+        assert!(stags.iter().all(|s| s >> 8 != 0));
+        // Another OS-seeded table starts elsewhere (equal with odds 2^-32).
+        let u = MrTable::new();
+        assert_ne!(run(&u)[0].stag(), mrs[0].stag());
+        // A fixed seed reproduces the sequence.
+        let (x, y) = (
+            MrTable::with_seed(1 << 16, 9),
+            MrTable::with_seed(1 << 16, 9),
+        );
+        let sx: Vec<Stag> = run(&x).iter().map(|m| m.stag()).collect();
+        let sy: Vec<Stag> = run(&y).iter().map(|m| m.stag()).collect();
+        assert_eq!(sx, sy);
+    }
+
+    /// Every live STag resolves to its MR; every stale one (deregistered, or its
+    /// slot reused with a new key) fails with the RFC 5040 / 5041 "Invalid STag"
+    /// error, for tagged placement and for an RDMA Read Request alike.
+    #[test]
+    fn live_stags_resolve_stale_ones_fail() {
+        let t = MrTable::with_seed(1 << 16, 5);
+        let pd = t.alloc_pd().unwrap();
+        let mrs: Vec<_> = (0..600)
+            .map(|_| t.reg_mr(pd, 0x40, 8, rw()).unwrap())
+            .collect();
+        let mut stale = Vec::new();
+        for (i, m) in mrs.iter().enumerate() {
+            if i % 2 == 0 {
+                stale.push(m.stag());
+                t.dereg_mr(m).unwrap();
+            }
+        }
+        // Half of the freed slots are reused, by new registrations with new keys.
+        let again: Vec<_> = (0..150)
+            .map(|_| t.reg_mr(pd, 0x40, 8, rw()).unwrap())
+            .collect();
+        let live = mrs.iter().skip(1).step_by(2).chain(again.iter());
+        let mut n = 0;
+        for m in live {
+            let (found, off) = t
+                .check(m.stag(), pd, 0x44, 4, AccessFlags::REMOTE_WRITE)
+                .unwrap();
+            assert!(Arc::ptr_eq(&found, m));
+            assert_eq!(off, 4);
+            n += 1;
+        }
+        assert_eq!(n, 450);
+        let mut reused = 0;
+        for s in stale {
+            let e = t
+                .check(s, pd, 0x44, 4, AccessFlags::REMOTE_WRITE)
+                .unwrap_err();
+            match e {
+                ProtectionError::KeyMismatch { .. } => reused += 1,
+                ProtectionError::NoSuchIndex { .. } => {}
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                e.tagged_cause(),
+                ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag)
+            );
+            assert_eq!(
+                e.rdmap_cause(),
+                ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::InvalidStag)
+            );
+        }
+        assert_eq!(reused, 150);
+    }
+
+    /// Fast registration re-keys: the key must differ from the previous
+    /// registration's, [`MrTable::fresh_key`] gives one that does, and after the
+    /// re-registration the old STag no longer resolves (Invalid STag) while the new
+    /// one does.
+    #[test]
+    fn fast_register_rekeys() {
+        let t = MrTable::with_seed(1 << 16, 11);
+        let pd = t.alloc_pd().unwrap();
+        let mr = t.alloc_mr(pd, 64).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        let mut old: Option<Stag> = None;
+        for _ in 0..200 {
+            let key = t.fresh_key(&mr);
+            assert_ne!(key, mr.stag().key());
+            let reg = FastReg {
+                mr: mr.stag(),
+                key,
+                access: rw(),
+                iova: 0x9000,
+                length: 64,
+            };
+            t.fast_reg(&reg, pd).unwrap();
+            let new = reg.new_stag();
+            assert_eq!(mr.stag(), new);
+            seen.insert(key);
+            t.check(new, pd, 0x9000, 64, AccessFlags::REMOTE_READ)
+                .unwrap();
+            if let Some(o) = old {
+                assert_ne!(o, new);
+                let e = t
+                    .check(o, pd, 0x9000, 1, AccessFlags::REMOTE_READ)
+                    .unwrap_err();
+                assert!(matches!(e, ProtectionError::KeyMismatch { .. }), "{e:?}");
+                assert_eq!(
+                    e.tagged_cause(),
+                    ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag)
+                );
+            }
+            t.invalidate(new, pd, false).unwrap();
+            // The same key again is refused, and leaves the MR invalid.
+            assert!(matches!(
+                t.fast_reg(&reg, pd),
+                Err(VerbsError::InvalidArgument { what: "key" })
+            ));
+            assert_eq!(mr.state(), MrState::Invalid);
+            old = Some(new);
+        }
+        assert!(seen.len() > 100, "fresh keys vary: {}", seen.len());
     }
 
     /// An application thread writes and reads an MR while another thread places
