@@ -56,6 +56,25 @@
 //!    (a range that would wrap past 2^64 is out of bounds), else
 //!    [`ProtectionError::Bounds`].
 //!
+//! # Remote invalidation
+//!
+//! A peer's Send with Invalidate (RFC 5040 §5.3) names an STag to invalidate. Only
+//! an MR that allows it may be invalidated this way, as the IBTA rule (and Linux rxe,
+//! `rxe_invalidate_mr`, which refuses MRs that are not of the fast-registration
+//! type) have it: otherwise any peer holding one rkey of the PD could cut off every
+//! other connection using the PD's MRs. [`MrTable::invalidate`] with `remote`
+//! requires, after index, key and PD (siw `siw_invalidate_stag` checks the PD):
+//!
+//! - the MR is a fast-registration MR ([`MrTable::alloc_mr`]), or was registered
+//!   with [`MrOptions::remote_invalidate`] (verbs has no access flag for this, so
+//!   the choice is a registration option of this library), else
+//!   [`ProtectionError::NotInvalidatable`];
+//! - it grants some remote access (an MR never exposed cannot be named by the
+//!   peer), else [`ProtectionError::AccessRights`].
+//!
+//! A refusal is a Terminate "STag cannot be Invalidated" (code 0x09,
+//! [`ProtectionError::invalidate_cause`]) and leaves the MR valid.
+//!
 //! [`ProtectionError::tagged_cause`] and [`ProtectionError::rdmap_cause`] map a
 //! failure to the Terminate error the RFCs prescribe for tagged placement (RFC 5041
 //! §7, DDP Tagged Buffer Errors) and for the Data Source of an RDMA Read Request
@@ -98,6 +117,18 @@ pub const MAX_MR_LEN: u64 = 1 << 30;
 
 /// Default number of STag indices an [`MrTable`] hands out.
 pub const DEFAULT_MAX_MRS: u32 = 1 << 16;
+
+/// Registration options of [`MrTable::reg_mr_with`] beyond the verbs access flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct MrOptions {
+    /// Allow the peer to invalidate the MR with a Send with Invalidate (RFC 5040
+    /// §5.3). Off by default: the IBTA rule lets a peer invalidate only
+    /// fast-registered MRs (and type 2 memory windows), and verbs has no
+    /// `IBV_ACCESS_*` bit to allow it for an ordinary registration, so this library
+    /// offers it as an explicit option (see "Remote invalidation" in the
+    /// [module documentation](self)). [`MrTable::alloc_mr`] MRs always allow it.
+    pub remote_invalidate: bool,
+}
 
 /// A protection domain identifier (`struct ibv_pd`; RFC 5040 §2). Allocated by
 /// [`MrTable::alloc_pd`]; the raw value is never 0.
@@ -152,6 +183,12 @@ pub enum ProtectionError {
     /// The MR is not valid (invalidated, not yet fast-registered, or deregistered).
     #[error("STag is invalid")]
     Invalid,
+    /// A remote invalidation (Send with Invalidate) named an MR that does not allow
+    /// one: neither fast-registered nor registered with
+    /// [`MrOptions::remote_invalidate`] (see "Remote invalidation" in the
+    /// [module documentation](self)). Only [`MrTable::invalidate`] reports it.
+    #[error("MR does not allow remote invalidation")]
+    NotInvalidatable,
     /// The MR does not grant the rights the access needs.
     #[error("access {needed:?} not granted (MR grants {granted:?})")]
     AccessRights {
@@ -186,7 +223,10 @@ impl ProtectionError {
         match self {
             ProtectionError::NoSuchIndex { .. }
             | ProtectionError::KeyMismatch { .. }
-            | ProtectionError::Invalid => ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag),
+            | ProtectionError::Invalid
+            | ProtectionError::NotInvalidatable => {
+                ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag)
+            }
             ProtectionError::PdMismatch { .. } => {
                 ErrorCause::DdpTagged(DdpTaggedCode::StagNotAssociated)
             }
@@ -207,7 +247,8 @@ impl ProtectionError {
         ErrorCause::RdmapRemoteProtection(match self {
             ProtectionError::NoSuchIndex { .. }
             | ProtectionError::KeyMismatch { .. }
-            | ProtectionError::Invalid => RdmapProtectionCode::InvalidStag,
+            | ProtectionError::Invalid
+            | ProtectionError::NotInvalidatable => RdmapProtectionCode::InvalidStag,
             ProtectionError::PdMismatch { .. } => RdmapProtectionCode::StagNotAssociated,
             ProtectionError::AccessRights { .. } => RdmapProtectionCode::AccessRightsViolation,
             ProtectionError::Bounds { .. } => RdmapProtectionCode::BaseOrBoundsViolation,
@@ -215,12 +256,16 @@ impl ProtectionError {
     }
 
     /// The Terminate error for a Send with Invalidate whose Invalidate STag cannot
-    /// be invalidated (RFC 5040 §4.8 code 0x09): as a Remote Protection Error when
-    /// the STag belongs to another PD, as a Remote Operation Error otherwise (the
-    /// split Linux siw makes in `siw_rdmap_complete`).
+    /// be invalidated (RFC 5040 §4.8 code 0x09, Layer RDMAP): as a Remote
+    /// Protection Error (EType 1) when the STag belongs to another PD (the split
+    /// Linux siw makes in `siw_rdmap_complete`: `-EACCES` from
+    /// `siw_invalidate_stag`) or names an MR that does not allow remote
+    /// invalidation (a protection decision too: the peer lacks the right), as a
+    /// Remote Operation Error (EType 2) otherwise (unknown index, wrong key,
+    /// local-only MR).
     pub const fn invalidate_cause(&self) -> ErrorCause {
         match self {
-            ProtectionError::PdMismatch { .. } => {
+            ProtectionError::PdMismatch { .. } | ProtectionError::NotInvalidatable => {
                 ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::StagCannotBeInvalidated)
             }
             _ => ErrorCause::RdmapRemoteOperation(RdmapOperationCode::StagCannotBeInvalidated),
@@ -300,6 +345,7 @@ impl MrInner {
 pub struct MemoryRegion {
     index: u32,
     fast_reg: bool,
+    remote_inv: bool,
     capacity: usize,
     dead: AtomicBool,
     inner: Mutex<MrInner>,
@@ -358,6 +404,12 @@ impl MemoryRegion {
     /// True if the MR came from [`MrTable::alloc_mr`] and may be fast-registered.
     pub fn is_fast_reg(&self) -> bool {
         self.fast_reg
+    }
+
+    /// True if a peer's Send with Invalidate may invalidate the MR: a
+    /// fast-registration MR, or one registered with [`MrOptions::remote_invalidate`].
+    pub fn allows_remote_invalidate(&self) -> bool {
+        self.fast_reg || self.remote_inv
     }
 
     /// True once the MR was deregistered ([`MrTable::dereg_mr`]).
@@ -480,6 +532,13 @@ impl MemoryRegion {
         let g = self.lock();
         f(off.checked_add(len).and_then(|end| g.data.get(off..end)))
     }
+}
+
+/// What kind of registration [`MrTable::insert`] makes.
+#[derive(Debug, Clone, Copy)]
+struct MrKind {
+    fast_reg: bool,
+    remote_inv: bool,
 }
 
 #[derive(Debug, Default)]
@@ -708,6 +767,24 @@ impl MrTable {
         length: u64,
         access: AccessFlags,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
+        self.reg_mr_with(pd, iova, length, access, MrOptions::default())
+    }
+
+    /// [`MrTable::reg_mr`] with registration options: with
+    /// [`MrOptions::remote_invalidate`] the peer may invalidate the MR by a Send
+    /// with Invalidate.
+    ///
+    /// # Errors
+    ///
+    /// As [`MrTable::reg_mr`].
+    pub fn reg_mr_with(
+        &self,
+        pd: PdId,
+        iova: u64,
+        length: u64,
+        access: AccessFlags,
+        options: MrOptions,
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
         access.validate_for_mr()?;
         if length == 0 || length > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
@@ -715,7 +792,11 @@ impl MrTable {
         if iova.checked_add(length).is_none() {
             return Err(VerbsError::InvalidArgument { what: "iova" });
         }
-        self.insert(pd, length, false, |key, data| MrInner {
+        let kind = MrKind {
+            fast_reg: false,
+            remote_inv: options.remote_invalidate,
+        };
+        self.insert(pd, length, kind, |key, data| MrInner {
             key,
             fast_reg_key: None,
             iova,
@@ -738,7 +819,11 @@ impl MrTable {
         if max_len == 0 || max_len > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
         }
-        self.insert(pd, max_len, true, |key, data| MrInner {
+        let kind = MrKind {
+            fast_reg: true,
+            remote_inv: true,
+        };
+        self.insert(pd, max_len, kind, |key, data| MrInner {
             key,
             fast_reg_key: None,
             iova: 0,
@@ -754,7 +839,7 @@ impl MrTable {
         &self,
         pd: PdId,
         len: u64,
-        fast_reg: bool,
+        kind: MrKind,
         make: impl FnOnce(u8, Box<[u8]>) -> MrInner,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
         let capacity =
@@ -797,7 +882,8 @@ impl MrTable {
         let key = t.key_other_than(last_key);
         let mr = Arc::new(MemoryRegion {
             index,
-            fast_reg,
+            fast_reg: kind.fast_reg,
+            remote_inv: kind.remote_inv,
             capacity,
             dead: AtomicBool::new(false),
             inner: Mutex::new(make(key, data)),
@@ -966,14 +1052,16 @@ impl MrTable {
     /// incoming Send with Invalidate (RFC 5040 §5.3) when true. Index, key and PD
     /// must match; an already invalid STag stays invalid without error (siw, and the
     /// verbs definition). A remote invalidation additionally requires the MR to
-    /// grant some remote access: an MR never exposed to the peer cannot be
-    /// invalidated by it.
+    /// allow it ([`MemoryRegion::allows_remote_invalidate`]) and to grant some
+    /// remote access: see "Remote invalidation" in the
+    /// [module documentation](self). On any error the MR is left as it was.
     ///
     /// # Errors
     ///
     /// [`ProtectionError::NoSuchIndex`], [`ProtectionError::KeyMismatch`],
-    /// [`ProtectionError::PdMismatch`]; [`ProtectionError::AccessRights`] for a
-    /// remote invalidation of a local-only MR.
+    /// [`ProtectionError::PdMismatch`]; for a remote invalidation also
+    /// [`ProtectionError::NotInvalidatable`] (an ordinary registration) and
+    /// [`ProtectionError::AccessRights`] (a local-only MR).
     pub fn invalidate(&self, stag: Stag, pd: PdId, remote: bool) -> Result<(), ProtectionError> {
         let mr = self.lookup(stag).ok_or(ProtectionError::NoSuchIndex {
             index: stag.index(),
@@ -987,6 +1075,9 @@ impl MrTable {
         }
         if g.pd != pd {
             return Err(ProtectionError::PdMismatch { pd, mr_pd: g.pd });
+        }
+        if remote && !mr.allows_remote_invalidate() {
+            return Err(ProtectionError::NotInvalidatable);
         }
         if remote && !g.access.is_remote() {
             return Err(ProtectionError::AccessRights {
@@ -1084,12 +1175,24 @@ mod tests {
             t.check(s, pd, 0x1000, 1, none),
             Err(ProtectionError::Invalid)
         ));
-        // Invalidating twice is fine; remote invalidation of a local-only MR is not.
+        // Invalidating twice is fine; remote invalidation of a reg_mr MR is not.
         t.invalidate(s, pd, false).unwrap();
-        assert!(matches!(
+        assert_eq!(
             t.invalidate(s, pd, true),
+            Err(ProtectionError::NotInvalidatable)
+        );
+        // With the option but local-only, still not: the peer never saw it.
+        let opt = MrOptions {
+            remote_invalidate: true,
+        };
+        let local = t
+            .reg_mr_with(pd, 0, 8, AccessFlags::LOCAL_WRITE, opt)
+            .unwrap();
+        assert!(matches!(
+            t.invalidate(local.stag(), pd, true),
             Err(ProtectionError::AccessRights { .. })
         ));
+        assert_eq!(local.state(), MrState::Valid);
     }
 
     #[test]
@@ -1367,6 +1470,49 @@ mod tests {
             old = Some(new);
         }
         assert!(seen.len() > 100, "fresh keys vary: {}", seen.len());
+    }
+
+    /// Remote invalidation: refused (MR left valid) for an ordinary registration
+    /// and for another PD's MR, both as RDMAP Remote Protection "STag cannot be
+    /// Invalidated" (0x09); allowed for an MR registered with the option and for a
+    /// fast-registered one. Local invalidation of the ordinary MR stays allowed.
+    #[test]
+    fn remote_invalidation_rules() {
+        let t = MrTable::with_seed(1 << 16, 13);
+        let pd = t.alloc_pd().unwrap();
+        let other = t.alloc_pd().unwrap();
+        let cannot =
+            ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::StagCannotBeInvalidated);
+        let plain = t.reg_mr(pd, 0, 8, rw()).unwrap();
+        assert!(!plain.allows_remote_invalidate());
+        let e = t.invalidate(plain.stag(), pd, true).unwrap_err();
+        assert_eq!(e, ProtectionError::NotInvalidatable);
+        assert_eq!(e.invalidate_cause(), cannot);
+        assert_eq!(plain.state(), MrState::Valid);
+        let opt = MrOptions {
+            remote_invalidate: true,
+        };
+        let flagged = t.reg_mr_with(other, 0, 8, rw(), opt).unwrap();
+        let e = t.invalidate(flagged.stag(), pd, true).unwrap_err();
+        assert!(matches!(e, ProtectionError::PdMismatch { .. }), "{e:?}");
+        assert_eq!(e.invalidate_cause(), cannot);
+        assert_eq!(flagged.state(), MrState::Valid);
+        t.invalidate(flagged.stag(), other, true).unwrap();
+        assert_eq!(flagged.state(), MrState::Invalid);
+        let fr = t.alloc_mr(pd, 8).unwrap();
+        assert!(fr.allows_remote_invalidate());
+        let reg = FastReg {
+            mr: fr.stag(),
+            key: t.fresh_key(&fr),
+            access: rw(),
+            iova: 0,
+            length: 8,
+        };
+        t.fast_reg(&reg, pd).unwrap();
+        t.invalidate(reg.new_stag(), pd, true).unwrap();
+        assert_eq!(fr.state(), MrState::Invalid);
+        t.invalidate(plain.stag(), pd, false).unwrap();
+        assert_eq!(plain.state(), MrState::Invalid);
     }
 
     /// An application thread writes and reads an MR while another thread places
