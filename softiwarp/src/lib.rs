@@ -169,4 +169,4 @@ pub use engine::{DeviceError, DeviceEvent, EngineConfig, COMMAND_TIMEOUT};
 pub use rdmap::binding::QpStats;
 pub use resources::completion_queue::{CqError, WaitAsync};
 pub use resources::event_queue::DeviceEnd;
-pub use resources::stag_table::{MrState, PdId};
+pub use resources::stag_table::{MrOptions, MrState, PdId};

@@ -14,7 +14,7 @@ use crate::engine::{Command, Handle};
 use crate::rdmap::binding::{PostSide, QpCore, QpShared, QpStats, UsesGuard};
 use crate::rdmap::engine::{validate_send_wr, QpEngine, QpInit, MAX_ORD_IRD};
 use crate::resources::completion_queue::{CompletionQueue, CqError, WaitAsync, MAX_CQE};
-use crate::resources::stag_table::{MemoryRegion, MrState, PdId, MAX_MR_LEN};
+use crate::resources::stag_table::{MemoryRegion, MrOptions, MrState, PdId, MAX_MR_LEN};
 
 /// The limits of a soft device (`struct ibv_device_attr`, `ibv_query_device(3)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,11 +110,31 @@ impl Pd {
     /// [`VerbsError::DeviceGone`].
     pub fn reg_mr(&self, len: u64, iova: u64, access: AccessFlags) -> Result<Mr, VerbsError> {
         self.inner.handle.alive()?;
+        self.reg_mr_with(len, iova, access, MrOptions::default())
+    }
+
+    /// [`Pd::reg_mr`] with registration options beyond the verbs access flags:
+    /// [`MrOptions::remote_invalidate`] lets the peer invalidate the MR with a Send
+    /// with Invalidate (without it only [`Pd::alloc_mr`] MRs may be invalidated
+    /// remotely; a peer's attempt on another MR gets a Terminate and the MR stays
+    /// valid).
+    ///
+    /// # Errors
+    ///
+    /// As [`Pd::reg_mr`].
+    pub fn reg_mr_with(
+        &self,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+        options: MrOptions,
+    ) -> Result<Mr, VerbsError> {
+        self.inner.handle.alive()?;
         let mr = self
             .inner
             .handle
             .mrs
-            .reg_mr(self.inner.id, iova, len, access)?;
+            .reg_mr_with(self.inner.id, iova, len, access, options)?;
         Ok(Mr::new(mr, Arc::clone(&self.inner)))
     }
 
@@ -178,6 +198,14 @@ impl Mr {
     /// fast registration sets a new key.
     pub fn stag(&self) -> Stag {
         self.mr.stag()
+    }
+
+    /// A random 8-bit key for the next fast registration of this MR
+    /// ([`verbs::FastReg::key`]), other than the current one: the registration then
+    /// re-keys the STag, which it must (a fast registration with the previous
+    /// registration's key fails with [`VerbsError::InvalidArgument`] `"key"`).
+    pub fn fresh_key(&self) -> u8 {
+        self.pd.handle.mrs.fresh_key(&self.mr)
     }
 
     /// The lkey, for local SGEs (`ibv_mr.lkey`): the STag.

@@ -11,9 +11,35 @@
 //!   Tagged Offset (TO) on the wire (RFC 5040 §2; RFC 5041 §4.1).
 //! - The **STag** is `index << 8 | key` as in Linux siw (`siw_mem.c`): the 24-bit
 //!   index names the MR's slot in the [`MrTable`], the 8-bit key is the consumer key.
-//!   Index 0 is never handed out (siw avoids STag 0 too). A freed index is reused
-//!   last (FIFO) and the new registration gets the slot's previous key plus one, so a
-//!   stale STag held by a peer stops matching.
+//!   Index 0 is never handed out (siw avoids STag 0 too).
+//!
+//! # Unguessable STags
+//!
+//! A peer that could predict STags could aim Writes and Reads at MRs never
+//! advertised to it. As Linux siw (`siw_mem_add` / `siw_mr_add_mem` draw a random
+//! start for `xa_alloc_cyclic` over indices 1..2^24 - 1 on every registration), the
+//! table draws its STags at random:
+//!
+//! - **Index.** Slot `s` of the table (a dense array, so a lookup is one multiply,
+//!   one add and one array access: O(1)) answers to STag index
+//!   `(mul * s + add) mod 2^24`, a bijection on 24 bits with `add` random (the
+//!   random starting index) and `mul` random, odd and neither 1 nor 2^24 - 1, so two
+//!   consecutively created slots never have adjacent indices. The lookup applies the
+//!   inverse map, `(mul^-1 * (index - add)) mod 2^24`. The slot that would map to
+//!   index 0 is skipped.
+//! - **Key.** Every registration ([`MrTable::reg_mr`], [`MrTable::alloc_mr`]) draws
+//!   a fresh random 8-bit key, different from the key of the slot's previous
+//!   registration, so a stale STag held by a peer never matches a reused slot. A
+//!   freed slot is reused last (FIFO).
+//! - **Fast registration** takes the key the consumer puts in the [`FastReg`] WR (the
+//!   verbs rule: `ib_update_fast_reg_key` / `ibv_inc_rkey`, siw `siw_fastreg` copies
+//!   it), but refuses to re-register with the key of the MR's previous registration,
+//!   so re-keying really changes the STag a peer holds; [`MrTable::fresh_key`] draws
+//!   a random key for it.
+//!
+//! The generator is a ChaCha8 stream owned by the table, seeded from the OS through
+//! std's `RandomState` ([`MrTable::new`]) or from a fixed seed for tests
+//! ([`MrTable::with_seed`]).
 //!
 //! # Checks
 //!
@@ -29,6 +55,25 @@
 //! 6. `[TO, TO + len)` lies in `[iova, iova + length)`, computed without overflow
 //!    (a range that would wrap past 2^64 is out of bounds), else
 //!    [`ProtectionError::Bounds`].
+//!
+//! # Remote invalidation
+//!
+//! A peer's Send with Invalidate (RFC 5040 §5.3) names an STag to invalidate. Only
+//! an MR that allows it may be invalidated this way, as the IBTA rule (and Linux rxe,
+//! `rxe_invalidate_mr`, which refuses MRs that are not of the fast-registration
+//! type) have it: otherwise any peer holding one rkey of the PD could cut off every
+//! other connection using the PD's MRs. [`MrTable::invalidate`] with `remote`
+//! requires, after index, key and PD (siw `siw_invalidate_stag` checks the PD):
+//!
+//! - the MR is a fast-registration MR ([`MrTable::alloc_mr`]), or was registered
+//!   with [`MrOptions::remote_invalidate`] (verbs has no access flag for this, so
+//!   the choice is a registration option of this library), else
+//!   [`ProtectionError::NotInvalidatable`];
+//! - it grants some remote access (an MR never exposed cannot be named by the
+//!   peer), else [`ProtectionError::AccessRights`].
+//!
+//! A refusal is a Terminate "STag cannot be Invalidated" (code 0x09,
+//! [`ProtectionError::invalidate_cause`]) and leaves the MR valid.
 //!
 //! [`ProtectionError::tagged_cause`] and [`ProtectionError::rdmap_cause`] map a
 //! failure to the Terminate error the RFCs prescribe for tagged placement (RFC 5041
@@ -56,8 +101,12 @@
 //! crate-private.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use ddp_rdmap::terminate::{DdpTaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode};
 use verbs::{AccessFlags, FastReg, ObjectKind, Stag, VerbsError};
@@ -68,6 +117,18 @@ pub const MAX_MR_LEN: u64 = 1 << 30;
 
 /// Default number of STag indices an [`MrTable`] hands out.
 pub const DEFAULT_MAX_MRS: u32 = 1 << 16;
+
+/// Registration options of [`MrTable::reg_mr_with`] beyond the verbs access flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct MrOptions {
+    /// Allow the peer to invalidate the MR with a Send with Invalidate (RFC 5040
+    /// §5.3). Off by default: the IBTA rule lets a peer invalidate only
+    /// fast-registered MRs (and type 2 memory windows), and verbs has no
+    /// `IBV_ACCESS_*` bit to allow it for an ordinary registration, so this library
+    /// offers it as an explicit option (see "Remote invalidation" in the
+    /// [module documentation](self)). [`MrTable::alloc_mr`] MRs always allow it.
+    pub remote_invalidate: bool,
+}
 
 /// A protection domain identifier (`struct ibv_pd`; RFC 5040 §2). Allocated by
 /// [`MrTable::alloc_pd`]; the raw value is never 0.
@@ -122,6 +183,12 @@ pub enum ProtectionError {
     /// The MR is not valid (invalidated, not yet fast-registered, or deregistered).
     #[error("STag is invalid")]
     Invalid,
+    /// A remote invalidation (Send with Invalidate) named an MR that does not allow
+    /// one: neither fast-registered nor registered with
+    /// [`MrOptions::remote_invalidate`] (see "Remote invalidation" in the
+    /// [module documentation](self)). Only [`MrTable::invalidate`] reports it.
+    #[error("MR does not allow remote invalidation")]
+    NotInvalidatable,
     /// The MR does not grant the rights the access needs.
     #[error("access {needed:?} not granted (MR grants {granted:?})")]
     AccessRights {
@@ -156,7 +223,10 @@ impl ProtectionError {
         match self {
             ProtectionError::NoSuchIndex { .. }
             | ProtectionError::KeyMismatch { .. }
-            | ProtectionError::Invalid => ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag),
+            | ProtectionError::Invalid
+            | ProtectionError::NotInvalidatable => {
+                ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag)
+            }
             ProtectionError::PdMismatch { .. } => {
                 ErrorCause::DdpTagged(DdpTaggedCode::StagNotAssociated)
             }
@@ -177,7 +247,8 @@ impl ProtectionError {
         ErrorCause::RdmapRemoteProtection(match self {
             ProtectionError::NoSuchIndex { .. }
             | ProtectionError::KeyMismatch { .. }
-            | ProtectionError::Invalid => RdmapProtectionCode::InvalidStag,
+            | ProtectionError::Invalid
+            | ProtectionError::NotInvalidatable => RdmapProtectionCode::InvalidStag,
             ProtectionError::PdMismatch { .. } => RdmapProtectionCode::StagNotAssociated,
             ProtectionError::AccessRights { .. } => RdmapProtectionCode::AccessRightsViolation,
             ProtectionError::Bounds { .. } => RdmapProtectionCode::BaseOrBoundsViolation,
@@ -185,12 +256,16 @@ impl ProtectionError {
     }
 
     /// The Terminate error for a Send with Invalidate whose Invalidate STag cannot
-    /// be invalidated (RFC 5040 §4.8 code 0x09): as a Remote Protection Error when
-    /// the STag belongs to another PD, as a Remote Operation Error otherwise (the
-    /// split Linux siw makes in `siw_rdmap_complete`).
+    /// be invalidated (RFC 5040 §4.8 code 0x09, Layer RDMAP): as a Remote
+    /// Protection Error (EType 1) when the STag belongs to another PD (the split
+    /// Linux siw makes in `siw_rdmap_complete`: `-EACCES` from
+    /// `siw_invalidate_stag`) or names an MR that does not allow remote
+    /// invalidation (a protection decision too: the peer lacks the right), as a
+    /// Remote Operation Error (EType 2) otherwise (unknown index, wrong key,
+    /// local-only MR).
     pub const fn invalidate_cause(&self) -> ErrorCause {
         match self {
-            ProtectionError::PdMismatch { .. } => {
+            ProtectionError::PdMismatch { .. } | ProtectionError::NotInvalidatable => {
                 ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::StagCannotBeInvalidated)
             }
             _ => ErrorCause::RdmapRemoteOperation(RdmapOperationCode::StagCannotBeInvalidated),
@@ -202,6 +277,9 @@ impl ProtectionError {
 #[derive(Debug)]
 struct MrInner {
     key: u8,
+    /// The key of the latest fast registration, which a fast registration may not
+    /// reuse (`None` before the first one, and for [`MrTable::reg_mr`] MRs).
+    fast_reg_key: Option<u8>,
     iova: u64,
     length: u64,
     access: AccessFlags,
@@ -267,6 +345,7 @@ impl MrInner {
 pub struct MemoryRegion {
     index: u32,
     fast_reg: bool,
+    remote_inv: bool,
     capacity: usize,
     dead: AtomicBool,
     inner: Mutex<MrInner>,
@@ -325,6 +404,12 @@ impl MemoryRegion {
     /// True if the MR came from [`MrTable::alloc_mr`] and may be fast-registered.
     pub fn is_fast_reg(&self) -> bool {
         self.fast_reg
+    }
+
+    /// True if a peer's Send with Invalidate may invalidate the MR: a
+    /// fast-registration MR, or one registered with [`MrOptions::remote_invalidate`].
+    pub fn allows_remote_invalidate(&self) -> bool {
+        self.fast_reg || self.remote_inv
     }
 
     /// True once the MR was deregistered ([`MrTable::dereg_mr`]).
@@ -449,6 +534,13 @@ impl MemoryRegion {
     }
 }
 
+/// What kind of registration [`MrTable::insert`] makes.
+#[derive(Debug, Clone, Copy)]
+struct MrKind {
+    fast_reg: bool,
+    remote_inv: bool,
+}
+
 #[derive(Debug, Default)]
 struct Slot {
     mr: Option<Arc<MemoryRegion>>,
@@ -456,15 +548,103 @@ struct Slot {
     last_key: Option<u8>,
 }
 
+/// Number of STag indices (24 bits).
+const INDEX_SPACE: u32 = 1 << 24;
+const INDEX_MASK: u32 = INDEX_SPACE - 1;
+
+/// The random bijection between slot numbers and STag indices (see "Unguessable
+/// STags" in the [module documentation](self)): `index = (mul * slot + add) mod 2^24`.
+#[derive(Debug, Clone, Copy)]
+struct IndexMap {
+    /// Odd, neither 1 nor 2^24 - 1.
+    mul: u32,
+    /// `mul`'s inverse modulo 2^24.
+    inv: u32,
+    /// The index of slot 0: the random starting index.
+    add: u32,
+}
+
+impl IndexMap {
+    fn random(rng: &mut ChaCha8Rng) -> IndexMap {
+        let mul = loop {
+            let m = (rng.next_u32() & INDEX_MASK) | 1;
+            if m != 1 && m != INDEX_MASK {
+                break m;
+            }
+        };
+        // Newton's iteration for the inverse modulo 2^24: each step doubles the
+        // number of correct low bits (an odd `mul` is its own inverse mod 8).
+        let mut inv = mul;
+        for _ in 0..4 {
+            inv = inv.wrapping_mul(2u32.wrapping_sub(mul.wrapping_mul(inv)));
+        }
+        IndexMap {
+            mul,
+            inv: inv & INDEX_MASK,
+            add: rng.next_u32() & INDEX_MASK,
+        }
+    }
+
+    /// The STag index of slot `slot`.
+    fn index(self, slot: u32) -> u32 {
+        self.mul.wrapping_mul(slot).wrapping_add(self.add) & INDEX_MASK
+    }
+
+    /// The slot of STag index `index` (any 24-bit value; the slot may not exist).
+    fn slot(self, index: u32) -> u32 {
+        self.inv.wrapping_mul(index.wrapping_sub(self.add)) & INDEX_MASK
+    }
+}
+
 #[derive(Debug)]
 struct Table {
-    /// Slot `i` holds the MR of STag index `i`; slot 0 is never used.
+    /// Slot `s` holds the MR of STag index `map.index(s)`; the slot mapping to
+    /// index 0 is never used.
     slots: Vec<Slot>,
+    /// Freed slot numbers, reused first in, first out.
     free: VecDeque<u32>,
+    /// Slots handed out so far (the slot of index 0 not counted).
+    made: u32,
     max_mrs: u32,
+    map: IndexMap,
+    rng: ChaCha8Rng,
     /// Live PDs and the number of MRs in each.
     pds: HashMap<u32, usize>,
     next_pd: u32,
+}
+
+impl Table {
+    /// A random key other than `avoid`.
+    fn key_other_than(&mut self, avoid: Option<u8>) -> u8 {
+        loop {
+            let k = (self.rng.next_u32() & 0xff) as u8;
+            if Some(k) != avoid {
+                return k;
+            }
+        }
+    }
+
+    /// The slot holding STag index `index`, if the table made it.
+    fn slot(&self, index: u32) -> Option<&Slot> {
+        if index == 0 || index > INDEX_MASK {
+            return None;
+        }
+        self.slots.get(self.map.slot(index) as usize)
+    }
+
+    fn slot_mut(&mut self, index: u32) -> Option<&mut Slot> {
+        if index == 0 || index > INDEX_MASK {
+            return None;
+        }
+        let s = self.map.slot(index) as usize;
+        self.slots.get_mut(s)
+    }
+}
+
+/// A seed from the OS: std's `RandomState` keys its hashers with random bytes the
+/// OS provides (once per thread, then varied per `RandomState`).
+fn os_seed() -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(0x5749_4152_5053_5441u64)
 }
 
 /// The STag table of one device: PDs, and the MRs by STag index (siw's `mem_xa`).
@@ -484,19 +664,31 @@ impl Default for MrTable {
 }
 
 impl MrTable {
-    /// An empty table handing out up to [`DEFAULT_MAX_MRS`] STag indices.
+    /// An empty table handing out up to [`DEFAULT_MAX_MRS`] STag indices, its STags
+    /// drawn from a generator seeded by the OS.
     pub fn new() -> MrTable {
         MrTable::with_max_mrs(DEFAULT_MAX_MRS)
     }
 
     /// An empty table handing out up to `max_mrs` STag indices (clamped to
-    /// [`Stag::MAX_INDEX`]).
+    /// [`Stag::MAX_INDEX`]), its STags drawn from a generator seeded by the OS.
     pub fn with_max_mrs(max_mrs: u32) -> MrTable {
+        MrTable::with_seed(max_mrs, os_seed())
+    }
+
+    /// As [`MrTable::with_max_mrs`] with the STag generator seeded by `seed`: the
+    /// same seed and the same calls give the same STags (for tests).
+    pub fn with_seed(max_mrs: u32, seed: u64) -> MrTable {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let map = IndexMap::random(&mut rng);
         MrTable {
             inner: RwLock::new(Table {
-                slots: vec![Slot::default()],
+                slots: Vec::new(),
                 free: VecDeque::new(),
+                made: 0,
                 max_mrs: max_mrs.min(Stag::MAX_INDEX),
+                map,
+                rng,
                 pds: HashMap::new(),
                 next_pd: 1,
             }),
@@ -575,6 +767,24 @@ impl MrTable {
         length: u64,
         access: AccessFlags,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
+        self.reg_mr_with(pd, iova, length, access, MrOptions::default())
+    }
+
+    /// [`MrTable::reg_mr`] with registration options: with
+    /// [`MrOptions::remote_invalidate`] the peer may invalidate the MR by a Send
+    /// with Invalidate.
+    ///
+    /// # Errors
+    ///
+    /// As [`MrTable::reg_mr`].
+    pub fn reg_mr_with(
+        &self,
+        pd: PdId,
+        iova: u64,
+        length: u64,
+        access: AccessFlags,
+        options: MrOptions,
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
         access.validate_for_mr()?;
         if length == 0 || length > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
@@ -582,8 +792,13 @@ impl MrTable {
         if iova.checked_add(length).is_none() {
             return Err(VerbsError::InvalidArgument { what: "iova" });
         }
-        self.insert(pd, length, false, |key, data| MrInner {
+        let kind = MrKind {
+            fast_reg: false,
+            remote_inv: options.remote_invalidate,
+        };
+        self.insert(pd, length, kind, |key, data| MrInner {
             key,
+            fast_reg_key: None,
             iova,
             length,
             access,
@@ -604,8 +819,13 @@ impl MrTable {
         if max_len == 0 || max_len > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
         }
-        self.insert(pd, max_len, true, |key, data| MrInner {
+        let kind = MrKind {
+            fast_reg: true,
+            remote_inv: true,
+        };
+        self.insert(pd, max_len, kind, |key, data| MrInner {
             key,
+            fast_reg_key: None,
             iova: 0,
             length: 0,
             access: AccessFlags::empty(),
@@ -619,7 +839,7 @@ impl MrTable {
         &self,
         pd: PdId,
         len: u64,
-        fast_reg: bool,
+        kind: MrKind,
         make: impl FnOnce(u8, Box<[u8]>) -> MrInner,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
         let capacity =
@@ -638,33 +858,37 @@ impl MrTable {
                 handle: pd.0,
             });
         }
-        let index = match t.free.pop_front() {
-            Some(i) => i,
+        let slot = match t.free.pop_front() {
+            Some(s) => s,
             None => {
-                let i = u32::try_from(t.slots.len()).unwrap_or(u32::MAX);
-                if i > t.max_mrs {
+                if t.made >= t.max_mrs {
                     return Err(VerbsError::OutOfResources {
                         what: "STag indices",
                     });
                 }
+                let mut s = u32::try_from(t.slots.len()).unwrap_or(u32::MAX);
+                if t.map.index(s) == 0 {
+                    // The slot of index 0 stays empty forever.
+                    t.slots.push(Slot::default());
+                    s += 1;
+                }
                 t.slots.push(Slot::default());
-                i
+                t.made += 1;
+                s
             }
         };
-        let Some(slot) = t.slots.get_mut(index as usize) else {
-            return Err(VerbsError::OutOfResources {
-                what: "STag indices",
-            });
-        };
-        let key = slot.last_key.map_or(0, |k| k.wrapping_add(1));
+        let index = t.map.index(slot);
+        let last_key = t.slots.get(slot as usize).and_then(|s| s.last_key);
+        let key = t.key_other_than(last_key);
         let mr = Arc::new(MemoryRegion {
             index,
-            fast_reg,
+            fast_reg: kind.fast_reg,
+            remote_inv: kind.remote_inv,
             capacity,
             dead: AtomicBool::new(false),
             inner: Mutex::new(make(key, data)),
         });
-        if let Some(slot) = t.slots.get_mut(index as usize) {
+        if let Some(slot) = t.slots.get_mut(slot as usize) {
             slot.mr = Some(Arc::clone(&mr));
             slot.last_key = Some(key);
         }
@@ -683,8 +907,7 @@ impl MrTable {
     pub fn dereg_mr(&self, mr: &MemoryRegion) -> Result<(), VerbsError> {
         let mut t = self.write();
         let registered = t
-            .slots
-            .get(mr.index as usize)
+            .slot(mr.index)
             .and_then(|s| s.mr.as_ref())
             .is_some_and(|m| core::ptr::eq(Arc::as_ptr(m), mr));
         if !registered {
@@ -699,10 +922,11 @@ impl MrTable {
             g.pd
         };
         mr.dead.store(true, Ordering::Release);
-        if let Some(slot) = t.slots.get_mut(mr.index as usize) {
+        if let Some(slot) = t.slot_mut(mr.index) {
             slot.mr = None;
         }
-        t.free.push_back(mr.index);
+        let slot = t.map.slot(mr.index);
+        t.free.push_back(slot);
         if let Some(n) = t.pds.get_mut(&pd.0) {
             *n = n.saturating_sub(1);
         }
@@ -712,10 +936,7 @@ impl MrTable {
     /// The MR registered under `stag`'s index, whatever its key and state (check 1
     /// of the module documentation; the other checks are the caller's).
     pub fn lookup(&self, stag: Stag) -> Option<Arc<MemoryRegion>> {
-        self.read()
-            .slots
-            .get(stag.index() as usize)
-            .and_then(|s| s.mr.clone())
+        self.read().slot(stag.index()).and_then(|s| s.mr.clone())
     }
 
     /// Number of registered MRs.
@@ -762,7 +983,9 @@ impl MrTable {
     /// [`VerbsError::InvalidHandle`] (no MR at that index),
     /// [`VerbsError::NotPermitted`] (`"fast registration of a reg_mr MR"`, or
     /// `"foreign PD"` when the MR is not in `pd`), [`VerbsError::InvalidArgument`]
-    /// `"MR already valid"` (a valid MR must be invalidated first),
+    /// `"MR already valid"` (a valid MR must be invalidated first) or `"key"`
+    /// (`reg.key` is the key of the MR's previous fast registration: re-keying is
+    /// required, see "Unguessable STags" in the [module documentation](self)),
     /// [`VerbsError::InvalidAccessFlags`], [`VerbsError::InvalidArgument`]
     /// `"length"` / `"iova"`, [`VerbsError::MrOutOfBounds`] (`length` above the
     /// MR's capacity).
@@ -792,6 +1015,9 @@ impl MrTable {
                 what: "MR already valid",
             });
         }
+        if g.fast_reg_key == Some(reg.key) {
+            return Err(VerbsError::InvalidArgument { what: "key" });
+        }
         if reg.length > mr.capacity as u64 {
             return Err(VerbsError::MrOutOfBounds {
                 addr: reg.iova,
@@ -801,16 +1027,24 @@ impl MrTable {
             });
         }
         g.key = reg.key;
+        g.fast_reg_key = Some(reg.key);
         g.iova = reg.iova;
         g.length = reg.length;
         g.access = reg.access;
         g.state = MrState::Valid;
         drop(g);
         let mut t = self.write();
-        if let Some(slot) = t.slots.get_mut(mr.index as usize) {
+        if let Some(slot) = t.slot_mut(mr.index) {
             slot.last_key = Some(reg.key);
         }
         Ok(())
+    }
+
+    /// A random 8-bit key for the next fast registration of `mr` ([`FastReg::key`]):
+    /// different from `mr`'s current key, so the registration re-keys the STag.
+    pub fn fresh_key(&self, mr: &MemoryRegion) -> u8 {
+        let current = mr.lock().key;
+        self.write().key_other_than(Some(current))
     }
 
     /// Invalidates `stag` for a QP of `pd`: a Local Invalidate WR
@@ -818,14 +1052,16 @@ impl MrTable {
     /// incoming Send with Invalidate (RFC 5040 §5.3) when true. Index, key and PD
     /// must match; an already invalid STag stays invalid without error (siw, and the
     /// verbs definition). A remote invalidation additionally requires the MR to
-    /// grant some remote access: an MR never exposed to the peer cannot be
-    /// invalidated by it.
+    /// allow it ([`MemoryRegion::allows_remote_invalidate`]) and to grant some
+    /// remote access: see "Remote invalidation" in the
+    /// [module documentation](self). On any error the MR is left as it was.
     ///
     /// # Errors
     ///
     /// [`ProtectionError::NoSuchIndex`], [`ProtectionError::KeyMismatch`],
-    /// [`ProtectionError::PdMismatch`]; [`ProtectionError::AccessRights`] for a
-    /// remote invalidation of a local-only MR.
+    /// [`ProtectionError::PdMismatch`]; for a remote invalidation also
+    /// [`ProtectionError::NotInvalidatable`] (an ordinary registration) and
+    /// [`ProtectionError::AccessRights`] (a local-only MR).
     pub fn invalidate(&self, stag: Stag, pd: PdId, remote: bool) -> Result<(), ProtectionError> {
         let mr = self.lookup(stag).ok_or(ProtectionError::NoSuchIndex {
             index: stag.index(),
@@ -839,6 +1075,9 @@ impl MrTable {
         }
         if g.pd != pd {
             return Err(ProtectionError::PdMismatch { pd, mr_pd: g.pd });
+        }
+        if remote && !mr.allows_remote_invalidate() {
+            return Err(ProtectionError::NotInvalidatable);
         }
         if remote && !g.access.is_remote() {
             return Err(ProtectionError::AccessRights {
@@ -865,24 +1104,28 @@ mod tests {
         let pd = t.alloc_pd().unwrap();
         let a = t.reg_mr(pd, 0x1000, 64, rw()).unwrap();
         let b = t.reg_mr(pd, 0x2000, 64, rw()).unwrap();
-        assert_eq!(a.stag().raw(), 1 << 8);
-        assert_eq!(b.stag().raw(), 2 << 8);
+        for m in [&a, &b] {
+            assert_eq!(m.stag().index(), m.index());
+            assert_ne!(m.index(), 0);
+            assert!(Arc::ptr_eq(&t.lookup(m.stag()).unwrap(), m));
+        }
+        let gap = b.index().wrapping_sub(a.index()) & INDEX_MASK;
+        assert!(gap > 1 && gap < INDEX_MASK, "adjacent indices {gap:#x}");
         let old = a.stag();
         t.dereg_mr(&a).unwrap();
         assert!(a.is_deregistered());
         assert_eq!(a.state(), MrState::Invalid);
         assert!(t.lookup(old).is_none());
-        // Index 1 is reused (FIFO) with the next key; the stale STag does not match.
+        // A's index is reused (FIFO) with another key; the stale STag does not match.
         let c = t.reg_mr(pd, 0x3000, 64, rw()).unwrap();
-        assert_eq!(c.index(), 1);
-        assert_eq!(c.stag().raw(), (1 << 8) | 1);
-        assert!(matches!(
-            t.check(old, pd, 0x3000, 1, AccessFlags::empty()),
-            Err(ProtectionError::KeyMismatch {
-                key: 0,
-                expected: 1
-            })
-        ));
+        assert_eq!(c.index(), a.index());
+        assert_ne!(c.stag().key(), old.key());
+        let (key, expected) = (old.key(), c.stag().key());
+        assert_eq!(
+            t.check(old, pd, 0x3000, 1, AccessFlags::empty())
+                .unwrap_err(),
+            ProtectionError::KeyMismatch { key, expected }
+        );
         assert!(t.dereg_mr(&a).is_err(), "double deregistration");
         assert_eq!(t.len(), 2);
     }
@@ -932,12 +1175,24 @@ mod tests {
             t.check(s, pd, 0x1000, 1, none),
             Err(ProtectionError::Invalid)
         ));
-        // Invalidating twice is fine; remote invalidation of a local-only MR is not.
+        // Invalidating twice is fine; remote invalidation of a reg_mr MR is not.
         t.invalidate(s, pd, false).unwrap();
-        assert!(matches!(
+        assert_eq!(
             t.invalidate(s, pd, true),
+            Err(ProtectionError::NotInvalidatable)
+        );
+        // With the option but local-only, still not: the peer never saw it.
+        let opt = MrOptions {
+            remote_invalidate: true,
+        };
+        let local = t
+            .reg_mr_with(pd, 0, 8, AccessFlags::LOCAL_WRITE, opt)
+            .unwrap();
+        assert!(matches!(
+            t.invalidate(local.stag(), pd, true),
             Err(ProtectionError::AccessRights { .. })
         ));
+        assert_eq!(local.state(), MrState::Valid);
     }
 
     #[test]
@@ -1029,8 +1284,15 @@ mod tests {
             })
         ));
         t.invalidate(reg.new_stag(), pd, true).unwrap();
+        // Re-registering needs a new key (siw and the verbs rule: re-key).
+        assert!(matches!(
+            t.fast_reg(&reg, pd),
+            Err(VerbsError::InvalidArgument { what: "key" })
+        ));
+        assert_eq!(mr.state(), MrState::Invalid);
         let big = FastReg {
             length: 4097,
+            key: 0x5b,
             ..reg
         };
         assert!(matches!(
@@ -1046,6 +1308,211 @@ mod tests {
             t.fast_reg(&re, pd),
             Err(VerbsError::NotPermitted { .. })
         ));
+    }
+
+    /// The slot <-> index map is a bijection on 24 bits: the inverse undoes it for
+    /// slots across the whole range, and the multiplier is never 1 or -1.
+    #[test]
+    fn index_map_is_a_bijection() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..100 {
+            let m = IndexMap::random(&mut rng);
+            assert_eq!(m.mul.wrapping_mul(m.inv) & INDEX_MASK, 1);
+            assert!(m.mul % 2 == 1 && m.mul != 1 && m.mul != INDEX_MASK);
+            for s in [0, 1, 2, 77, 0xffff, INDEX_MASK - 1, INDEX_MASK] {
+                assert_eq!(m.slot(m.index(s)), s);
+                assert!(m.index(s) <= INDEX_MASK);
+            }
+        }
+    }
+
+    /// Over 1,000 registrations in one table: no two consecutive STag indices are
+    /// equal or adjacent (differ by 0 or +-1 modulo 2^24); the consecutive STags do
+    /// not all differ by the same amount (keys vary), and the keys take more than
+    /// 128 of the 256 values; every STag is distinct and index 0 never appears.
+    /// Two tables seeded by the OS start at different STags; two tables with the
+    /// same fixed seed hand out the same STags.
+    #[test]
+    fn stags_are_not_sequential() {
+        let run = |t: &MrTable| {
+            let pd = t.alloc_pd().unwrap();
+            (0..1000)
+                .map(|_| t.reg_mr(pd, 0, 1, rw()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let t = MrTable::new();
+        let mrs = run(&t);
+        let stags: Vec<u32> = mrs.iter().map(|m| m.stag().raw()).collect();
+        for w in stags.windows(2) {
+            let gap = (w[1] >> 8).wrapping_sub(w[0] >> 8) & INDEX_MASK;
+            assert!(gap > 1 && gap < INDEX_MASK, "{:#x} then {:#x}", w[0], w[1]);
+        }
+        let diffs: std::collections::HashSet<u32> =
+            stags.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        assert!(diffs.len() > 1, "constant STag step");
+        let keys: std::collections::HashSet<u8> = stags.iter().map(|s| *s as u8).collect();
+        assert!(keys.len() > 128, "only {} keys", keys.len());
+        let distinct: std::collections::HashSet<u32> = stags.iter().copied().collect();
+        assert_eq!(distinct.len(), 1000);
+        assert!(stags.iter().all(|s| s >> 8 != 0));
+        // Another OS-seeded table starts elsewhere (equal with odds 2^-32).
+        let u = MrTable::new();
+        assert_ne!(run(&u)[0].stag(), mrs[0].stag());
+        // A fixed seed reproduces the sequence.
+        let (x, y) = (
+            MrTable::with_seed(1 << 16, 9),
+            MrTable::with_seed(1 << 16, 9),
+        );
+        let sx: Vec<Stag> = run(&x).iter().map(|m| m.stag()).collect();
+        let sy: Vec<Stag> = run(&y).iter().map(|m| m.stag()).collect();
+        assert_eq!(sx, sy);
+    }
+
+    /// Every live STag resolves to its MR; every stale one (deregistered, or its
+    /// slot reused with a new key) fails with the RFC 5040 / 5041 "Invalid STag"
+    /// error, for tagged placement and for an RDMA Read Request alike.
+    #[test]
+    fn live_stags_resolve_stale_ones_fail() {
+        let t = MrTable::with_seed(1 << 16, 5);
+        let pd = t.alloc_pd().unwrap();
+        let mrs: Vec<_> = (0..600)
+            .map(|_| t.reg_mr(pd, 0x40, 8, rw()).unwrap())
+            .collect();
+        let mut stale = Vec::new();
+        for (i, m) in mrs.iter().enumerate() {
+            if i % 2 == 0 {
+                stale.push(m.stag());
+                t.dereg_mr(m).unwrap();
+            }
+        }
+        // Half of the freed slots are reused, by new registrations with new keys.
+        let again: Vec<_> = (0..150)
+            .map(|_| t.reg_mr(pd, 0x40, 8, rw()).unwrap())
+            .collect();
+        let live = mrs.iter().skip(1).step_by(2).chain(again.iter());
+        let mut n = 0;
+        for m in live {
+            let (found, off) = t
+                .check(m.stag(), pd, 0x44, 4, AccessFlags::REMOTE_WRITE)
+                .unwrap();
+            assert!(Arc::ptr_eq(&found, m));
+            assert_eq!(off, 4);
+            n += 1;
+        }
+        assert_eq!(n, 450);
+        let mut reused = 0;
+        for s in stale {
+            let e = t
+                .check(s, pd, 0x44, 4, AccessFlags::REMOTE_WRITE)
+                .unwrap_err();
+            match e {
+                ProtectionError::KeyMismatch { .. } => reused += 1,
+                ProtectionError::NoSuchIndex { .. } => {}
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                e.tagged_cause(),
+                ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag)
+            );
+            assert_eq!(
+                e.rdmap_cause(),
+                ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::InvalidStag)
+            );
+        }
+        assert_eq!(reused, 150);
+    }
+
+    /// Fast registration re-keys: the key must differ from the previous
+    /// registration's, [`MrTable::fresh_key`] gives one that does, and after the
+    /// re-registration the old STag no longer resolves (Invalid STag) while the new
+    /// one does.
+    #[test]
+    fn fast_register_rekeys() {
+        let t = MrTable::with_seed(1 << 16, 11);
+        let pd = t.alloc_pd().unwrap();
+        let mr = t.alloc_mr(pd, 64).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        let mut old: Option<Stag> = None;
+        for _ in 0..200 {
+            let key = t.fresh_key(&mr);
+            assert_ne!(key, mr.stag().key());
+            let reg = FastReg {
+                mr: mr.stag(),
+                key,
+                access: rw(),
+                iova: 0x9000,
+                length: 64,
+            };
+            t.fast_reg(&reg, pd).unwrap();
+            let new = reg.new_stag();
+            assert_eq!(mr.stag(), new);
+            seen.insert(key);
+            t.check(new, pd, 0x9000, 64, AccessFlags::REMOTE_READ)
+                .unwrap();
+            if let Some(o) = old {
+                assert_ne!(o, new);
+                let e = t
+                    .check(o, pd, 0x9000, 1, AccessFlags::REMOTE_READ)
+                    .unwrap_err();
+                assert!(matches!(e, ProtectionError::KeyMismatch { .. }), "{e:?}");
+                assert_eq!(
+                    e.tagged_cause(),
+                    ErrorCause::DdpTagged(DdpTaggedCode::InvalidStag)
+                );
+            }
+            t.invalidate(new, pd, false).unwrap();
+            // The same key again is refused, and leaves the MR invalid.
+            assert!(matches!(
+                t.fast_reg(&reg, pd),
+                Err(VerbsError::InvalidArgument { what: "key" })
+            ));
+            assert_eq!(mr.state(), MrState::Invalid);
+            old = Some(new);
+        }
+        assert!(seen.len() > 100, "fresh keys vary: {}", seen.len());
+    }
+
+    /// Remote invalidation: refused (MR left valid) for an ordinary registration
+    /// and for another PD's MR, both as RDMAP Remote Protection "STag cannot be
+    /// Invalidated" (0x09); allowed for an MR registered with the option and for a
+    /// fast-registered one. Local invalidation of the ordinary MR stays allowed.
+    #[test]
+    fn remote_invalidation_rules() {
+        let t = MrTable::with_seed(1 << 16, 13);
+        let pd = t.alloc_pd().unwrap();
+        let other = t.alloc_pd().unwrap();
+        let cannot =
+            ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::StagCannotBeInvalidated);
+        let plain = t.reg_mr(pd, 0, 8, rw()).unwrap();
+        assert!(!plain.allows_remote_invalidate());
+        let e = t.invalidate(plain.stag(), pd, true).unwrap_err();
+        assert_eq!(e, ProtectionError::NotInvalidatable);
+        assert_eq!(e.invalidate_cause(), cannot);
+        assert_eq!(plain.state(), MrState::Valid);
+        let opt = MrOptions {
+            remote_invalidate: true,
+        };
+        let flagged = t.reg_mr_with(other, 0, 8, rw(), opt).unwrap();
+        let e = t.invalidate(flagged.stag(), pd, true).unwrap_err();
+        assert!(matches!(e, ProtectionError::PdMismatch { .. }), "{e:?}");
+        assert_eq!(e.invalidate_cause(), cannot);
+        assert_eq!(flagged.state(), MrState::Valid);
+        t.invalidate(flagged.stag(), other, true).unwrap();
+        assert_eq!(flagged.state(), MrState::Invalid);
+        let fr = t.alloc_mr(pd, 8).unwrap();
+        assert!(fr.allows_remote_invalidate());
+        let reg = FastReg {
+            mr: fr.stag(),
+            key: t.fresh_key(&fr),
+            access: rw(),
+            iova: 0,
+            length: 8,
+        };
+        t.fast_reg(&reg, pd).unwrap();
+        t.invalidate(reg.new_stag(), pd, true).unwrap();
+        assert_eq!(fr.state(), MrState::Invalid);
+        t.invalidate(plain.stag(), pd, false).unwrap();
+        assert_eq!(plain.state(), MrState::Invalid);
     }
 
     /// An application thread writes and reads an MR while another thread places

@@ -682,13 +682,21 @@ fn truncated_and_malformed_ulpdus() {
     );
 }
 
-/// Send with Invalidate naming an STag that cannot be invalidated: of another PD
-/// (Remote Protection 0x09), unknown (Remote Operation 0x09). The receive WR
-/// completes with RemInvReqErr (siw), the MR stays valid.
+/// Send with Invalidate naming an STag that cannot be invalidated: an ordinary
+/// (reg_mr, no remote-invalidate option) MR of the QP's own PD (Remote Protection
+/// 0x09: the IBTA rule allows remote invalidation of fast-registered MRs only), an
+/// MR of another PD (Remote Protection 0x09), unknown (Remote Operation 0x09). The
+/// receive WR completes with RemInvReqErr (siw), the MRs stay valid and usable.
 #[test]
 fn send_with_invalidate_of_foreign_or_unknown_stag() {
     type Case = (fn(&Victim) -> u32, ErrorCause, u8, AsyncEvent);
-    let cases: [Case; 2] = [
+    let cases: [Case; 3] = [
+        (
+            |v| v.m.stag().raw(),
+            prot(RdmapProtectionCode::StagCannotBeInvalidated),
+            1,
+            access_err(QPN),
+        ),
         (
             |v| v.foreign.stag().raw(),
             prot(RdmapProtectionCode::StagCannotBeInvalidated),
@@ -708,6 +716,16 @@ fn send_with_invalidate_of_foreign_or_unknown_stag() {
         let want = terminate(0, etype, 0x09, Some(&u), false);
         v.expect(&u, cause, &want, WcStatus::RemInvReqErr, event);
         assert_eq!(v.foreign.state(), MrState::Valid);
+        assert_eq!(v.m.state(), MrState::Valid);
+        // Still usable by its STag (by a QP of its PD on another connection).
+        let pd = v.side.pd;
+        let (mr, off) = v
+            .side
+            .mrs
+            .check(v.m.stag(), pd, 0x1010, 16, AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        assert!(Arc::ptr_eq(&mr, &v.m));
+        assert_eq!(off, 0x10);
     }
 }
 

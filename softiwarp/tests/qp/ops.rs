@@ -288,7 +288,7 @@ fn sixteen_mib_send_write_read() {
 fn send_variants_se_inline_and_invalidate() {
     let mut p = Pair::new(cap(8, 2));
     let rbuf = p.b.reg(0x1000, 4096, all_access());
-    let exposed = p.b.reg(0x9000, 64, all_access());
+    let exposed = p.b.reg_invalidatable(0x9000, 64, all_access());
     for i in 0..4 {
         p.b.post_recv(100 + i, &rbuf, i * 1024, 1024);
     }
@@ -664,6 +664,59 @@ fn read_responses_interleave_with_sends_not_writes() {
     assert!(p.rx_errors.is_empty(), "{:?}", p.rx_errors);
 }
 
+/// Send with Invalidate of a fast-registered MR of the QP's PD (allowed without
+/// any option): the MR is invalidated before the receive completes, the receive's
+/// WC carries its STag with `IBV_WC_WITH_INV`, and a Write by the old rkey then
+/// fails with Invalid STag.
+#[test]
+fn send_with_invalidate_of_fast_registered_mr() {
+    let mut p = Pair::new(cap(8, 2));
+    let rbuf = p.b.reg(0x1000, 64, all_access());
+    p.b.post_recv(100, &rbuf, 0, 64);
+    let fr = p.b.mrs.alloc_mr(p.b.pd, 256).unwrap();
+    let reg = FastReg {
+        mr: fr.stag(),
+        key: p.b.mrs.fresh_key(&fr),
+        access: all_access(),
+        iova: 0x5000,
+        length: 256,
+    };
+    p.b.mrs.fast_reg(&reg, p.b.pd).unwrap();
+    assert_eq!(fr.state(), MrState::Valid);
+    let mut wr = SendWr::send_inline(1, vec![7; 8]);
+    wr.op = SendOp::SendWithInv {
+        invalidate_rkey: reg.new_stag(),
+    };
+    p.a.qp
+        .post_send(wr.with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    p.pump();
+    assert_quiet(&mut p);
+    let r = p.b.recv_wcs();
+    let got: Vec<_> = r
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.byte_len, w.invalidated_stag))
+        .collect();
+    assert_eq!(got, [(100, WcStatus::Success, 8, Some(reg.new_stag()))]);
+    assert!(r[0].wc_flags().contains(verbs::WcFlags::WITH_INV));
+    assert_eq!(fr.state(), MrState::Invalid);
+    assert_eq!(&rbuf.to_vec()[..8], &[7; 8]);
+    assert_write_refused_as_invalid_stag(&mut p, 2, 0x5000, reg.new_stag());
+}
+
+/// A one-byte RDMA Write from A to `to` by `stag` is refused by B with DDP
+/// "Invalid STag".
+fn assert_write_refused_as_invalid_stag(p: &mut Pair, wr_id: u64, to: u64, stag: verbs::Stag) {
+    p.a.qp
+        .post_send(SendWr::rdma_write_inline(wr_id, vec![1], to, stag))
+        .unwrap();
+    p.pump();
+    let cause = ddp_rdmap::ErrorCause::DdpTagged(ddp_rdmap::terminate::DdpTaggedCode::InvalidStag);
+    assert!(p
+        .rx_errors
+        .contains(&('b', softiwarp::rdmap::engine::RxError::Protocol { cause })));
+}
+
 /// Local Invalidate and Fast Register through the SQ; a remote access with the old
 /// key fails, with the new key succeeds.
 #[test]
@@ -704,19 +757,7 @@ fn fast_register_and_local_invalidate() {
     );
     assert_eq!(fr.state(), MrState::Invalid);
     // Now a Write to the invalidated STag is refused by B.
-    p.a.qp
-        .post_send(SendWr::rdma_write_inline(
-            3,
-            vec![1],
-            0xabc0_0000,
-            reg.new_stag(),
-        ))
-        .unwrap();
-    p.pump();
-    let cause = ddp_rdmap::ErrorCause::DdpTagged(ddp_rdmap::terminate::DdpTaggedCode::InvalidStag);
-    assert!(p
-        .rx_errors
-        .contains(&('b', softiwarp::rdmap::engine::RxError::Protocol { cause })));
+    assert_write_refused_as_invalid_stag(&mut p, 3, 0xabc0_0000, reg.new_stag());
 }
 
 #[test]

@@ -175,7 +175,7 @@ impl World {
                 if kind == 1 {
                     flags |= SendFlags::SOLICITED;
                 } else if kind == 2 {
-                    let victim = peer.reg(0x9000_0000, 64, all_access());
+                    let victim = peer.reg_invalidatable(0x9000_0000, 64, all_access());
                     op = SendOp::SendWithInv {
                         invalidate_rkey: victim.stag(),
                     };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use softiwarp::rdmap::engine::{QpEngine, QpEvent, QpInit, RxError};
 use softiwarp::resources::completion_queue::CompletionQueue;
-use softiwarp::resources::stag_table::{MemoryRegion, MrTable};
+use softiwarp::resources::stag_table::{MemoryRegion, MrOptions, MrTable};
 use softiwarp::PdId;
 use verbs::{AccessFlags, QpCap, QpState, RecvWr, Sge, WorkCompletion};
 
@@ -58,6 +58,17 @@ impl Side {
     /// Registers an MR of `len` bytes at `iova`.
     pub fn reg(&self, iova: u64, len: u64, access: AccessFlags) -> Arc<MemoryRegion> {
         self.mrs.reg_mr(self.pd, iova, len, access).unwrap()
+    }
+
+    /// Registers an MR of `len` bytes at `iova` that the peer may invalidate by a
+    /// Send with Invalidate ([`MrOptions::remote_invalidate`]).
+    pub fn reg_invalidatable(&self, iova: u64, len: u64, access: AccessFlags) -> Arc<MemoryRegion> {
+        let options = MrOptions {
+            remote_invalidate: true,
+        };
+        self.mrs
+            .reg_mr_with(self.pd, iova, len, access, options)
+            .unwrap()
     }
 
     /// Posts a receive WR of one SGE covering `len` bytes at buffer offset `off`.

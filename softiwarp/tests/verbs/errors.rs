@@ -202,3 +202,91 @@ fn write_to_an_invalidated_stag_terminates() {
         "nothing placed after the invalidation"
     );
 }
+
+/// The issue #15 scenario: two connections on one PD of the server. The peer on
+/// connection 1 sends a Send with Invalidate naming the rkey of an ordinary MR
+/// used by connection 2 (same PD, registered without
+/// `MrOptions::remote_invalidate`). Connection 1 gets the Terminate "STag cannot
+/// be Invalidated" (RDMAP Remote Protection Error, code 0x09) and goes to Error;
+/// the MR stays valid, and connection 2's next RDMA Write into it succeeds and
+/// lands.
+#[test]
+fn send_with_invalidate_of_another_connections_mr_is_refused() {
+    let s = Setup::default();
+    let (a, b) = pair(&s);
+    // The second connection: one more QP on each device, in the same PDs.
+    let qp_on = |e: &End| {
+        e.dev
+            .create_qp(
+                &e.pd,
+                softiwarp::QpInitAttr {
+                    send_cq: &e.scq,
+                    recv_cq: &e.rcq,
+                    cap: s.cap,
+                    sq_sig_all: false,
+                },
+            )
+            .expect("qp")
+    };
+    let (a2, b2) = (qp_on(&a), qp_on(&b));
+    let listener = b.dev.listen(PORT + 1, 4).expect("listen");
+    let params = softiwarp::transport::MpaParams {
+        private_data: Vec::new(),
+        ird: 16,
+        ord: 16,
+        settings: None,
+    };
+    let c2 = a.dev.connect_qp(addr(2), PORT + 1, params, &a2).unwrap();
+    let req = listener.next_request(WAIT).expect("request");
+    let s2 = req.accept_qp(&b2, b"", 16, 16).expect("accept_qp");
+    c2.wait_established(WAIT).unwrap();
+    s2.wait_established(WAIT).unwrap();
+    // Connection 2's MR at the server: ordinary registration, all rights.
+    let victim = b.pd.reg_mr(4096, 0x8000, all_access()).unwrap();
+    // Connection 1's peer names it in a Send with Invalidate.
+    b.qp.post_recv(RecvWr::new(7, vec![])).unwrap();
+    let mut inv = SendWr::send(1, vec![]);
+    inv.op = verbs::SendOp::SendWithInv {
+        invalidate_rkey: victim.rkey(),
+    };
+    a.qp.post_send(inv.with_flags(SendFlags::SIGNALED)).unwrap();
+    let cause = ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::StagCannotBeInvalidated);
+    assert_eq!(
+        final_event(&a),
+        ConnEvent::Failed(ConnError::TerminateReceived(cause))
+    );
+    a.wait_state(QpState::Error);
+    b.wait_state(QpState::Error);
+    let r = b.recv_wcs(1);
+    assert_eq!((r[0].wr_id, r[0].status), (7, WcStatus::RemInvReqErr));
+    assert_eq!(r[0].invalidated_stag, None);
+    assert_eq!(victim.state(), softiwarp::MrState::Valid);
+    // Connection 2 is unaffected: a Write into the MR succeeds and lands.
+    assert_eq!(a2.state(), QpState::Rts);
+    assert_eq!(b2.state(), QpState::Rts);
+    let src = a.pd.reg_mr(4096, 0x1000, all_access()).unwrap();
+    src.write(0, &[0x3c; 64]).unwrap();
+    a2.post_send(
+        SendWr::rdma_write(2, vec![src.sge(0, 64)], victim.iova() + 64, victim.rkey())
+            .with_flags(SendFlags::SIGNALED),
+    )
+    .unwrap();
+    // A Send behind the Write shows it placed (RFC 5040 §5.5 ordering).
+    b2.post_recv(RecvWr::new(8, vec![])).unwrap();
+    a2.post_send(SendWr::send(3, vec![]).with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    let mut w: Vec<_> = End::wait_n(&a.scq, 3)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    w.sort_unstable();
+    // Wr 1's completion (the refused Send) is among them: whatever its status, the
+    // Write and the Send of connection 2 succeeded.
+    assert!(w.contains(&(2, WcStatus::Success)), "{w:?}");
+    assert!(w.contains(&(3, WcStatus::Success)), "{w:?}");
+    let r = End::wait_n(&b.rcq, 1);
+    assert_eq!((r[0].wr_id, r[0].status), (8, WcStatus::Success));
+    assert_eq!(&victim.to_vec()[64..128], &[0x3c; 64]);
+    assert_eq!(victim.to_vec()[..64], [0; 64]);
+    drop((c2, s2));
+}

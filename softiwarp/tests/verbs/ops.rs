@@ -147,7 +147,10 @@ fn case(sides: &Sides<'_>, op: Op, len: usize, layout: Layout, id: u64) {
     let (dlens, doff) = Bufs::shape(layout, len, 7, true);
     let imm = 0xdead_0000 | id as u32;
     let inv_mr = (op == Op::SendInv).then(|| {
-        b.pd.reg_mr(64, 0x7700_0000 + id * 0x100, all_access())
+        let options = softiwarp::MrOptions {
+            remote_invalidate: true,
+        };
+        b.pd.reg_mr_with(64, 0x7700_0000 + id * 0x100, all_access(), options)
             .unwrap()
     });
     let what = format!("{op:?} len {len} {layout:?}");

@@ -269,7 +269,11 @@ impl QpEngine {
     /// untagged placement at MO into the receive WR for (QN 0, MSN), scattered over
     /// its SGEs. Each SGE is checked (lkey, PD, valid, `LOCAL_WRITE`, bounds) before
     /// the first byte lands in it. The last segment completes the receive WR, after
-    /// invalidating the Invalidate STag for the Invalidate variants.
+    /// invalidating the Invalidate STag for the Invalidate variants: only an MR of
+    /// the QP's PD that allows remote invalidation (fast-registered, or registered
+    /// with `MrOptions::remote_invalidate`; `MrTable::invalidate`); anything else is
+    /// the Terminate "STag cannot be Invalidated" (RFC 5040 §4.8, code 0x09) and
+    /// leaves the MR valid.
     fn rx_send(&mut self, u: &Ulpdu<'_>, bytes: &[u8]) -> Result<(), RxError> {
         let BufferModel::Untagged { msn, mo, .. } = u.header.buffer else {
             return Ok(());
