@@ -332,7 +332,11 @@ pub enum RtrError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum MpaError {
     /// The peer's Request or Reply is malformed (bad key, revision, reserved
-    /// bits, PD_Length over the limit, wrong frame kind). LLP code 0x04.
+    /// bits, PD_Length over the limit, wrong frame kind). LLP code 0x04. A
+    /// responder given a Request of an unsupported Rev
+    /// ([`WireError::BadRevision`]) queues a reject Reply with its own Rev
+    /// (`mpa::negotiate::unsupported_revision_reply`) and `llp_close` is
+    /// `Graceful`; every other case aborts.
     #[error("invalid MPA Request/Reply: {0}")]
     BadFrame(WireError),
     /// Negotiation failed: on the responder the reject Reply is queued (and
@@ -1149,6 +1153,22 @@ impl MpaConn {
                         }
                     }
                 }
+            }
+            Err(WireError::BadRevision(rev)) if self.role == Role::Responder => {
+                // A Request (the reader checked the key first) of a Rev this side
+                // does not speak: a reject Reply with our Rev, then FIN
+                // (`negotiate::unsupported_revision_reply`).
+                let reply = negotiate::unsupported_revision_reply(&self.cfg.settings);
+                let close = match reply.to_bytes() {
+                    Ok(bytes) => {
+                        self.tx.extend(&bytes);
+                        LlpClose::Graceful
+                    }
+                    Err(_) => LlpClose::Abort,
+                };
+                tracing::debug!(rev, "MPA Request of an unsupported Rev rejected");
+                self.fail_with(MpaError::BadFrame(WireError::BadRevision(rev)), close);
+                data.len()
             }
             Err(e) => {
                 self.fail(MpaError::BadFrame(e));

@@ -917,6 +917,93 @@ fn bad_key() {
     );
 }
 
+/// The reject Reply to a Request of an unsupported Rev, from a Rev 2 responder:
+/// the Reply key, flags 0x20 (R only: no M, C or enhanced bit), Rev 2, PD_Length 0.
+const UNSUPPORTED_REV_REJECT_REV2: &str = "4d504120494420526570204672616d6520020000";
+
+/// A Request of Rev 3 (or 0, or 255): the responder answers with a reject Reply
+/// carrying its own Rev (golden bytes), in every chunking, reports
+/// BadFrame(BadRevision) with LLP code 0x04, and closes gracefully (FIN, so the
+/// Reply gets out) instead of resetting. A Rev 1 responder answers with Rev 1.
+/// Our initiator reads that Reply as a reject.
+#[test]
+fn unsupported_revision_request_gets_a_reject_reply() {
+    for rev in [3u8, 0, 255] {
+        for (local_rev, golden) in [
+            (2u8, unhex(UNSUPPORTED_REV_REJECT_REV2)),
+            (1, {
+                let mut g = unhex(UNSUPPORTED_REV_REJECT_REV2);
+                g[17] = 1;
+                g
+            }),
+        ] {
+            let mut req = unhex(RPING_REQUEST);
+            req[17] = rev;
+            for chunk in [req.len(), 7, 1] {
+                let mut rsp = MpaConn::responder(cfg(s(|x| x.rev = local_rev)), 0).unwrap();
+                let mut taken = 0;
+                for piece in req.chunks(chunk) {
+                    taken += rsp.handle_rx(piece, 1);
+                }
+                // Taken up to the end of the chunk that completed the 20-octet header.
+                assert_eq!(
+                    taken,
+                    20usize.div_ceil(chunk) * chunk,
+                    "rev {rev} chunk {chunk}"
+                );
+                let Some(MpaEvent::Error(e)) = rsp.poll_event() else {
+                    panic!("rev {rev} chunk {chunk}")
+                };
+                assert_eq!(e, MpaError::BadFrame(WireError::BadRevision(rev)));
+                assert_eq!(e.llp_error_code(), Some(LlpErrorCode::InvalidRequestReply));
+                assert_eq!(rsp.poll_event(), None, "no ConnectRequest");
+                assert_eq!(rsp.state(), State::Failed);
+                assert_eq!(rsp.llp_close(), Some(LlpClose::Graceful));
+                assert!(!rsp.can_send_terminate());
+                let out = rsp.poll_transmit().unwrap().to_vec();
+                assert_eq!(out, golden, "rev {rev} local {local_rev} chunk {chunk}");
+                rsp.transmit_done(out.len()).unwrap();
+                // Nothing more is read or sent; the peer's FIN changes nothing.
+                assert_eq!(rsp.handle_rx(b"more", 2), 0);
+                rsp.handle_tcp_closed(true);
+                assert_eq!(rsp.poll_event(), None);
+                assert_eq!(rsp.poll_transmit(), None);
+            }
+            // Our initiator (same Rev) takes it as a reject.
+            let mut ini = MpaConn::initiator(cfg(s(|x| x.rev = local_rev)), 0).unwrap();
+            let request = ini.poll_transmit().unwrap().len();
+            ini.transmit_done(request).unwrap();
+            ini.handle_rx(&golden, 1);
+            assert_eq!(
+                ini.poll_event(),
+                Some(MpaEvent::Rejected {
+                    private_data: Vec::new()
+                })
+            );
+        }
+    }
+    // A Reply key with Rev 3 sent to a responder is not a Request: abort, no answer.
+    let mut bad = unhex(RPING_REPLY);
+    bad[17] = 3;
+    for chunk in [bad.len(), 1] {
+        let mut rsp = MpaConn::responder(MpaConfig::default(), 0).unwrap();
+        for piece in bad.chunks(chunk) {
+            rsp.handle_rx(piece, 1);
+        }
+        assert_eq!(
+            rsp.poll_event(),
+            Some(MpaEvent::Error(MpaError::BadFrame(
+                WireError::UnexpectedKind {
+                    expected: FrameKind::Request,
+                    found: FrameKind::Reply
+                }
+            )))
+        );
+        assert_eq!(rsp.llp_close(), Some(LlpClose::Abort));
+        assert_eq!(rsp.poll_transmit(), None);
+    }
+}
+
 #[test]
 fn private_data_too_long() {
     // In the local settings.
