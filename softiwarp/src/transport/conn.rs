@@ -126,8 +126,11 @@ pub(super) struct Conn {
     pub(super) life: Life,
     /// The user knows of this connection (initiator; responder after ConnectRequest).
     pub(super) visible: bool,
-    /// Counts against its listener's backlog.
+    /// Counts against its listener's backlog (its ConnectRequest was reported and is
+    /// not yet decided).
     pub(super) in_backlog: bool,
+    /// In its listener's half-open pool (responder, MPA Request not yet valid).
+    pub(super) half_open: bool,
     /// The final event was given ([`ConnEvent::Closed`] or [`ConnEvent::Failed`]), or the
     /// connection ended without one (a startup failure, a rejected request).
     pub(super) final_sent: bool,
@@ -763,7 +766,8 @@ impl Conn {
             emss: 0,
             life: Life::Active,
             visible: role == Role::Initiator,
-            in_backlog: role == Role::Responder,
+            in_backlog: false,
+            half_open: role == Role::Responder,
             final_sent: false,
             close: LocalClose::No,
             abort: Abort::No,
