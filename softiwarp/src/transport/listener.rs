@@ -56,9 +56,9 @@ impl<L: Link> Stack<L> {
         }
     }
 
-    /// Arms listening sockets: none while the backlog is full (a SYN is then refused);
-    /// else up to the backlog's free room, within the half-open pool's free room but
-    /// at least one (the connection it takes may push the oldest half-open one out,
+    /// Arms listening sockets (and closes surplus ones still in LISTEN): none while the
+    /// backlog is full (a SYN is then refused); else up to the backlog's free room,
+    /// within the half-open pool's free room but at least one (the connection it takes may push the oldest half-open one out,
     /// see [`Stack::sweep_half_open`]).
     pub(super) fn rearm(&mut self) {
         let mss = self.mss();
@@ -75,18 +75,30 @@ impl<L: Link> Stack<L> {
                     Err(_) => break,
                 }
             }
+            // Surplus sockets still in LISTEN go (one in SYN-RECEIVED is a connection
+            // under way and stays), so a full backlog refuses the next SYN.
+            let mut i = 0;
+            while l.armed.len() > target && i < l.armed.len() {
+                let h = l.armed[i];
+                if self.sockets.get::<tcp::Socket>(h).state() == tcp::State::Listen {
+                    l.armed.swap_remove(i);
+                    self.sockets.remove(h);
+                } else {
+                    i += 1;
+                }
+            }
         }
     }
 
-    /// Keeps each listener's half-open pool: connections whose Request was reported
-    /// move to the backlog, ones that failed or closed leave, and while more than
+    /// Keeps each listener's half-open pool: connections whose Request came in (they
+    /// moved to the backlog, or were rejected when it was full: `Conn::on_mpa_event`)
+    /// and ones that failed or closed leave, and while more than
     /// `half_open_max` remain the oldest is reset (counted in
     /// [`super::StackStats::half_open_dropped`]) so that a new connection, which may
     /// be a client about to send its Request, gets in. O(pool size) per poll.
     pub(super) fn sweep_half_open(&mut self) {
         for l in self.listeners.values_mut() {
             let conns = &mut self.conns;
-            let pending = &mut l.pending;
             l.half_open.retain(|id| {
                 let Some(c) = conns.get_mut(id) else {
                     return false;
@@ -97,15 +109,10 @@ impl<L: Link> Stack<L> {
                     && !c.life.is_zombie()
                     && c.abort == Abort::No
                     && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingRequest);
-                if still {
-                    return true;
+                if !still {
+                    c.half_open = false;
                 }
-                c.half_open = false;
-                if c.visible && !c.final_sent && !c.life.is_zombie() && !c.in_backlog {
-                    c.in_backlog = true;
-                    *pending += 1;
-                }
-                false
+                still
             });
             while l.half_open.len() > l.half_open_max {
                 let Some(id) = l.half_open.pop_front() else {

@@ -102,7 +102,11 @@
 //!   waits at most [`MpaDefaults::startup_timeout_us`] for its Request.
 //! - the **backlog**: [`StackEvent::ConnectRequest`] reported and neither
 //!   [`Stack::accept`]ed nor [`Stack::reject`]ed; at most `backlog` (the argument of
-//!   [`Stack::listen`], at most [`MAX_BACKLOG`]).
+//!   [`Stack::listen`], at most [`MAX_BACKLOG`]). A half-open connection whose Request
+//!   comes in while the backlog is full gets a reject Reply and a FIN, and is not
+//!   reported ([`StackStats::backlog_rejects`]): our choice, so the backlog bound holds
+//!   (Linux siw hands the backlog to its kernel listening socket, `siw_create_listen`,
+//!   where the TCP accept queue bounds connections before MPA).
 //!
 //! While the backlog is full no socket is armed, and smoltcp answers a further SYN with
 //! a RST (no socket accepts the segment, so `process_tcp` replies with `rst_reply`): the
@@ -216,6 +220,9 @@ pub struct StackStats {
     pub terminates_sent: u64,
     /// Terminates received.
     pub terminates_received: u64,
+    /// Valid MPA Requests rejected (reject Reply, then FIN) because their listener's
+    /// backlog was full; also counted in `startup_failures`.
+    pub backlog_rejects: u64,
     /// Half-open connections (MPA Request not yet valid) reset because their
     /// listener's half-open pool was full ([`StackConfig::half_open_max`]), oldest first.
     pub half_open_dropped: u64,
@@ -656,6 +663,7 @@ impl<L: Link> Stack<L> {
                 stats: &mut self.stats,
                 cfg: &self.cfg,
                 progress: &mut self.progress,
+                listeners: &mut self.listeners,
                 mtu,
             },
         )

@@ -155,3 +155,59 @@ fn silent_flood_drops_the_oldest_half_open_and_a_real_client_gets_in() {
     assert_eq!(p.b.stack.connection_count(), 1, "only the accepted one");
     assert_eq!(p.b.stack.stats().startup_failures, 50 - 43 + 43);
 }
+
+/// Backlog 1: two connections are let in while it is empty; the first Request is
+/// reported, the second, arriving while the backlog is full, gets a reject Reply
+/// (golden bytes) and a FIN, and is not reported; a SYN while the
+/// backlog is full is refused (RST).
+#[test]
+fn a_request_beyond_the_backlog_is_rejected_not_reported() {
+    let (la, lb) = links(1500);
+    let mut p = Pair::new(RawHost::new(la, 1), Side::new(lb, 2, |_| {}));
+    let lid = p.b.stack.listen(PORT, 1, None).unwrap();
+    let first = raw_socket(&mut p);
+    let second = raw_socket(&mut p);
+    open(&mut p, first, 41_000);
+    open(&mut p, second, 41_001);
+    assert_eq!(state(&mut p, second), tcp::State::Established);
+    for h in [first, second] {
+        p.a.host
+            .sockets
+            .get_mut::<tcp::Socket>(h)
+            .send_slice(&REQUEST)
+            .unwrap();
+        assert!(p.run_until(Duration::from_secs(1), |p| {
+            p.a.host.sockets.get::<tcp::Socket>(h).send_queue() == 0
+        }));
+    }
+    assert!(p.run_until(Duration::from_secs(1), |p| {
+        matches!(state(p, second), tcp::State::CloseWait | tcp::State::Closed)
+    }));
+    assert_eq!(state(&mut p, second), tcp::State::CloseWait, "FIN, not RST");
+    let mut reply = [0u8; 64];
+    let n =
+        p.a.host
+            .sockets
+            .get_mut::<tcp::Socket>(second)
+            .recv_slice(&mut reply)
+            .unwrap();
+    // The usual reject Reply (`negotiate::reject_reply`): R and the enhanced bit, Rev 2,
+    // PD_Length 4 holding the IRD/ORD word (IRD 1, ORD 1, no P2P flags).
+    let mut golden = b"MPA ID Rep Frame".to_vec();
+    golden.extend_from_slice(&[0x30, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01]);
+    assert_eq!(&reply[..n], &golden[..]);
+    assert_eq!(p.b.requests.len(), 1);
+    assert_eq!(p.b.stack.stats().backlog_rejects, 1);
+    assert_eq!(
+        p.b.stack.listener_stats(lid),
+        Some(ListenerStats {
+            armed: 0,
+            half_open: 0,
+            requests: 1
+        })
+    );
+    // A SYN now finds no listening socket.
+    let third = raw_socket(&mut p);
+    open(&mut p, third, 41_002);
+    assert_eq!(state(&mut p, third), tcp::State::Closed);
+}
