@@ -211,3 +211,43 @@ fn a_request_beyond_the_backlog_is_rejected_not_reported() {
     open(&mut p, third, 41_002);
     assert_eq!(state(&mut p, third), tcp::State::Closed);
 }
+
+/// A connection that dribbles its Request (one octet at a time, at least 100 ms apart;
+/// startup timeout 600 s so that only the pool can end it) stays half-open
+/// until the Request is whole, so it is pushed out like a silent one: pool of 2, the
+/// dribbler first, then two silent connections: the dribbler (the oldest) is reset
+/// though it keeps sending, and the two silent ones stay.
+#[test]
+fn a_dribbling_request_is_half_open_and_pushed_out_first() {
+    let (la, lb) = links(1500);
+    let mut p = Pair::new(
+        RawHost::new(la, 1),
+        Side::new(lb, 2, |c| {
+            c.half_open_max = 2;
+            c.mpa.startup_timeout_us = 600_000_000;
+        }),
+    );
+    let lid = p.b.stack.listen(PORT, 4, None).unwrap();
+    let dribbler = raw_socket(&mut p);
+    open(&mut p, dribbler, 41_000);
+    for &b in &REQUEST[..5] {
+        p.a.host
+            .sockets
+            .get_mut::<tcp::Socket>(dribbler)
+            .send_slice(&[b])
+            .unwrap();
+        p.run_for(Duration::from_millis(100));
+    }
+    assert_eq!(p.b.stack.listener_stats(lid).map(|s| s.half_open), Some(1));
+    let silent = [raw_socket(&mut p), raw_socket(&mut p)];
+    open(&mut p, silent[0], 41_001);
+    open(&mut p, silent[1], 41_002);
+    assert!(p.run_until(Duration::from_millis(100), |p| {
+        state(p, dribbler) == tcp::State::Closed
+    }));
+    for h in silent {
+        assert_eq!(state(&mut p, h), tcp::State::Established);
+    }
+    assert_eq!(p.b.stack.stats().half_open_dropped, 1);
+    assert!(p.b.requests.is_empty());
+}
