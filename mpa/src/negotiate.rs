@@ -525,6 +525,31 @@ pub fn reject_reply(
     })
 }
 
+/// The responder's answer to a Request whose Rev it does not support (neither 1
+/// nor 2, e.g. 3): a reject Reply (R set) with `local`'s own Rev, `M` and `C`
+/// clear, no enhanced bit and no private data, so that the initiator learns the
+/// revision this side speaks (20 octets: the Reply key, flags 0x20, Rev,
+/// PD_Length 0). The driver then closes the TCP connection gracefully.
+///
+/// RFC 5044 section 7.1.1 (Rev: receivers MUST check it) and RFC 6581 section 5
+/// leave an unsupported Request to the responder; this answers it as a reject, as
+/// the other refusals of [`respond`] are, rather than with a bare reset. Linux siw
+/// (`siw_proc_mpareq`: `version > MPA_REVISION_2` gives `-EPROTO`) closes the
+/// connection without a Reply.
+pub fn unsupported_revision_reply(local: &LocalSettings) -> Repr {
+    Repr {
+        kind: FrameKind::Reply,
+        markers: false,
+        crc: false,
+        reject: true,
+        enhanced: false,
+        reserved: 0,
+        rev: local.rev.clamp(1, 2),
+        rev2: None,
+        private_data: Vec::new(),
+    }
+}
+
 /// The initiator's view of the negotiation: `local` is what it sent the
 /// Request with (see [`request`]), `reply` the responder's Reply.
 ///

@@ -904,10 +904,13 @@ impl StartupReader {
     /// the key is valid but not the expected kind. Header errors are reported
     /// as soon as the 20-octet header is in.
     pub fn push<'a>(&mut self, data: &'a [u8]) -> Result<Startup<'a>, WireError> {
-        if self.buf.is_empty() {
-            // Fast path: the whole frame in this chunk, parse it in place.
+        if self.buf.is_empty() && data.len() >= HEADER_LEN {
+            // Fast path: the whole frame in this chunk, parse it in place. The
+            // key is checked first, so that a [`WireError::BadRevision`] from a
+            // reader that expects one kind is known to be of that kind (a
+            // responder answers a Request of an unsupported Rev with a reject).
+            self.check_kind(data)?;
             if let Some(frame_len) = needed_len(data, &self.limits)? {
-                self.check_kind(data)?;
                 if data.len() >= frame_len {
                     let (frame, len) = Repr::parse_bytes(data, &self.limits)?;
                     return Ok(Startup::Complete {
@@ -926,12 +929,12 @@ impl StartupReader {
                 return Ok(Startup::Incomplete);
             }
         }
+        self.check_kind(&self.buf)?;
         let frame_len = match needed_len(&self.buf, &self.limits) {
             Ok(Some(len)) => len,
             Ok(None) => return Ok(Startup::Incomplete),
             Err(e) => return Err(e),
         };
-        self.check_kind(&self.buf)?;
         let take = (frame_len - self.buf.len()).min(data.len());
         self.buf.extend_from_slice(&data[..take]);
         data = &data[take..];

@@ -121,6 +121,10 @@ pub struct DeviceConfig {
     pub mpa: MpaDefaults,
     /// TCP connect timeout. Default 20 s.
     pub connect_timeout: Duration,
+    /// Half-open connections (TCP up, MPA Request not yet valid) kept per listener
+    /// before the oldest is reset ([`StackConfig::half_open_max`]). Default
+    /// [`DEFAULT_HALF_OPEN_MAX`](crate::transport::DEFAULT_HALF_OPEN_MAX).
+    pub half_open_max: usize,
     /// Engine loop settings (spin time, stream queue bounds).
     pub engine: EngineConfig,
     /// A network namespace file (e.g. `/run/netns/NAME`) the engine thread enters with
@@ -147,6 +151,7 @@ impl DeviceConfig {
             tcp: TcpConfig::default(),
             mpa: MpaDefaults::default(),
             connect_timeout: Duration::from_micros(DEFAULT_CONNECT_TIMEOUT_US),
+            half_open_max: crate::transport::DEFAULT_HALF_OPEN_MAX,
             engine: EngineConfig::default(),
             netns: None,
         }
@@ -309,6 +314,7 @@ impl Device {
             tcp,
             mpa,
             connect_timeout,
+            half_open_max,
             engine,
             netns,
         } = config;
@@ -318,6 +324,7 @@ impl Device {
             mpa,
             connect_timeout_us: u64::try_from(connect_timeout.as_micros()).unwrap_or(u64::MAX),
             terminate_linger_us: DEFAULT_TERMINATE_LINGER_US,
+            half_open_max,
         };
         let thread_name: String = format!("sw-{name}").chars().take(15).collect();
         let (t_wake, t_shared, t_name) = (wake.clone(), shared.clone(), name.clone());

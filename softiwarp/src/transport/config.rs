@@ -26,6 +26,13 @@ pub(super) const WINDOW_UPDATE_MIN: u64 = 16 * 1024;
 /// by default; each armed socket here reserves its buffers' address space).
 pub const MAX_BACKLOG: usize = 1024;
 
+/// Default bound of a listener's half-open pool ([`StackConfig::half_open_max`]): 64
+/// connections. Each holds a TCP socket with its receive and send buffers
+/// ([`TcpConfig::rx_buffer`] + [`TcpConfig::tx_buffer`], 512 KiB by default, allocated
+/// zeroed) from the SYN on, so the pool bounds that memory at 64 x 512 KiB = 32 MiB per
+/// listener by default.
+pub const DEFAULT_HALF_OPEN_MAX: usize = 64;
+
 /// ULPDUs a responder takes from its upper before the initiator's first FPDU arrived
 /// (MPA holds them, copied, until then; RFC 5044 7.1.2): 64.
 pub const MAX_HELD_ULPDUS: usize = 64;
@@ -94,6 +101,12 @@ pub struct StackConfig {
     /// After an error with a Terminate queued, how long to wait (microseconds) for it to
     /// be acknowledged before the RST. Default [`DEFAULT_TERMINATE_LINGER_US`].
     pub terminate_linger_us: u64,
+    /// Largest number of half-open connections per listener (TCP established, MPA
+    /// Request not yet valid; see "Listeners and the backlog" in the module docs): when
+    /// a new connection would exceed it, the oldest half-open one is reset. At least 1.
+    /// Default [`DEFAULT_HALF_OPEN_MAX`]. How long a half-open connection may wait for
+    /// its Request is [`MpaDefaults::startup_timeout_us`].
+    pub half_open_max: usize,
 }
 
 impl StackConfig {
@@ -105,6 +118,7 @@ impl StackConfig {
             mpa: MpaDefaults::default(),
             connect_timeout_us: DEFAULT_CONNECT_TIMEOUT_US,
             terminate_linger_us: DEFAULT_TERMINATE_LINGER_US,
+            half_open_max: DEFAULT_HALF_OPEN_MAX,
         }
     }
 }

@@ -14,6 +14,7 @@ use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
+use super::listener::Listener;
 use super::mpa_conn::{InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State};
 use super::seg_tracker::{tuple_key, SegTracker, Track};
 use super::smoltcp_glue::mss_for_mtu;
@@ -126,8 +127,11 @@ pub(super) struct Conn {
     pub(super) life: Life,
     /// The user knows of this connection (initiator; responder after ConnectRequest).
     pub(super) visible: bool,
-    /// Counts against its listener's backlog.
+    /// Counts against its listener's backlog (its ConnectRequest was reported and is
+    /// not yet decided).
     pub(super) in_backlog: bool,
+    /// In its listener's half-open pool (responder, MPA Request not yet valid).
+    pub(super) half_open: bool,
     /// The final event was given ([`ConnEvent::Closed`] or [`ConnEvent::Failed`]), or the
     /// connection ended without one (a startup failure, a rejected request).
     pub(super) final_sent: bool,
@@ -164,6 +168,8 @@ pub(super) struct Cx<'a> {
     pub(super) stats: &'a mut StackStats,
     pub(super) cfg: &'a StackConfig,
     pub(super) progress: &'a mut bool,
+    /// The listeners, for the backlog count of a connection request.
+    pub(super) listeners: &'a mut std::collections::BTreeMap<ListenerId, Listener>,
     /// The link's IP MTU in bytes.
     pub(super) mtu: usize,
 }
@@ -325,8 +331,29 @@ impl Conn {
         *cx.progress = true;
         match ev {
             MpaEvent::ConnectRequest { request } => {
-                self.visible = true;
                 let listener = self.listener.unwrap_or(ListenerId(0));
+                // The Request is valid: the connection leaves the half-open pool for
+                // the backlog, or is rejected (reject Reply, FIN) when the backlog is
+                // full, so that at most `backlog` requests wait for a decision.
+                self.half_open = false;
+                match cx.listeners.get_mut(&listener) {
+                    Some(l) if l.pending < l.backlog => {
+                        l.pending += 1;
+                        self.in_backlog = true;
+                    }
+                    _ => {
+                        tracing::debug!(conn = self.id.0, "backlog full: request rejected");
+                        if let Some(m) = self.mpa.as_mut() {
+                            // Only fails if not AwaitingDecision, which it is here.
+                            let _ = m.reject(b"");
+                        }
+                        self.final_sent = true;
+                        cx.stats.startup_failures += 1;
+                        cx.stats.backlog_rejects += 1;
+                        return;
+                    }
+                }
+                self.visible = true;
                 tracing::debug!(conn = self.id.0, remote = %self.remote, "MPA Request received");
                 cx.events
                     .push_back(StackEvent::ConnectRequest(ConnectRequestInfo {
@@ -763,7 +790,8 @@ impl Conn {
             emss: 0,
             life: Life::Active,
             visible: role == Role::Initiator,
-            in_backlog: role == Role::Responder,
+            in_backlog: false,
+            half_open: role == Role::Responder,
             final_sent: false,
             close: LocalClose::No,
             abort: Abort::No,

@@ -2,24 +2,46 @@
 //! docs](super)): the pool of listening sockets of each [`Listener`], re-armed at every
 //! poll, and the harvest of sockets that became connections.
 
+use std::collections::VecDeque;
+
 use mpa::negotiate::LocalSettings;
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 
-use super::conn::{v4, Conn};
+use super::conn::{v4, Abort, Conn};
 use super::mpa_conn::{MpaConn, Role, State};
-use super::{ConnId, Stack, StackError};
+use super::{ConnId, ListenerId, Stack, StackError};
 use crate::link::Link;
 
-/// One listener: a port, its backlog and its pool of listening sockets.
+/// One listener: a port, its backlog, its half-open pool and its pool of listening
+/// sockets.
 pub(super) struct Listener {
     pub(super) port: u16,
     pub(super) backlog: usize,
     pub(super) settings: LocalSettings,
     pub(super) armed: Vec<SocketHandle>,
-    /// Connections of this listener not yet decided (see the module docs).
+    /// Connection requests reported and not yet decided (the backlog; see the module
+    /// docs).
     pub(super) pending: usize,
+    /// Half-open connections (TCP established, MPA Request not yet valid), oldest
+    /// first; at most `half_open_max` after each poll.
+    pub(super) half_open: VecDeque<ConnId>,
+    /// Bound of `half_open` ([`super::StackConfig::half_open_max`]).
+    pub(super) half_open_max: usize,
+}
+
+/// The occupancy of one listener (see [`Stack::listener_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ListenerStats {
+    /// Listening sockets (LISTEN or SYN-RECEIVED).
+    pub armed: usize,
+    /// Half-open connections: TCP established, MPA Request not yet valid. At most
+    /// [`super::StackConfig::half_open_max`] after each poll.
+    pub half_open: usize,
+    /// Connection requests reported ([`super::StackEvent::ConnectRequest`]) and neither
+    /// accepted nor rejected: at most the backlog.
+    pub requests: usize,
 }
 
 impl<L: Link> Stack<L> {
@@ -34,16 +56,86 @@ impl<L: Link> Stack<L> {
         }
     }
 
+    /// Arms listening sockets (and closes surplus ones still in LISTEN): none while the
+    /// backlog is full (a SYN is then refused); else up to the backlog's free room,
+    /// within the half-open pool's free room but at least one (the connection it takes may push the oldest half-open one out,
+    /// see [`Stack::sweep_half_open`]).
     pub(super) fn rearm(&mut self) {
         let mss = self.mss();
         for l in self.listeners.values_mut() {
-            while l.armed.len() + l.pending < l.backlog {
+            let target = if l.pending >= l.backlog {
+                0
+            } else {
+                let room = l.half_open_max.saturating_sub(l.half_open.len()).max(1);
+                (l.backlog - l.pending).min(room)
+            };
+            while l.armed.len() < target {
                 match self.cfg.tcp.socket_for_mss(mss) {
                     Ok(s) => Self::arm(&mut self.sockets, l, s),
                     Err(_) => break,
                 }
             }
+            // Surplus sockets still in LISTEN go (one in SYN-RECEIVED is a connection
+            // under way and stays), so a full backlog refuses the next SYN.
+            let mut i = 0;
+            while l.armed.len() > target && i < l.armed.len() {
+                let h = l.armed[i];
+                if self.sockets.get::<tcp::Socket>(h).state() == tcp::State::Listen {
+                    l.armed.swap_remove(i);
+                    self.sockets.remove(h);
+                } else {
+                    i += 1;
+                }
+            }
         }
+    }
+
+    /// Keeps each listener's half-open pool: connections whose Request came in (they
+    /// moved to the backlog, or were rejected when it was full: `Conn::on_mpa_event`)
+    /// and ones that failed or closed leave, and while more than
+    /// `half_open_max` remain the oldest is reset (counted in
+    /// [`super::StackStats::half_open_dropped`]) so that a new connection, which may
+    /// be a client about to send its Request, gets in. O(pool size) per poll.
+    pub(super) fn sweep_half_open(&mut self) {
+        for l in self.listeners.values_mut() {
+            let conns = &mut self.conns;
+            l.half_open.retain(|id| {
+                let Some(c) = conns.get_mut(id) else {
+                    return false;
+                };
+                let still = c.half_open
+                    && !c.visible
+                    && !c.final_sent
+                    && !c.life.is_zombie()
+                    && c.abort == Abort::No
+                    && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingRequest);
+                if !still {
+                    c.half_open = false;
+                }
+                still
+            });
+            while l.half_open.len() > l.half_open_max {
+                let Some(id) = l.half_open.pop_front() else {
+                    break;
+                };
+                if let Some(c) = conns.get_mut(&id) {
+                    tracing::debug!(conn = id.0, remote = %c.remote, "half-open pool full: oldest reset");
+                    c.half_open = false;
+                    c.ask_abort();
+                    self.stats.half_open_dropped += 1;
+                }
+            }
+        }
+    }
+
+    /// The occupancy of a listener, or `None` if there is no such listener.
+    pub fn listener_stats(&self, id: ListenerId) -> Option<ListenerStats> {
+        let l = self.listeners.get(&id)?;
+        Some(ListenerStats {
+            armed: l.armed.len(),
+            half_open: l.half_open.len(),
+            requests: l.pending,
+        })
     }
 
     pub(super) fn leave_backlog(&mut self, conn: ConnId) {
@@ -98,7 +190,6 @@ impl<L: Link> Stack<L> {
                         l.armed.swap_remove(i);
                         match (s.local_endpoint(), s.remote_endpoint()) {
                             (Some(local), Some(remote)) => {
-                                l.pending += 1;
                                 born.push((lid, h, v4(local), v4(remote), l.settings.clone()));
                             }
                             _ => {
@@ -112,6 +203,9 @@ impl<L: Link> Stack<L> {
         for (lid, h, local, remote, settings) in born {
             let id = ConnId(self.next_id());
             tracing::debug!(conn = id.0, %remote, "TCP connection accepted");
+            if let Some(l) = self.listeners.get_mut(&lid) {
+                l.half_open.push_back(id);
+            }
             self.conns.insert(
                 id,
                 Conn::new(

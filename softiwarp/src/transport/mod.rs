@@ -27,7 +27,9 @@
 //! 1. link events ([`LinkEvent`]): reported as [`StackEvent::Link`]; `Gone` fails every
 //!    connection with [`ConnError::DeviceGone`] and removes every listener;
 //! 2. smoltcp `Interface::poll` (ingress, then egress: ACKs go out at once);
-//! 3. listeners: harvest listen sockets that became connections, re-arm the pool;
+//! 3. listeners: harvest listen sockets that became connections (they join the
+//!    half-open pool; the pool is swept and re-armed after step 5, see "Listeners and
+//!    the backlog");
 //! 4. rounds over the connections: TCP state changes, the receive path (socket bytes into
 //!    [`MpaConn::handle_rx`], events out, ULPDUs to the upper while it has room), MPA
 //!    timers, closing, and the transmit path (FPDUs into the socket: one per connection
@@ -87,17 +89,37 @@
 //! # Listeners and the backlog
 //!
 //! smoltcp has no accept queue: a listening socket *becomes* the connection when a SYN
-//! arrives. A listener with backlog `n` therefore keeps a pool of listening sockets on its
-//! port: while `armed + pending < n`, a fresh socket is armed, where `pending` counts
-//! connections of this listener not yet decided (TCP handshake in progress, MPA Request
-//! not yet in, or [`StackEvent::ConnectRequest`] reported and neither [`Stack::accept`]ed
-//! nor [`Stack::reject`]ed). When `n` connections are pending no socket listens on the
-//! port, and smoltcp answers a further SYN with a RST (no socket accepts the segment, so
-//! `process_tcp` replies with `rst_reply`): the initiator sees the connection refused.
-//! Linux instead drops the SYN while its accept queue is full, so the client retries;
-//! here the refusal is immediate and visible. The pool is re-armed at every poll. Socket
-//! buffers are allocated zeroed, so an armed socket costs address space, not memory, until
-//! it is used. `backlog` is at most [`MAX_BACKLOG`].
+//! arrives. A listener therefore keeps a pool of listening sockets (**armed**) on its
+//! port, re-armed at every poll, and counts its connections in two bounded sets:
+//!
+//! - the **half-open pool**: TCP established, MPA Request not yet valid. At most
+//!   [`StackConfig::half_open_max`] (default [`DEFAULT_HALF_OPEN_MAX`]); when a new
+//!   connection makes it one more, the **oldest** half-open connection is reset
+//!   ([`StackStats::half_open_dropped`]). A peer that opens connections and never sends
+//!   (or dribbles) its Request can thus hold at most that many sockets, and cannot keep
+//!   a client that sends its Request promptly out: the client is pushed out only if
+//!   `half_open_max` newer connections arrive before its Request is in. Each still
+//!   waits at most [`MpaDefaults::startup_timeout_us`] for its Request.
+//! - the **backlog**: [`StackEvent::ConnectRequest`] reported and neither
+//!   [`Stack::accept`]ed nor [`Stack::reject`]ed; at most `backlog` (the argument of
+//!   [`Stack::listen`], at most [`MAX_BACKLOG`]). A half-open connection whose Request
+//!   comes in while the backlog is full gets a reject Reply and a FIN, and is not
+//!   reported ([`StackStats::backlog_rejects`]): our choice, so the backlog bound holds
+//!   (Linux siw hands the backlog to its kernel listening socket, `siw_create_listen`,
+//!   where the TCP accept queue bounds connections before MPA).
+//!
+//! While the backlog is full no socket is armed, and smoltcp answers a further SYN with
+//! a RST (no socket accepts the segment, so `process_tcp` replies with `rst_reply`): the
+//! initiator sees the connection refused. Linux instead drops the SYN while its accept
+//! queue is full, so the client retries; here the refusal is immediate and visible.
+//! Otherwise up to `backlog - requests` sockets are armed, within the half-open pool's
+//! free room but always at least one. [`Stack::listener_stats`] gives the counts.
+//!
+//! Memory: a socket's receive and send buffers ([`TcpConfig::rx_buffer`],
+//! [`TcpConfig::tx_buffer`]) are allocated zeroed when it is armed and keep their size
+//! for the connection's life (smoltcp cannot resize them), so every half-open connection
+//! costs them in full: the half-open pool bounds that cost per listener at
+//! `half_open_max x (rx_buffer + tx_buffer)`.
 //!
 //! # Bad input
 //!
@@ -142,6 +164,7 @@ mod ulp;
 
 use config::WINDOW_UPDATE_MIN;
 pub use config::*;
+pub use listener::ListenerStats;
 pub use ulp::*;
 
 use std::cell::RefCell;
@@ -197,6 +220,12 @@ pub struct StackStats {
     pub terminates_sent: u64,
     /// Terminates received.
     pub terminates_received: u64,
+    /// Valid MPA Requests rejected (reject Reply, then FIN) because their listener's
+    /// backlog was full; also counted in `startup_failures`.
+    pub backlog_rejects: u64,
+    /// Half-open connections (MPA Request not yet valid) reset because their
+    /// listener's half-open pool was full ([`StackConfig::half_open_max`]), oldest first.
+    pub half_open_dropped: u64,
     /// FPDUs written behind another full-sized one before it was on the wire (several
     /// per connection round; see "One FPDU per TCP segment" in the module docs).
     pub fpdus_batched: u64,
@@ -478,6 +507,11 @@ impl<L: Link> Stack<L> {
         if backlog == 0 || backlog > MAX_BACKLOG {
             return Err(StackError::InvalidBacklog(backlog));
         }
+        if self.cfg.half_open_max == 0 {
+            return Err(StackError::Config(
+                "half_open_max must be at least 1".into(),
+            ));
+        }
         if self.listeners.values().any(|l| l.port == port) {
             return Err(StackError::PortInUse(port));
         }
@@ -492,6 +526,8 @@ impl<L: Link> Stack<L> {
             settings,
             armed: Vec::new(),
             pending: 0,
+            half_open: Default::default(),
+            half_open_max: self.cfg.half_open_max,
         };
         Self::arm(&mut self.sockets, &mut l, first);
         self.listeners.insert(id, l);
@@ -627,6 +663,7 @@ impl<L: Link> Stack<L> {
                 stats: &mut self.stats,
                 cfg: &self.cfg,
                 progress: &mut self.progress,
+                listeners: &mut self.listeners,
                 mtu,
             },
         )
@@ -798,6 +835,7 @@ impl<L: Link> Stack<L> {
             {}
         }
         self.reap(now);
+        self.sweep_half_open();
         self.rearm();
         if self.dev.inner.stats() != before {
             self.progress = true;

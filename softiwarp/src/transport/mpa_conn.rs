@@ -62,7 +62,10 @@
 //!   complete, valid FPDU from the initiator**: ULPDUs given to
 //!   [`MpaConn::send_ulpdu`] before that are *held* (copied, checked against
 //!   MULPDU, not yet framed) and framed, in order, when the first FPDU
-//!   arrives. A responder that accepted and never gets a first FPDU does not
+//!   arrives. A first FPDU that fails (bad CRC, bad ULPDU_Length or Marker)
+//!   still ends the hold for the Terminate alone: the initiator is in full
+//!   operation by then, and siw answers a bad CRC with the LLP/MPA/CRC
+//!   Terminate in any case. A responder that accepted and never gets a first FPDU does not
 //!   time out at the MPA level; TCP keep-alive and the ULP cover it.
 //! * Octets behind the Request (which a conforming initiator never sends
 //!   before the Reply) are not consumed before `accept`: `handle_rx` returns
@@ -329,7 +332,11 @@ pub enum RtrError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum MpaError {
     /// The peer's Request or Reply is malformed (bad key, revision, reserved
-    /// bits, PD_Length over the limit, wrong frame kind). LLP code 0x04.
+    /// bits, PD_Length over the limit, wrong frame kind). LLP code 0x04. A
+    /// responder given a Request of an unsupported Rev
+    /// ([`WireError::BadRevision`]) queues a reject Reply with its own Rev
+    /// (`mpa::negotiate::unsupported_revision_reply`) and `llp_close` is
+    /// `Graceful`; every other case aborts.
     #[error("invalid MPA Request/Reply: {0}")]
     BadFrame(WireError),
     /// Negotiation failed: on the responder the reject Reply is queued (and
@@ -1147,6 +1154,22 @@ impl MpaConn {
                     }
                 }
             }
+            Err(WireError::BadRevision(rev)) if self.role == Role::Responder => {
+                // A Request (the reader checked the key first) of a Rev this side
+                // does not speak: a reject Reply with our Rev, then FIN
+                // (`negotiate::unsupported_revision_reply`).
+                let reply = negotiate::unsupported_revision_reply(&self.cfg.settings);
+                let close = match reply.to_bytes() {
+                    Ok(bytes) => {
+                        self.tx.extend(&bytes);
+                        LlpClose::Graceful
+                    }
+                    Err(_) => LlpClose::Abort,
+                };
+                tracing::debug!(rev, "MPA Request of an unsupported Rev rejected");
+                self.fail_with(MpaError::BadFrame(WireError::BadRevision(rev)), close);
+                data.len()
+            }
             Err(e) => {
                 self.fail(MpaError::BadFrame(e));
                 data.len()
@@ -1270,18 +1293,38 @@ impl MpaConn {
                     received,
                     computed,
                     ..
-                }) => self.fail(MpaError::Crc {
-                    offset,
-                    received,
-                    computed,
-                }),
-                Err(e) => self.fail(MpaError::Framing(e)),
+                }) => {
+                    self.first_fpdu_in();
+                    self.fail(MpaError::Crc {
+                        offset,
+                        received,
+                        computed,
+                    })
+                }
+                Err(e) => {
+                    self.first_fpdu_in();
+                    self.fail(MpaError::Framing(e))
+                }
             }
             if self.state == State::Failed {
                 break;
             }
         }
         off
+    }
+
+    /// Responder: octets of the initiator's FPDU stream arrived, so the
+    /// initiator has left startup (RFC 5044 section 7.1.2 holds this side's
+    /// FPDUs only until then). Called before failing on a bad first FPDU (CRC
+    /// or framing), so that the Terminate can still go out behind the Reply,
+    /// as Linux siw does (`siw_rx_data` -> `siw_init_terminate(qp,
+    /// TERM_ERROR_LAYER_LLP, LLP_ETYPE_MPA, LLP_ECODE_RECEIVED_CRC, 0)`; siw's
+    /// responder holds nothing).
+    fn first_fpdu_in(&mut self) {
+        if self.role == Role::Responder && !self.first_fpdu_seen {
+            self.first_fpdu_seen = true;
+            self.tx_open = true;
+        }
     }
 
     fn on_ulpdu(&mut self, ulpdu: Vec<u8>) {

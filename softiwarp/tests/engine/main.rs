@@ -6,5 +6,6 @@ mod support;
 
 mod batching;
 mod device;
+mod listener;
 mod negotiation;
 mod pair;

@@ -540,3 +540,56 @@ fn refused_and_unreachable() {
         "{took}"
     );
 }
+
+/// siw's default MPA Request (rping.pcap frame 6) with its Rev octet replaced.
+fn request_of_rev(rev: u8) -> Vec<u8> {
+    let mut req = b"MPA ID Req Frame".to_vec();
+    req.extend_from_slice(&[0x10, rev, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01]);
+    req
+}
+
+/// A raw TCP client sends an MPA Request of Rev 3: it gets the reject Reply with the
+/// responder's Rev 2 (the Reply key, flags 0x20, Rev 2, PD_Length 0) and then a FIN
+/// (not a reset); no ConnectRequest reaches the application. The listener then serves
+/// a valid Rev 2 Request from the same client.
+#[test]
+fn revision_3_request_gets_a_reject_reply_then_fin() {
+    let (la, lb) = links(1500);
+    let mut p = Pair::new(RawHost::new(la, 1), Side::new(lb, 2, |_| {}));
+    p.b.stack.listen(PORT, 4, None).unwrap();
+    p.a.connect(2, PORT);
+    assert!(p.run_until(Duration::from_secs(5), |p| p.a.socket().may_send()));
+    p.a.socket().send_slice(&request_of_rev(3)).unwrap();
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        use smoltcp::socket::tcp::State as S;
+        matches!(p.a.socket().state(), S::CloseWait | S::Closed)
+    }));
+    assert_eq!(
+        p.a.socket().state(),
+        smoltcp::socket::tcp::State::CloseWait,
+        "FIN, not RST"
+    );
+    let mut golden = b"MPA ID Rep Frame".to_vec();
+    golden.extend_from_slice(&[0x20, 0x02, 0x00, 0x00]);
+    assert_eq!(p.a.drain(), golden);
+    assert!(p.b.requests.is_empty() && p.b.log.is_empty());
+    assert_eq!(p.b.stack.stats().startup_failures, 1);
+    p.a.socket().close();
+    assert!(
+        p.run_until(Duration::from_secs(30), |p| p.b.stack.connection_count()
+            == 0)
+    );
+
+    // The same client, a new connection with a valid Request: served.
+    p.a.socket().abort();
+    p.a.host
+        .connect_to(crate::support::stack::addr(2), PORT, 40_001);
+    assert!(p.run_until(Duration::from_secs(5), |p| p.a.socket().may_send()));
+    p.a.socket().send_slice(&request_of_rev(2)).unwrap();
+    assert!(p.run_until(Duration::from_secs(5), |p| !p.b.requests.is_empty()));
+    let (_b, _eb) = p.b.accept_next(b"", 1, 1).unwrap().unwrap();
+    assert!(p.run_until(Duration::from_secs(5), |p| p.a.socket().can_recv()));
+    let reply = p.a.drain();
+    assert!(reply.starts_with(b"MPA ID Rep Frame"), "{reply:?}");
+    assert_eq!(reply[16] & 0x20, 0, "accepted");
+}

@@ -247,6 +247,47 @@ fn corruption_above_tcp_is_caught_by_the_mpa_crc_and_a_second_connection_survive
     ));
 }
 
+/// A bad CRC in the initiator's very first FPDU (the responder still holds its own
+/// FPDUs, RFC 5044 section 7.1.2): the responder sends the Terminate anyway (Layer LLP,
+/// EType MPA, code 0x02 CRC error, as siw's `siw_rx_data` does) and then resets; the
+/// initiator reports exactly that cause; a second connection keeps flowing.
+#[test]
+fn bad_crc_in_the_first_fpdu_gets_the_crc_terminate() {
+    let mut p = mem_pair(1500);
+    p.b.stack.listen(PORT, 4, None).unwrap();
+    let ((c1a, e1a), (c1b, _e1b)) = establish(&mut p, with_crc());
+    let ((_, e2a), (_, e2b)) = establish(&mut p, with_crc());
+    // The MPA Request is 24 octets (20 + IRD/ORD): offset 34 is inside the first FPDU.
+    p.b.stack.set_rx_hook(c1b, flip_at(34)).unwrap();
+    let m = e1a.established().unwrap().mulpdu;
+    let mut f1 = Flow::new(41, m, 1);
+    let mut f2 = Flow::new(42, m, 300);
+    let mut f2back = Flow::new(43, m, 300);
+    assert!(p.run_until(Duration::from_secs(30), |p| {
+        f1.push(&e1a);
+        f2.push(&e2a);
+        f2back.push(&e2b);
+        f2.pull(&e2b);
+        f2back.pull(&e2a);
+        f2.done() && f2back.done() && p.b.final_of(c1b).is_some() && p.a.final_of(c1a).is_some()
+    }));
+    assert!(matches!(
+        p.b.final_of(c1b),
+        Some(ConnEvent::Failed(ConnError::Mpa(
+            softiwarp::transport::mpa_conn::MpaError::Crc { .. }
+        )))
+    ));
+    assert_eq!(
+        p.a.final_of(c1a),
+        Some(ConnEvent::Failed(ConnError::TerminateReceived(
+            ddp_rdmap::terminate::ErrorCause::Llp(ddp_rdmap::terminate::LlpCode::CrcError)
+        )))
+    );
+    assert_eq!(p.b.stack.stats().crc_errors, 1);
+    assert_eq!(p.b.stack.stats().terminates_sent, 1);
+    assert_eq!(p.a.stack.stats().terminates_received, 1);
+}
+
 #[test]
 fn garbage_instead_of_an_fpdu_fails_only_that_connection() {
     let mut p = mem_pair(1500);

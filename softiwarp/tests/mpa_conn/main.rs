@@ -917,6 +917,93 @@ fn bad_key() {
     );
 }
 
+/// The reject Reply to a Request of an unsupported Rev, from a Rev 2 responder:
+/// the Reply key, flags 0x20 (R only: no M, C or enhanced bit), Rev 2, PD_Length 0.
+const UNSUPPORTED_REV_REJECT_REV2: &str = "4d504120494420526570204672616d6520020000";
+
+/// A Request of Rev 3 (or 0, or 255): the responder answers with a reject Reply
+/// carrying its own Rev (golden bytes), in every chunking, reports
+/// BadFrame(BadRevision) with LLP code 0x04, and closes gracefully (FIN, so the
+/// Reply gets out) instead of resetting. A Rev 1 responder answers with Rev 1.
+/// Our initiator reads that Reply as a reject.
+#[test]
+fn unsupported_revision_request_gets_a_reject_reply() {
+    for rev in [3u8, 0, 255] {
+        for (local_rev, golden) in [
+            (2u8, unhex(UNSUPPORTED_REV_REJECT_REV2)),
+            (1, {
+                let mut g = unhex(UNSUPPORTED_REV_REJECT_REV2);
+                g[17] = 1;
+                g
+            }),
+        ] {
+            let mut req = unhex(RPING_REQUEST);
+            req[17] = rev;
+            for chunk in [req.len(), 7, 1] {
+                let mut rsp = MpaConn::responder(cfg(s(|x| x.rev = local_rev)), 0).unwrap();
+                let mut taken = 0;
+                for piece in req.chunks(chunk) {
+                    taken += rsp.handle_rx(piece, 1);
+                }
+                // Taken up to the end of the chunk that completed the 20-octet header.
+                assert_eq!(
+                    taken,
+                    20usize.div_ceil(chunk) * chunk,
+                    "rev {rev} chunk {chunk}"
+                );
+                let Some(MpaEvent::Error(e)) = rsp.poll_event() else {
+                    panic!("rev {rev} chunk {chunk}")
+                };
+                assert_eq!(e, MpaError::BadFrame(WireError::BadRevision(rev)));
+                assert_eq!(e.llp_error_code(), Some(LlpErrorCode::InvalidRequestReply));
+                assert_eq!(rsp.poll_event(), None, "no ConnectRequest");
+                assert_eq!(rsp.state(), State::Failed);
+                assert_eq!(rsp.llp_close(), Some(LlpClose::Graceful));
+                assert!(!rsp.can_send_terminate());
+                let out = rsp.poll_transmit().unwrap().to_vec();
+                assert_eq!(out, golden, "rev {rev} local {local_rev} chunk {chunk}");
+                rsp.transmit_done(out.len()).unwrap();
+                // Nothing more is read or sent; the peer's FIN changes nothing.
+                assert_eq!(rsp.handle_rx(b"more", 2), 0);
+                rsp.handle_tcp_closed(true);
+                assert_eq!(rsp.poll_event(), None);
+                assert_eq!(rsp.poll_transmit(), None);
+            }
+            // Our initiator (same Rev) takes it as a reject.
+            let mut ini = MpaConn::initiator(cfg(s(|x| x.rev = local_rev)), 0).unwrap();
+            let request = ini.poll_transmit().unwrap().len();
+            ini.transmit_done(request).unwrap();
+            ini.handle_rx(&golden, 1);
+            assert_eq!(
+                ini.poll_event(),
+                Some(MpaEvent::Rejected {
+                    private_data: Vec::new()
+                })
+            );
+        }
+    }
+    // A Reply key with Rev 3 sent to a responder is not a Request: abort, no answer.
+    let mut bad = unhex(RPING_REPLY);
+    bad[17] = 3;
+    for chunk in [bad.len(), 1] {
+        let mut rsp = MpaConn::responder(MpaConfig::default(), 0).unwrap();
+        for piece in bad.chunks(chunk) {
+            rsp.handle_rx(piece, 1);
+        }
+        assert_eq!(
+            rsp.poll_event(),
+            Some(MpaEvent::Error(MpaError::BadFrame(
+                WireError::UnexpectedKind {
+                    expected: FrameKind::Request,
+                    found: FrameKind::Reply
+                }
+            )))
+        );
+        assert_eq!(rsp.llp_close(), Some(LlpClose::Abort));
+        assert_eq!(rsp.poll_transmit(), None);
+    }
+}
+
 #[test]
 fn private_data_too_long() {
     // In the local settings.
@@ -1090,6 +1177,93 @@ fn accepted_responder_has_no_mpa_timeout() {
 
 /// The responder's FPDUs are held until the initiator's first FPDU arrives;
 /// the byte stream shows the Reply alone, then the FPDUs.
+/// The Terminate for a bad MPA CRC, as the transport builds it (`Ulpdu::terminate`:
+/// untagged, L = 1, RDMAP opcode 7, QN 2, MSN 1, MO 0) with the error only:
+/// Layer 2 (LLP), EType 0 (MPA), Error Code 0x02 "MPA CRC error" (RFC 5040 section
+/// 4.8; RFC 5044 section 8; siw `LLP_ECODE_RECEIVED_CRC`), H = M = D = 0.
+const CRC_TERMINATE_ULPDU: &str = "4147 00000000 00000002 00000001 00000000 2002 0000";
+
+/// A bad CRC in the initiator's *first* FPDU (the responder still holds its own
+/// FPDUs, RFC 5044 section 7.1.2): the responder may send the Terminate anyway (the
+/// initiator is in full operation), behind its Reply, with the exact LLP/MPA/CRC
+/// cause; then it aborts. Before the fix the hold kept the Terminate in and the
+/// peer only saw a reset.
+#[test]
+fn bad_crc_in_the_first_fpdu_still_gets_the_terminate() {
+    for markers in [false, true] {
+        let ini = s(|x| {
+            x.crc = CrcPolicy::Wanted;
+            x.markers_rx = markers
+        });
+        let mut pair = Pair::with_settings(ini, s(|_| ()), Chunks::Whole);
+        pair.run();
+        assert!(pair.rsp.established());
+        assert_eq!(pair.rsp.conn.state(), State::AwaitingFirstFpdu);
+        pair.rsp.conn.send_ulpdu(&[b"held"]).unwrap();
+        assert!(
+            !pair.rsp.conn.can_send_terminate(),
+            "held before the first FPDU"
+        );
+        pair.ini.conn.send_ulpdu(&[&[7u8; 100]]).unwrap();
+        let mut wire = pair.ini.conn.poll_transmit().unwrap().to_vec();
+        wire[40] ^= 0x80;
+        assert_eq!(pair.rsp.conn.handle_rx(&wire, 5), wire.len());
+        collect(&mut pair.rsp);
+        let errors = pair.rsp.errors();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(matches!(errors[0], MpaError::Crc { .. }), "{errors:?}");
+        let cause = errors[0].terminate_cause().unwrap();
+        assert_eq!(cause, ErrorCause::Llp(LlpCode::CrcError));
+        assert_eq!(pair.rsp.conn.state(), State::Failed);
+        assert_eq!(pair.rsp.conn.llp_close(), Some(LlpClose::Abort));
+        assert_eq!(pair.rsp.conn.held_ulpdus(), 0, "held ULPDUs dropped");
+        assert!(pair.rsp.conn.can_send_terminate());
+        let t = Ulpdu::terminate(cause, 1);
+        let mut tbytes = vec![0u8; t.buffer_len()];
+        t.emit(&mut tbytes).unwrap();
+        assert_eq!(tbytes, unhex(CRC_TERMINATE_ULPDU));
+        pair.rsp.conn.send_terminate(&[&tbytes]).unwrap();
+        // Only the Terminate goes out behind the Reply (never the held ULPDU).
+        let out = pair.rsp.conn.poll_transmit().unwrap().to_vec();
+        let framing = Framing { crc: true, markers };
+        let fpdus = deframe(&out, framing);
+        assert_eq!(fpdus.len(), 1);
+        assert_eq!(fpdus[0].0, unhex(CRC_TERMINATE_ULPDU));
+        assert!(matches!(fpdus[0].1, CrcStatus::Good(_)));
+        let ulpdu = &fpdus[0].0;
+        assert_eq!(
+            terminate::cause_of(ulpdu),
+            Some(ErrorCause::Llp(LlpCode::CrcError))
+        );
+        assert_eq!((ulpdu[18] >> 4, ulpdu[18] & 0xf, ulpdu[19]), (2, 0, 0x02));
+        // Fed to our initiator: TerminateReceived material (a ULPDU it delivers).
+        assert_eq!(pair.rsp.wire.len(), 24, "only the Reply went out before");
+        pair.ini.conn.handle_rx(&out, 6);
+        collect(&mut pair.ini);
+        assert_eq!(pair.ini.ulpdus(), vec![unhex(CRC_TERMINATE_ULPDU)]);
+    }
+}
+
+/// A framing error (ULPDU_Length 0 where the initiator's first FPDU should start)
+/// also lets the responder's Terminate out, with the deframer's LLP code, never a
+/// silent reset.
+#[test]
+fn garbage_as_the_first_fpdu_allows_the_terminate() {
+    let mut pair = Pair::with_settings(s(|x| x.crc = CrcPolicy::Wanted), s(|_| ()), Chunks::Whole);
+    pair.run();
+    assert_eq!(pair.rsp.conn.state(), State::AwaitingFirstFpdu);
+    pair.rsp.conn.handle_rx(&[0; 64], 5);
+    collect(&mut pair.rsp);
+    let errors = pair.rsp.errors();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(matches!(errors[0], MpaError::Framing(_)), "{errors:?}");
+    assert_eq!(
+        errors[0].llp_error_code(),
+        Some(LlpErrorCode::MarkerMismatch)
+    );
+    assert!(pair.rsp.conn.can_send_terminate());
+}
+
 #[test]
 fn responder_fpdus_held_until_first_initiator_fpdu() {
     let mut pair = Pair::with_settings(s(|_| ()), s(|_| ()), Chunks::Whole);
