@@ -14,10 +14,10 @@ use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
-use super::listener::Listener;
 use super::mpa_conn::{InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State};
 use super::seg_tracker::{tuple_key, SegTracker, Track};
 use super::smoltcp_glue::mss_for_mtu;
+use super::Listener;
 use super::{
     ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId, RxHook, StackConfig,
     StackEvent, StackStats, TimeoutPhase, Ulp, MAX_HELD_ULPDUS, RX_CHUNK, TX_BATCH_BYTES,

@@ -2,34 +2,14 @@
 //! docs](super)): the pool of listening sockets of each [`Listener`], re-armed at every
 //! poll, and the harvest of sockets that became connections.
 
-use std::collections::VecDeque;
-
-use mpa::negotiate::LocalSettings;
-use smoltcp::iface::{SocketHandle, SocketSet};
+use smoltcp::iface::SocketSet;
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 
 use super::conn::{v4, Abort, Conn};
 use super::mpa_conn::{MpaConn, Role, State};
-use super::{ConnId, ListenerId, Stack, StackError};
+use super::{ConnId, Listener, ListenerId, Stack, StackError};
 use crate::link::Link;
-
-/// One listener: a port, its backlog, its half-open pool and its pool of listening
-/// sockets.
-pub(super) struct Listener {
-    pub(super) port: u16,
-    pub(super) backlog: usize,
-    pub(super) settings: LocalSettings,
-    pub(super) armed: Vec<SocketHandle>,
-    /// Connection requests reported and not yet decided (the backlog; see the module
-    /// docs).
-    pub(super) pending: usize,
-    /// Half-open connections (TCP established, MPA Request not yet valid), oldest
-    /// first; at most `half_open_max` after each poll.
-    pub(super) half_open: VecDeque<ConnId>,
-    /// Bound of `half_open` ([`super::StackConfig::half_open_max`]).
-    pub(super) half_open_max: usize,
-}
 
 /// The occupancy of one listener (see [`Stack::listener_stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -180,13 +180,31 @@ use smoltcp::wire::IpAddress;
 
 use crate::link::{GoneReason, Link, LinkError, LinkEvent};
 use conn::{from_micros, micros, v4, Conn, Cx, Life, LocalClose, Timer};
-use listener::Listener;
 use mpa::negotiate::{LocalSettings, SettingsError};
 use mpa_conn::{CallError, MpaConn, Role, State};
 use seg_tracker::{tuple_key, SegTracker, Track, TrackedDevice};
 use smoltcp_glue::{build_interface, mss_for_mtu, DeviceStats, LinkDevice};
 #[allow(unused_imports)] // doc links
 use smoltcp_glue::{InterfaceConfig, TcpConfig};
+
+/// One listener: a port, its backlog, its half-open pool and its pool of listening
+/// sockets. Defined here, below both `conn` (which counts a valid Request against the
+/// backlog) and `listener` (which arms, harvests and sweeps), so that neither imports
+/// the other.
+pub(super) struct Listener {
+    pub(super) port: u16,
+    pub(super) backlog: usize,
+    pub(super) settings: LocalSettings,
+    pub(super) armed: Vec<SocketHandle>,
+    /// Connection requests reported and not yet decided (the backlog; see the module
+    /// docs).
+    pub(super) pending: usize,
+    /// Half-open connections (TCP established, MPA Request not yet valid), oldest
+    /// first; at most `half_open_max` after each poll.
+    pub(super) half_open: VecDeque<ConnId>,
+    /// Bound of `half_open` ([`StackConfig::half_open_max`]).
+    pub(super) half_open_max: usize,
+}
 
 /// Identifies a connection of one [`Stack`] (never reused by that stack).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
