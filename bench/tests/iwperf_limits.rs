@@ -191,3 +191,69 @@ fn limits_name_the_first_limit_exceeded() {
         .unwrap_err()
         .contains("--max-qps"));
 }
+
+#[test]
+fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
+    // A client announcing 2 connections but asking twice for index 0: the server sets up
+    // one connection for it, never a third buffer set; the duplicate is refused.
+    use bench::iwperf::conn::{open_device, CmSide};
+    use bench::iwperf::datapath::{Role, Side};
+    use bench::iwperf::wire::MrInfo;
+
+    let (a, b) = MemoryLink::pair(MemoryConfig {
+        mtu: 9000,
+        names: ("ldup-a".into(), "ldup-b".into()),
+        ..MemoryConfig::default()
+    })
+    .expect("memory link");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let sdev = options("ldups", a, SERVER);
+    let server = std::thread::spawn(move || {
+        run_server(
+            sdev,
+            PORT,
+            16,
+            Tuning::default(),
+            Duration::from_secs(3),
+            move || {
+                let _ = ready_tx.send(());
+            },
+        )
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("server ready");
+    let device = open_device(options("ldupc", b, CLIENT)).expect("client device");
+    let mut cm = CmSide::new(device).expect("client CM");
+    let mut side = Side::new(Role::Client, Tuning::default());
+    let p = TestParams {
+        op: Op::Write,
+        mode: Mode::Bandwidth,
+        verify: false,
+        size: 1024,
+        qps: 2,
+        index: 0,
+        tx_depth: 4,
+        client_mr: MrInfo::default(),
+    };
+    let Err(err) = cm.connect_all(
+        SocketAddrV4::new(SERVER, PORT),
+        &[p, p],
+        Duration::from_secs(10),
+        &mut side,
+    ) else {
+        panic!("the duplicate was accepted");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("RDMA_CM_EVENT_REJECTED")
+            && text.contains("iwperf: busy (a connection of this test is already in)"),
+        "{text}"
+    );
+    side.release();
+    cm.close(Vec::new());
+    let (summary, serr) = server.join().expect("server thread");
+    // The server never saw its second connection, so it gave up waiting for it.
+    assert_eq!(summary.connections, 0);
+    assert!(serr.is_some());
+}

@@ -400,8 +400,9 @@ impl CmSide {
 
     /// Server: accepts connections until as many as the first request's parameters
     /// announce are established (requests whose parameters cannot be read, or exceed
-    /// the server's limits ([`VerbsSetup::admit`]), are rejected with the reason in
-    /// the Reject's private data, and the server keeps waiting). Waits up to `first_timeout` for the first request, then up to 20 s
+    /// the server's limits ([`VerbsSetup::admit`]), or would go beyond the test's
+    /// connections (an index already in, more requests than announced), are rejected
+    /// with the reason in the Reject's private data, and the server keeps waiting). Waits up to `first_timeout` for the first request, then up to 20 s
     /// for the rest.
     ///
     /// Errors: [`IwperfError::Connection`] (timeout, a connection failed before it was
@@ -437,6 +438,23 @@ impl CmSide {
                             continue;
                         }
                     };
+                    // At most the announced number of connections, each index once: a
+                    // client cannot make the server set up more than its test needs
+                    // (each connection is bounded by `admit`, so the test is too).
+                    let taken = pending
+                        .iter()
+                        .chain(&established)
+                        .any(|c| c.params.index == params.index);
+                    let full = expected.is_some_and(|n| pending.len() + established.len() >= n);
+                    if taken || full {
+                        tracing::warn!(
+                            index = params.index,
+                            "request beyond the test's connections: rejected"
+                        );
+                        let _ =
+                            id.reject(b"iwperf: busy (a connection of this test is already in)");
+                        continue;
+                    }
                     if let Err(reason) = setup.admit(&params) {
                         tracing::warn!(index = params.index, "request rejected: {reason}");
                         let _ = id.reject(format!("iwperf: {reason}").as_bytes());
