@@ -289,6 +289,24 @@ struct MrInner {
 }
 
 impl MrInner {
+    /// Whether `stag` (its key) and `pd` name this MR: the first two checks of every
+    /// access and of an invalidation (RFC 5040 section 7, Invalid STag; siw's
+    /// `siw_check_mem` and `siw_invalidate_stag`).
+    ///
+    /// Errors: [`ProtectionError::KeyMismatch`], then [`ProtectionError::PdMismatch`].
+    fn names(&self, stag: Stag, pd: PdId) -> Result<(), ProtectionError> {
+        if self.key != stag.key() {
+            return Err(ProtectionError::KeyMismatch {
+                key: stag.key(),
+                expected: self.key,
+            });
+        }
+        if self.pd != pd {
+            return Err(ProtectionError::PdMismatch { pd, mr_pd: self.pd });
+        }
+        Ok(())
+    }
+
     /// Checks 2-6 of the module documentation (the index already matched).
     /// Returns the buffer offset of `to`.
     fn check(
@@ -299,15 +317,7 @@ impl MrInner {
         len: u64,
         needed: AccessFlags,
     ) -> Result<usize, ProtectionError> {
-        if self.key != stag.key() {
-            return Err(ProtectionError::KeyMismatch {
-                key: stag.key(),
-                expected: self.key,
-            });
-        }
-        if self.pd != pd {
-            return Err(ProtectionError::PdMismatch { pd, mr_pd: self.pd });
-        }
+        self.names(stag, pd)?;
         if self.state != MrState::Valid {
             return Err(ProtectionError::Invalid);
         }
@@ -1067,15 +1077,7 @@ impl MrTable {
             index: stag.index(),
         })?;
         let mut g = mr.lock();
-        if g.key != stag.key() {
-            return Err(ProtectionError::KeyMismatch {
-                key: stag.key(),
-                expected: g.key,
-            });
-        }
-        if g.pd != pd {
-            return Err(ProtectionError::PdMismatch { pd, mr_pd: g.pd });
-        }
+        g.names(stag, pd)?;
         if remote && !mr.allows_remote_invalidate() {
             return Err(ProtectionError::NotInvalidatable);
         }
