@@ -17,7 +17,7 @@ cargo run --locked -p softiwarp --example rdma_write_send
 # The loom models (exhaustive interleavings of the destroy / delivery / removal races);
 # their own target dir, since --cfg loom rebuilds everything.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-    cargo test -p iw-cm -p rdma-cm --release --locked --test 'loom_*'
+    cargo test -p iw-cm -p rdma-cm -p softiwarp --release --locked --test 'loom_*'
 # The crate graph keeps its layering and docs/ARCHITECTURE.md draws it as cargo metadata
 # has it; no import cycle between the modules of the device and the CMs (the graph is
 # printed when there is one).

@@ -158,7 +158,11 @@ mod engine;
 pub mod link;
 pub mod rdmap;
 pub mod resources;
+mod sync;
 pub mod transport;
+
+/// The progress lock: who drives a device (shared/progress-design.md).
+pub use engine::progress;
 
 pub use api::device::{
     ConnectError, ConnectRequest, Connection, Device, DeviceConfig, FaultSpec, LinkConfig,

@@ -66,6 +66,7 @@
 
 pub(crate) mod event_signal;
 mod handle;
+pub mod progress;
 
 pub(crate) use handle::Handle;
 pub use handle::{DeviceError, COMMAND_TIMEOUT};

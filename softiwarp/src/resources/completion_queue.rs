@@ -17,17 +17,30 @@
 //! taken. The engine that pushed learns of it through [`CompletionQueue::push`]'s error and moves
 //! the QP to Error (a lost completion breaks the exactly-once contract).
 //!
-//! One `std::sync::Mutex` guards the queue; it is held only to move entries in or
-//! out, never while user code runs.
+//! One mutex guards the queue; it is held only to move entries in or out, never while
+//! user code runs.
+//!
+//! # Notifying only registered waiters
+//!
+//! A blocking [`CompletionQueue::wait`] counts itself in the CQ's waiters (under the
+//! lock) before it sleeps on the condition variable; [`CompletionQueue::push`] reads the
+//! count under the same lock hold that queues the completion and notifies the condition
+//! variable only when it is non-zero (std's futex condvar makes a `FUTEX_WAKE` system
+//! call on every notify, waiters or not). Since both sides decide under the lock, no
+//! wake-up is lost: the loom model `loom_progress::cq_notify_against_waiter` checks it,
+//! and fails when the count is read before the completion is queued
+//! (`ProgressBreak`-style switch [`CompletionQueue::with_notify_break`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use verbs::{AsyncEvent, VerbsError, WorkCompletion};
+
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 /// Largest CQ capacity accepted, in entries (siw's `SIW_MAX_CQE` is 64 Ki; we allow
 /// more for bulk tests).
@@ -62,6 +75,8 @@ struct Inner {
     error: bool,
     event: Option<AsyncEvent>,
     wakers: Vec<Waker>,
+    /// Threads inside [`CompletionQueue::wait`] (registered before they sleep).
+    waiters: usize,
 }
 
 /// A completion queue of bounded capacity. See the [module documentation](self).
@@ -71,6 +86,8 @@ pub struct CompletionQueue {
     capacity: usize,
     inner: Mutex<Inner>,
     ready: Condvar,
+    /// Loom models only: read the waiter count before queueing (a lost wake-up).
+    notify_break: bool,
 }
 
 impl CompletionQueue {
@@ -90,7 +107,25 @@ impl CompletionQueue {
             capacity,
             inner: Mutex::new(Inner::default()),
             ready: Condvar::new(),
+            notify_break: false,
         }))
+    }
+
+    /// As [`CompletionQueue::new`], with the waiter count read before the completion is
+    /// queued: the lost wake-up the loom model must find. Never use it elsewhere.
+    ///
+    /// # Errors
+    ///
+    /// As [`CompletionQueue::new`].
+    #[doc(hidden)]
+    pub fn with_notify_break(
+        handle: u32,
+        capacity: usize,
+    ) -> Result<Arc<CompletionQueue>, VerbsError> {
+        let cq = CompletionQueue::new(handle, capacity)?;
+        let mut cq = Arc::into_inner(cq).expect("just made");
+        cq.notify_break = true;
+        Ok(Arc::new(cq))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -127,7 +162,9 @@ impl CompletionQueue {
         self.lock().lost
     }
 
-    /// Queues one completion and wakes waiters (the provider side; the soft
+    /// Queues one completion and wakes the registered waiters: the threads blocked in
+    /// [`CompletionQueue::wait`] (no condition-variable notify when there are none) and
+    /// the wakers of [`CompletionQueue::wait_async`] (the provider side; the soft
     /// device's QP engine calls it).
     ///
     /// # Errors
@@ -135,6 +172,7 @@ impl CompletionQueue {
     /// [`CqError::Overflow`] if the CQ is full or already in error: the completion
     /// is counted as lost and the CQ is (now) in the error state.
     pub fn push(&self, wc: WorkCompletion) -> Result<(), CqError> {
+        let early = self.notify_break.then(|| self.lock().waiters > 0);
         let mut g = self.lock();
         let result = if g.error || g.queue.len() >= self.capacity {
             g.lost += 1;
@@ -151,8 +189,11 @@ impl CompletionQueue {
             Ok(())
         };
         let wakers = core::mem::take(&mut g.wakers);
+        let notify = early.unwrap_or(g.waiters > 0);
         drop(g);
-        self.ready.notify_all();
+        if notify {
+            self.ready.notify_all();
+        }
         for w in wakers {
             w.wake();
         }
@@ -206,27 +247,33 @@ impl CompletionQueue {
 
     /// Blocks the calling thread until a completion is queued or the CQ is in
     /// error, or `timeout` passes. Returns true in the first two cases. Never call
-    /// it on the engine thread.
+    /// it while driving a device (a debug assertion).
     pub fn wait(&self, timeout: Duration) -> bool {
+        crate::engine::progress::assert_outside_driver("CompletionQueue::wait");
         let deadline = Instant::now().checked_add(timeout);
         let mut g = self.lock();
-        loop {
+        let ready = loop {
             if !g.queue.is_empty() || g.error {
-                return true;
+                break true;
             }
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(left) if !left.is_zero() => left,
-                    _ => return false,
+                    _ => break false,
                 },
                 None => Duration::from_secs(3600),
             };
+            // Registered under the lock that `push` reads the count under: a push
+            // after this point notifies.
+            g.waiters += 1;
             g = self
                 .ready
                 .wait_timeout(g, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-        }
+            g.waiters -= 1;
+        };
+        ready
     }
 
     /// A future that resolves when a completion is queued or the CQ is in error

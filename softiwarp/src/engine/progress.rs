@@ -1,0 +1,339 @@
+//! The progress lock: who drives a device, and how work published by one thread is
+//! never stranded while another holds the lock (shared/progress-design.md section 3.1,
+//! design.md section 5 "Progress").
+//!
+//! **Room.** The device-independent protocol only: a [`Progress`] owns a driver (any
+//! [`Drive`]: the device's protocol state in softiwarp, a toy that counts work in the
+//! loom models) behind one mutex that is only ever *try*-locked, a `pending` flag, and
+//! the [`Gate`] that decides which posted work a device end still has to flush. It
+//! knows nothing of stacks, QPs or links.
+//!
+//! # The protocol (the Linux lockless qdisc's `MISSED` rule)
+//!
+//! A thread with work publishes it first (its own queue: a QP's posted WRs, the command
+//! channel, a doorbell), then calls [`Progress::drive`]:
+//!
+//! ```text
+//! pending := true
+//! loop {
+//!     fence(SeqCst)                         // store pending / load lock: store-load
+//!     try-lock, or return Busy              // the holder will see `pending`
+//!     pending := false                      // before the pass looks at the queues
+//!     pass (takes every published queue, up to the budget)
+//!     unlock; run the outbox                // wake-ups, wakers, closures: no user code under the lock
+//!     fence(SeqCst)                         // unlock is a release only: store-load again
+//!     if !pending or budget spent: return
+//! }
+//! ```
+//!
+//! Nobody waits on the lock: a thread that loses the try-lock leaves its work published
+//! and returns at once, and the holder's re-check runs it. Work left when the budget is
+//! spent keeps `pending` set, and [`Drove::left_pending`] tells the caller to hand it to
+//! the engine thread. Both fences are needed: the Linux qdisc protocol lost packets
+//! without the second one ("net: sched: fix packet stuck problem for lockless qdisc",
+//! a90c57f2cedd, and the `smp_mb()` after `spin_unlock` that followed), and the loom
+//! model `loom_progress::poster_against_holder` fails without either
+//! ([`ProgressBreak::NoFence`]) or with `pending` cleared after the pass
+//! ([`ProgressBreak::ClearAfterPass`]).
+//!
+//! # Posting against the end of the device
+//!
+//! [`Gate`]: a poster holds the gate open (a read guard) while it queues its work; the
+//! driver that ends the device closes it (the write lock) before it takes every queue
+//! one last time, so a WR a post call accepted is always taken (and flushed), and a WR
+//! refused gets `DeviceGone` (model `loom_progress::post_against_device_end`).
+//!
+//! A panic inside a pass poisons the lock; the next driver takes the driver out and
+//! ends the device ([`Drove::Ended`]), since its state may be half-updated
+//! (progress-design.md section 3.9, risk 4).
+
+use core::cell::Cell;
+use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+use std::sync::TryLockError;
+
+use crate::sync::{fence, AtomicBool, Mutex, RwLock, RwLockReadGuard};
+
+/// How much one [`Progress::drive`] call may do: at most `passes` passes of the driver,
+/// each with at most `rounds` transmit rounds per connection (the driver's unit; siw
+/// caps a burst in the caller's context at `SQ_USER_MAXBURST`, 100 frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Passes, at least 1.
+    pub passes: u32,
+    /// Rounds per pass, handed to [`Drive::pass`].
+    pub rounds: u32,
+}
+
+/// What one pass of a driver did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pass {
+    /// It moved something (a frame, a WR, a command).
+    pub active: bool,
+    /// It stopped at its budget with work left: `pending` stays set.
+    pub more: bool,
+    /// The device ended in this pass: the driver is taken out and dropped after unlock.
+    pub ended: bool,
+}
+
+/// Deferred actions of a pass: run by [`Progress::drive`] after the lock is released
+/// (the kernel's `wake_q`: "do the wakeups once the corresponding user lock has been
+/// released").
+pub trait Outbox: Default {
+    /// Runs (and empties) the deferred actions. Called with the lock released.
+    fn run(&mut self);
+}
+
+/// A driver: what the holder of the progress lock runs.
+pub trait Drive {
+    /// The deferred actions one pass produces.
+    type Outbox: Outbox;
+    /// One pass: take every published queue, do up to `rounds` rounds of work, put
+    /// wake-ups and anything else that may run foreign code into `out`. Must not block
+    /// and must not run user code (checked by [`assert_outside_driver`] in debug builds).
+    fn pass(&mut self, rounds: u32, out: &mut Self::Outbox) -> Pass;
+}
+
+/// What a [`Progress::drive`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drove {
+    /// Another thread holds the lock: it will run this caller's published work.
+    Busy,
+    /// This thread ran `passes` passes (`active` if any moved something);
+    /// `left_pending` if it stopped at its budget with work left (wake the engine).
+    Drove {
+        /// Passes run, at least 1.
+        passes: u32,
+        /// Some pass moved something.
+        active: bool,
+        /// Work is left for the next driver.
+        left_pending: bool,
+    },
+    /// The device ended (now or before): there is no driver any more.
+    Ended,
+}
+
+/// A deliberate break of the protocol, for the loom models only (each model must fail
+/// with its break): see the [module documentation](self).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressBreak {
+    /// Leave out both `fence(SeqCst)`s.
+    NoFence,
+    /// Clear `pending` after the pass instead of before it.
+    ClearAfterPass,
+    /// Do not hold the gate while queueing (the poster checks it, drops it, then queues).
+    UngatedPost,
+}
+
+thread_local! {
+    static IN_DRIVER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Debug assertion: the calling thread is not inside a pass (holding a progress lock).
+/// Called where user code may run or a thread may block (CQ waits, deferred wakers), so
+/// that "no user code under the progress lock" (design.md section 5) fails loudly.
+pub fn assert_outside_driver(what: &str) {
+    debug_assert!(
+        !IN_DRIVER.with(Cell::get),
+        "{what} inside a progress pass (the progress lock is held: no user code, no blocking)"
+    );
+}
+
+/// True while the calling thread runs a pass.
+pub fn in_driver() -> bool {
+    IN_DRIVER.with(Cell::get)
+}
+
+struct InDriver;
+impl InDriver {
+    fn enter() -> InDriver {
+        IN_DRIVER.with(|c| c.set(true));
+        InDriver
+    }
+}
+impl Drop for InDriver {
+    fn drop(&mut self) {
+        IN_DRIVER.with(|c| c.set(false));
+    }
+}
+
+/// One device's progress lock. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Progress<D> {
+    driver: Mutex<Option<D>>,
+    pending: AtomicBool,
+    brk: Option<ProgressBreak>,
+}
+
+impl<D: Drive> Progress<D> {
+    /// A progress lock around `driver`.
+    pub fn new(driver: D) -> Self {
+        Self::with_break(driver, None)
+    }
+
+    /// As [`Progress::new`], with a deliberate break (loom models only).
+    #[doc(hidden)]
+    pub fn with_break(driver: D, brk: Option<ProgressBreak>) -> Self {
+        Progress {
+            driver: Mutex::new(Some(driver)),
+            pending: AtomicBool::new(false),
+            brk,
+        }
+    }
+
+    fn fence(&self) {
+        if self.brk != Some(ProgressBreak::NoFence) {
+            fence(SeqCst);
+        }
+    }
+
+    /// True if published work waits for a driver (a cheap check for the engine thread
+    /// before it sleeps).
+    pub fn pending(&self) -> bool {
+        self.fence();
+        self.pending.load(Acquire)
+    }
+
+    /// Drives the device if no other thread does, within `budget`; otherwise leaves the
+    /// caller's published work to the holder. Never blocks. Runs each pass's
+    /// [`Outbox`] after the lock is released.
+    pub fn drive(&self, budget: Budget) -> Drove {
+        assert_outside_driver("Progress::drive");
+        self.pending.store(true, Release);
+        let mut passes = 0;
+        let mut active = false;
+        loop {
+            self.fence();
+            let mut guard = match self.driver.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::WouldBlock) => {
+                    return if passes == 0 {
+                        Drove::Busy
+                    } else {
+                        Drove::Drove {
+                            passes,
+                            active,
+                            left_pending: false,
+                        }
+                    };
+                }
+                Err(TryLockError::Poisoned(p)) => {
+                    // A pass panicked: its state may be half-updated; end the device.
+                    let mut g = p.into_inner();
+                    let d = g.take();
+                    drop(g);
+                    drop(d);
+                    return Drove::Ended;
+                }
+            };
+            let Some(driver) = guard.as_mut() else {
+                return Drove::Ended;
+            };
+            let clear_late = self.brk == Some(ProgressBreak::ClearAfterPass);
+            if !clear_late {
+                self.pending.store(false, Release);
+            }
+            let mut out = D::Outbox::default();
+            let pass = {
+                let _in = InDriver::enter();
+                driver.pass(budget.rounds, &mut out)
+            };
+            if clear_late {
+                self.pending.store(false, Release);
+            }
+            if pass.more {
+                self.pending.store(true, Release);
+            }
+            let ended = if pass.ended { guard.take() } else { None };
+            drop(guard);
+            out.run();
+            passes += 1;
+            active |= pass.active;
+            if let Some(d) = ended {
+                drop(d);
+                return Drove::Ended;
+            }
+            self.fence();
+            let pending = self.pending.load(Acquire);
+            if !pending || passes >= budget.passes.max(1) {
+                return Drove::Drove {
+                    passes,
+                    active,
+                    left_pending: pending,
+                };
+            }
+        }
+    }
+
+    /// True once the device ended (the driver is gone). Takes the lock briefly only if
+    /// it is free; `false` when another thread holds it.
+    pub fn ended(&self) -> bool {
+        match self.driver.try_lock() {
+            Ok(g) => g.is_none(),
+            Err(TryLockError::Poisoned(_)) => true,
+            Err(TryLockError::WouldBlock) => false,
+        }
+    }
+}
+
+/// The gate of a device's work queues: open while the device runs, closed for good by
+/// the driver that ends it. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Gate {
+    closed: RwLock<bool>,
+    brk: Option<ProgressBreak>,
+}
+
+/// Proof that the gate was open: while it lives, work queued is certain to be taken by
+/// a driver (or flushed by the device's end).
+#[derive(Debug)]
+pub struct GateOpen<'a> {
+    _guard: Option<RwLockReadGuard<'a, bool>>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate::with_break(None)
+    }
+}
+
+impl Gate {
+    /// An open gate.
+    pub fn new() -> Self {
+        Gate::default()
+    }
+
+    /// As [`Gate::new`], with a deliberate break (loom models only).
+    #[doc(hidden)]
+    pub fn with_break(brk: Option<ProgressBreak>) -> Self {
+        Gate {
+            closed: RwLock::new(false),
+            brk,
+        }
+    }
+
+    /// Holds the gate open for the caller's queueing; `None` once it is closed (the
+    /// caller answers `DeviceGone`).
+    pub fn enter(&self) -> Option<GateOpen<'_>> {
+        let g = self.closed.read().unwrap_or_else(|p| p.into_inner());
+        if *g {
+            return None;
+        }
+        if self.brk == Some(ProgressBreak::UngatedPost) {
+            drop(g);
+            return Some(GateOpen { _guard: None });
+        }
+        Some(GateOpen { _guard: Some(g) })
+    }
+
+    /// Closes the gate (waits for the posters inside it, who only queue). Afterwards no
+    /// [`Gate::enter`] succeeds, so taking every queue once more gets all accepted work.
+    pub fn close(&self) {
+        *self.closed.write().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    /// True once closed.
+    pub fn is_closed(&self) -> bool {
+        *self.closed.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
