@@ -169,7 +169,7 @@ pub use api::device::{
     LinkSpec, ListenError, Listener, QpBound, QpConnection, UlpduStream,
 };
 pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
-pub use engine::{DeviceError, DeviceEvent, EngineConfig, COMMAND_TIMEOUT};
+pub use engine::{DeviceError, DeviceEvent, EngineConfig, ProgressMode, COMMAND_TIMEOUT};
 pub use rdmap::binding::QpStats;
 pub use resources::completion_queue::{CqError, WaitAsync};
 pub use resources::event_queue::DeviceEnd;

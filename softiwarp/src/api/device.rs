@@ -17,8 +17,10 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use verbs::{AsyncEvent, VerbsError};
 
 use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
+use crate::engine::progress::Progress;
 use crate::engine::{
-    Command, DeviceError, DeviceEvent, Engine, EngineConfig, Handle, PendingRequest, Shared,
+    run_engine, Command, DeviceError, DeviceEvent, DeviceProgress, Engine, EngineConfig, Handle,
+    PendingRequest, ProgressMode, Shared,
 };
 use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
 use crate::resources::event_queue::{DeviceEnd, EventQueue};
@@ -269,6 +271,7 @@ pub struct Device {
 struct Started {
     mtu: usize,
     tid: i32,
+    progress: Arc<DeviceProgress>,
 }
 
 fn open_link(cfg: LinkConfig) -> Result<Box<dyn Link>, LinkError> {
@@ -339,16 +342,37 @@ impl Device {
                     Ok(Stack::new(link, stack_cfg, smoltcp::time::Instant::ZERO)?)
                 };
                 let start = StdInstant::now();
-                match setup() {
-                    Ok(stack) => {
+                match setup().and_then(|stack| {
+                    // The engine thread sleeps on a duplicate of the link's poll fd: it
+                    // stays valid after the stack (and its link) are dropped at the end.
+                    let link_fd = stack
+                        .link()
+                        .poll_fd()
+                        .try_clone_to_owned()
+                        .map_err(DeviceError::Thread)?;
+                    Ok((stack, link_fd))
+                }) {
+                    Ok((stack, link_fd)) => {
+                        let mtu = stack.link().mtu();
+                        let driver = Engine::new(
+                            stack,
+                            cmd_rx,
+                            t_wake.clone(),
+                            t_shared.clone(),
+                            engine,
+                            start,
+                            t_name.clone(),
+                        );
+                        let progress = Arc::new(Progress::new(driver));
                         let started = Started {
-                            mtu: stack.link().mtu(),
+                            mtu,
                             tid: nix::unistd::gettid().as_raw(),
+                            progress: progress.clone(),
                         };
                         if start_tx.send(Ok(started)).is_err() {
                             return;
                         }
-                        Engine::new(stack, cmd_rx, t_wake, t_shared, engine, start, t_name).run();
+                        run_engine(progress, link_fd, t_wake, t_shared, engine, start, t_name);
                     }
                     Err(e) => {
                         let _ = start_tx.send(Err(e));
@@ -371,7 +395,13 @@ impl Device {
         };
         tracing::info!(device = %name, address = %interface.address, mtu = started.mtu, "device open");
         Ok(Device {
-            handle: Arc::new(Handle::new(cmd_tx, Waker::engine(wake), shared)),
+            handle: Arc::new(Handle::new(
+                cmd_tx,
+                Waker::engine(wake),
+                shared,
+                (engine.progress == ProgressMode::Hybrid).then_some(started.progress),
+                engine.spin,
+            )),
             thread: Some(thread),
             name,
             address: interface.address,

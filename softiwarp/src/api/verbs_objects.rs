@@ -378,7 +378,20 @@ impl Cq {
     /// was taken; [`CqError::Destroyed`] after [`Cq::destroy`].
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>, CqError> {
         self.check_live()?;
-        self.inner.cq.poll(max)
+        let got = self.inner.cq.poll(max)?;
+        if got.is_empty() && max > 0 && self.drive_if_empty() {
+            return self.inner.cq.poll(max);
+        }
+        Ok(got)
+    }
+
+    /// [`crate::ProgressMode::Hybrid`]: a poll that found the CQ empty drives the
+    /// device (libfabric's manual progress on a CQ read). True if a completion may have
+    /// arrived.
+    fn drive_if_empty(&self) -> bool {
+        self.inner.handle.drives()
+            && self.inner.cq.is_empty()
+            && self.inner.handle.drive(crate::engine::POLL_BUDGET)
     }
 
     /// `Err(Destroyed)` once [`Cq::destroy`] succeeded.
@@ -397,15 +410,40 @@ impl Cq {
     /// As [`Cq::poll`].
     pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize, CqError> {
         self.check_live()?;
-        self.inner.cq.poll_into(out)
+        let n = self.inner.cq.poll_into(out)?;
+        if n == 0 && !out.is_empty() && self.drive_if_empty() {
+            return self.inner.cq.poll_into(out);
+        }
+        Ok(n)
     }
 
     /// Blocks until a completion is queued or the CQ is in error (true), or
     /// `timeout` passed (false). The completion-channel wait of libibverbs
     /// (`ibv_get_cq_event(3)`) without the channel. A destroyed CQ returns true at
     /// once (its [`Cq::poll`] fails).
+    ///
+    /// In [`crate::ProgressMode::Hybrid`] the caller first drives the device for up to
+    /// [`crate::EngineConfig::spin`] (busy polling), then sleeps on the CQ.
     pub fn wait(&self, timeout: Duration) -> bool {
-        self.check_live().is_err() || self.inner.cq.wait(timeout)
+        if self.check_live().is_err() {
+            return true;
+        }
+        let handle = &self.inner.handle;
+        if handle.drives() {
+            let start = Instant::now();
+            let spin = handle.spin().min(timeout);
+            loop {
+                if !self.inner.cq.is_empty() || self.inner.cq.is_error() {
+                    return true;
+                }
+                handle.drive(crate::engine::POLL_BUDGET);
+                if start.elapsed() >= spin {
+                    break;
+                }
+            }
+            return self.inner.cq.wait(timeout.saturating_sub(start.elapsed()));
+        }
+        self.inner.cq.wait(timeout)
     }
 
     /// Waits up to `timeout` for at least one completion, then takes up to `max`.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use verbs::{AsyncEvent, VerbsError};
 
+use super::progress::{Budget, Drove};
 use super::{Command, Shared};
 use crate::link::{GoneReason, LinkError};
 use crate::resources::event_queue::{DeviceEnd, EventQueue};
@@ -58,12 +59,35 @@ pub(crate) struct Handle {
     pub(crate) mrs: Arc<MrTable>,
     next_qpn: std::sync::atomic::AtomicU32,
     next_cq: std::sync::atomic::AtomicU32,
+    /// The device's progress lock, when verbs calls drive ([`super::ProgressMode::Hybrid`]).
+    progress: Option<Arc<super::DeviceProgress>>,
+    spin: Duration,
 }
+
+/// A post call's budget: one pass (siw caps a burst in the caller's context too).
+const POST_BUDGET: Budget = Budget {
+    passes: 1,
+    rounds: 16,
+};
+
+/// The budget of a poll or wait that found its CQ empty: a few passes.
+pub(crate) const POLL_BUDGET: Budget = Budget {
+    passes: 4,
+    rounds: u32::MAX,
+};
 
 impl Handle {
     /// The handle of a device whose engine takes `cmds`, is woken by `waker` and shares
     /// `shared`, with an empty STag table.
-    pub(crate) fn new(cmds: Sender<Command>, waker: Waker, shared: Arc<Shared>) -> Handle {
+    /// `progress` is the device's progress lock when verbs calls drive
+    /// ([`super::ProgressMode::Hybrid`]), `None` when only the engine thread does.
+    pub(crate) fn new(
+        cmds: Sender<Command>,
+        waker: Waker,
+        shared: Arc<Shared>,
+        progress: Option<Arc<super::DeviceProgress>>,
+        spin: Duration,
+    ) -> Handle {
         Handle {
             cmds,
             waker,
@@ -71,6 +95,40 @@ impl Handle {
             mrs: Arc::new(MrTable::new()),
             next_qpn: std::sync::atomic::AtomicU32::new(1),
             next_cq: std::sync::atomic::AtomicU32::new(1),
+            progress,
+            spin,
+        }
+    }
+
+    /// True if verbs calls drive the device ([`super::ProgressMode::Hybrid`]).
+    pub(crate) fn drives(&self) -> bool {
+        self.progress.is_some()
+    }
+
+    /// How long a blocking CQ wait drives before it sleeps ([`super::EngineConfig::spin`]).
+    pub(crate) fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    /// Drives the device within `budget` if verbs calls drive it and no other thread
+    /// does; work left at the budget's end goes to the engine thread (woken). Returns
+    /// true if this call ran a pass that moved something.
+    pub(crate) fn drive(&self, budget: Budget) -> bool {
+        let Some(p) = &self.progress else {
+            return false;
+        };
+        match p.drive(budget) {
+            Drove::Drove {
+                active,
+                left_pending,
+                ..
+            } => {
+                if left_pending {
+                    self.waker.wake();
+                }
+                active
+            }
+            Drove::Busy | Drove::Ended => false,
         }
     }
 
@@ -85,16 +143,8 @@ impl Handle {
     /// Holds the device's gate open (for reading): while the guard lives, WRs queued on
     /// a QP are certain to be taken by the engine. `Err(DeviceGone)` once the engine
     /// took its last command.
-    pub(crate) fn gate(&self) -> Result<std::sync::RwLockReadGuard<'_, bool>, VerbsError> {
-        let gate = self
-            .shared
-            .gate
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *gate {
-            return Err(VerbsError::DeviceGone);
-        }
-        Ok(gate)
+    pub(crate) fn gate(&self) -> Result<super::progress::GateOpen<'_>, VerbsError> {
+        self.shared.gate.enter().ok_or(VerbsError::DeviceGone)
     }
 
     /// Enqueues QP work for the engine, without waking it. Refused with
@@ -112,7 +162,12 @@ impl Handle {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(qpn);
-        self.waker.wake();
+        if self.progress.is_some() {
+            // The poster drives (or the holder's re-check takes the doorbell).
+            self.drive(POST_BUDGET);
+        } else {
+            self.waker.wake();
+        }
     }
 
     /// Wakes the engine thread.

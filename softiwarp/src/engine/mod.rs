@@ -68,19 +68,22 @@ pub(crate) mod event_signal;
 mod handle;
 pub mod progress;
 
-pub(crate) use handle::Handle;
 pub use handle::{DeviceError, COMMAND_TIMEOUT};
+pub(crate) use handle::{Handle, POLL_BUDGET};
 
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant as StdInstant};
 
 use mpa::negotiate::LocalSettings;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::os::fd::AsFd;
+
 use nix::sys::eventfd::EventFd;
+use progress::{Budget, Drive, Drove, Outbox, Pass, Progress};
 use smoltcp::time::Instant;
 
 use verbs::{check_transition, AsyncEvent, ObjectKind, QpAttr, QpState, VerbsError};
@@ -102,6 +105,9 @@ pub struct EngineConfig {
     pub spin: Duration,
     /// Queue bounds of each stream connection.
     pub stream: StreamConfig,
+    /// Who drives the device: the engine thread alone (the default), or application
+    /// threads too, inside their verbs calls.
+    pub progress: ProgressMode,
 }
 
 impl Default for EngineConfig {
@@ -109,6 +115,43 @@ impl Default for EngineConfig {
         EngineConfig {
             spin: Duration::from_micros(50),
             stream: StreamConfig::default(),
+            progress: ProgressMode::from_env(),
+        }
+    }
+}
+
+/// Who drives a device's protocol state (shared/progress-design.md, design.md section 5
+/// "Progress"). Both modes use the same progress lock; they differ in whether verbs
+/// calls take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProgressMode {
+    /// Only the engine thread drives; a post rings its wake-up (an eventfd write) and a
+    /// CQ waiter sleeps until the engine pushes a completion.
+    #[default]
+    Engine,
+    /// Application threads drive too, inside verbs calls, as Linux siw transmits in the
+    /// caller's context: `post_send`/`post_recv` run one budgeted pass (one pass of the
+    /// stack, every connection's rounds), `poll_cq` on an empty CQ runs one, and a
+    /// blocking CQ wait drives for [`EngineConfig::spin`] before it sleeps. The engine
+    /// thread keeps the link, timers, commands and passive targets whenever no
+    /// application thread drives.
+    Hybrid,
+}
+
+impl ProgressMode {
+    /// The mode named by the `SOFTIWARP_PROGRESS` environment variable (`engine` or
+    /// `hybrid`, case-insensitive), [`ProgressMode::Engine`] when unset or unknown (an
+    /// unknown name is logged): how a whole test suite or an unmodified program is run
+    /// in either mode.
+    pub fn from_env() -> ProgressMode {
+        match std::env::var("SOFTIWARP_PROGRESS") {
+            Ok(v) if v.eq_ignore_ascii_case("hybrid") => ProgressMode::Hybrid,
+            Ok(v) if v.eq_ignore_ascii_case("engine") || v.is_empty() => ProgressMode::Engine,
+            Ok(v) => {
+                tracing::warn!(value = %v, "SOFTIWARP_PROGRESS: unknown mode (engine|hybrid); using engine");
+                ProgressMode::Engine
+            }
+            Err(_) => ProgressMode::Engine,
         }
     }
 }
@@ -215,7 +258,7 @@ pub(crate) struct Shared {
     pub(crate) async_events: Arc<EventQueue<AsyncEvent>>,
     /// True once the engine took its last command: QP work is refused from then on
     /// (posters hold it for reading while they enqueue, so nothing enqueued is lost).
-    pub(crate) gate: RwLock<bool>,
+    pub(crate) gate: progress::Gate,
     /// A QP asks the engine to poll the stack again at once.
     pub(crate) kick: Arc<AtomicBool>,
     /// QPs with newly posted WRs (rung by the post calls).
@@ -225,6 +268,9 @@ pub(crate) struct Shared {
     pub(crate) activity: crate::engine::event_signal::EventSignal,
     /// The stack's connection count after the engine's last pass (`Device::connection_count`).
     pub(crate) connections: std::sync::atomic::AtomicUsize,
+    /// The stack's next deadline after the last pass, in microseconds since the device
+    /// started (`u64::MAX`: none): the engine thread's sleep timeout.
+    pub(crate) deadline_us: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -233,11 +279,12 @@ impl Shared {
             events: EventQueue::new(),
             ended: Mutex::new(None),
             async_events: Arc::new(EventQueue::new()),
-            gate: RwLock::new(false),
+            gate: progress::Gate::new(),
             kick: Arc::new(AtomicBool::new(false)),
             doorbell: Mutex::new(Vec::new()),
             activity: crate::engine::event_signal::EventSignal::default(),
             connections: std::sync::atomic::AtomicUsize::new(0),
+            deadline_us: std::sync::atomic::AtomicU64::new(u64::MAX),
         }
     }
 
@@ -263,7 +310,8 @@ pub(crate) struct Engine<L: Link> {
     pub(crate) shared: Arc<Shared>,
     pub(crate) cfg: EngineConfig,
     pub(crate) start: StdInstant,
-    pub(crate) name: String,
+    /// The `device{name}` span, entered by every pass whichever thread runs it.
+    span: tracing::Span,
     conns: HashMap<ConnId, StreamEnd>,
     listeners: HashMap<ListenerId, Arc<EventQueue<PendingRequest>>>,
     /// Every QP of the device, by QP number.
@@ -297,7 +345,7 @@ impl<L: Link> Engine<L> {
             shared,
             cfg,
             start,
-            name,
+            span: tracing::info_span!("device", name = %name),
             conns: HashMap::new(),
             listeners: HashMap::new(),
             qps: HashMap::new(),
@@ -309,95 +357,85 @@ impl<L: Link> Engine<L> {
         Waker::engine(self.wake.clone())
     }
 
-    /// Runs until shutdown, until every handle to the command queue is gone, or until
-    /// the link is gone.
-    pub(crate) fn run(mut self) {
-        let span = tracing::info_span!("device", name = %self.name);
+    /// One pass (the body of the old engine loop, now run by whoever holds the device's
+    /// progress lock): every queued command, the rung doorbells, [`Stack::poll`] with
+    /// the time since the device started (one clock read per pass), the stack's events
+    /// routed, QPs that went to Error by themselves aborted, receivers of ULPDUs queued
+    /// in batches woken. Ends the device on shutdown (or when every handle is gone) and
+    /// when the link is gone; then it writes the wake-up so a sleeping engine thread
+    /// notices.
+    fn pass_once(&mut self) -> Pass {
+        let span = self.span.clone();
         let _entered = span.enter();
-        tracing::debug!("engine running");
-        let mut last_activity = StdInstant::now();
+        let mut active = false;
         loop {
-            // The wake-up is reset after each sleep (before the queues are read): a
-            // wake-up written while the engine is awake keeps the eventfd readable, so
-            // the next sleep returns at once. No system call per pass.
-            let mut active = false;
-            loop {
-                match self.cmds.try_recv() {
-                    Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => {
-                        self.shutdown();
-                        return;
-                    }
-                    Ok(cmd) => {
-                        active = true;
-                        self.handle(cmd);
-                    }
-                    Err(TryRecvError::Empty) => break,
+            match self.cmds.try_recv() {
+                Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => {
+                    self.shutdown();
+                    let _ = self.wake.write(1);
+                    return Pass {
+                        active: true,
+                        more: false,
+                        ended: true,
+                    };
                 }
+                Ok(cmd) => {
+                    active = true;
+                    self.handle(cmd);
+                }
+                Err(TryRecvError::Empty) => break,
             }
-            active |= self.doorbells();
-            // One clock read per pass.
-            let t = StdInstant::now();
-            let now = Instant::from_micros(
-                i64::try_from(t.duration_since(self.start).as_micros()).unwrap_or(i64::MAX),
-            );
-            let deadline = self.stack.poll(now);
-            active |= self.stack.progressed();
-            active |= self.shared.kick.swap(false, Ordering::AcqRel);
-            if let Some(reason) = self.stack.gone() {
-                // Recorded before the connections' failures are routed, so that whoever
-                // drains one of them sees the end already (the iw-cm provider then runs
-                // its end hook, rdma-cm's device removal, before reporting them).
-                self.shared.set_ended(DeviceEnd::Gone(reason));
-            }
-            self.route();
-            if self.qp_errored.swap(false, Ordering::AcqRel) {
-                active |= self.abort_orphaned();
-            }
-            if let Some(reason) = self.stack.gone() {
-                self.gone(reason);
-                return;
-            }
-            // Receivers waiting for ULPDUs queued in this pass are woken in batches:
-            // half the receive queue, `RX_WAKE_DELAY`, or before the engine
-            // sleeps.
-            for end in self.conns.values() {
-                end.flush_wakeups(false, t);
-            }
-            if active {
-                last_activity = t;
-                continue;
-            }
-            if t.duration_since(last_activity) < self.cfg.spin {
-                // Application threads often share this core: let a runnable one go
-                // first rather than spin against it.
-                std::thread::yield_now();
-                continue;
-            }
-            for end in self.conns.values() {
-                end.flush_wakeups(true, t);
-            }
-            self.sleep(now, deadline);
-            let _ = self.wake.read();
+        }
+        active |= self.doorbells();
+        // One clock read per pass.
+        let t = StdInstant::now();
+        let now = Instant::from_micros(
+            i64::try_from(t.duration_since(self.start).as_micros()).unwrap_or(i64::MAX),
+        );
+        let deadline = self.stack.poll(now);
+        self.shared.deadline_us.store(
+            deadline.map_or(u64::MAX, |d| u64::try_from(d.total_micros()).unwrap_or(0)),
+            Ordering::Release,
+        );
+        active |= self.stack.progressed();
+        active |= self.shared.kick.swap(false, Ordering::AcqRel);
+        if let Some(reason) = self.stack.gone() {
+            // Recorded before the connections' failures are routed, so that whoever
+            // drains one of them sees the end already (the iw-cm provider then runs
+            // its end hook, rdma-cm's device removal, before reporting them).
+            self.shared.set_ended(DeviceEnd::Gone(reason));
+        }
+        self.route();
+        if self.qp_errored.swap(false, Ordering::AcqRel) {
+            active |= self.abort_orphaned();
+        }
+        if let Some(reason) = self.stack.gone() {
+            self.gone(reason);
+            let _ = self.wake.write(1);
+            return Pass {
+                active: true,
+                more: false,
+                ended: true,
+            };
+        }
+        // Receivers waiting for ULPDUs queued in this pass are woken in batches:
+        // half the receive queue, `RX_WAKE_DELAY`, or before the engine sleeps.
+        for end in self.conns.values() {
+            end.flush_wakeups(false, t);
+        }
+        Pass {
+            active,
+            more: false,
+            ended: false,
         }
     }
 
-    fn sleep(&self, now: Instant, deadline: Option<Instant>) {
-        let timeout = match deadline {
-            None => PollTimeout::NONE,
-            Some(d) => {
-                // smoltcp's Instant difference is an absolute value: a past deadline must
-                // not turn into a future one.
-                let us = if d > now { (d - now).total_micros() } else { 0 }.max(1000);
-                let ms = us.div_ceil(1000).min(u64::from(i32::MAX as u32));
-                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
-            }
-        };
-        let mut fds = [
-            PollFd::new(self.stack.link().poll_fd(), PollFlags::POLLIN),
-            PollFd::new(std::os::fd::AsFd::as_fd(&*self.wake), PollFlags::POLLIN),
-        ];
-        // EINTR and the like just end the sleep early.
-        let _ = poll(&mut fds, timeout);
+    /// Before the engine thread sleeps: wake every receiver with ULPDUs queued.
+    fn before_sleep(&mut self) {
+        let t = StdInstant::now();
+        for end in self.conns.values() {
+            end.flush_wakeups(true, t);
+        }
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -757,11 +795,7 @@ impl<L: Link> Engine<L> {
     fn end_qps(&mut self) {
         // Close the gate first: after it no WR can be posted, so taking the queues
         // once more gets every WR a post call accepted.
-        *self
-            .shared
-            .gate
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = true;
+        self.shared.gate.close();
         for core in self.qps.values() {
             let mut c = binding::lock(core);
             c.unbind();
@@ -868,4 +902,128 @@ impl<L: Link> Engine<L> {
         self.route();
         self.end_everything(DeviceEnd::Closed);
     }
+}
+
+/// Deferred actions of a device pass: the executor wakers and neighbour closures queued
+/// with [`progress::defer_wake`] / [`progress::defer_call`] while the pass ran. They run
+/// once the progress lock is released.
+#[derive(Default)]
+pub(crate) struct DeviceOutbox;
+
+impl Outbox for DeviceOutbox {
+    fn run(&mut self) {
+        progress::run_deferred();
+    }
+}
+
+impl<L: Link> Drive for Engine<L> {
+    type Outbox = DeviceOutbox;
+    fn pass(&mut self, _rounds: u32, _out: &mut DeviceOutbox) -> Pass {
+        self.pass_once()
+    }
+}
+
+/// The progress lock of a device over any link.
+pub(crate) type DeviceProgress = Progress<Engine<Box<dyn Link>>>;
+
+/// One engine pass's budget: a single pass (the loop repeats while there is work).
+const ENGINE_BUDGET: Budget = Budget {
+    passes: 1,
+    rounds: u32::MAX,
+};
+
+/// How long the engine thread sleeps on its wake-up alone while an application thread
+/// drives (it then tries again).
+const BUSY_SLEEP: Duration = Duration::from_millis(1);
+
+/// The engine thread: drives the device whenever no application thread does, spins for
+/// [`EngineConfig::spin`] after the last activity, then sleeps in `poll(2)` on the
+/// link's poll fd (`link_fd`, a duplicate taken when the device opened, so that it
+/// outlives the stack) and the wake-up eventfd, with the timeout of the stack's next
+/// deadline. Returns when the device ended (shutdown, every handle gone, link gone),
+/// whichever thread ran the ending pass.
+pub(crate) fn run_engine(
+    progress: Arc<DeviceProgress>,
+    link_fd: std::os::fd::OwnedFd,
+    wake: Arc<EventFd>,
+    shared: Arc<Shared>,
+    cfg: EngineConfig,
+    start: StdInstant,
+    name: String,
+) {
+    let span = tracing::info_span!("device", name = %name);
+    let _entered = span.enter();
+    tracing::debug!("engine running");
+    let mut last_activity = StdInstant::now();
+    loop {
+        // The wake-up is reset after each sleep (before the queues are read): a
+        // wake-up written while the engine is awake keeps the eventfd readable, so
+        // the next sleep returns at once. No system call per pass.
+        match progress.drive(ENGINE_BUDGET) {
+            Drove::Ended => {
+                tracing::debug!("engine ended");
+                return;
+            }
+            Drove::Busy => {
+                // An application thread drives: it reads the link; the engine waits on
+                // its wake-up alone, briefly, and tries again.
+                sleep(None, &wake, Some(BUSY_SLEEP));
+                let _ = wake.read();
+                continue;
+            }
+            Drove::Drove {
+                active,
+                left_pending,
+                ..
+            } => {
+                let t = StdInstant::now();
+                if active || left_pending {
+                    last_activity = t;
+                    continue;
+                }
+                if t.duration_since(last_activity) < cfg.spin {
+                    // Application threads often share this core: let a runnable one go
+                    // first rather than spin against it.
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+        }
+        if !progress.with_driver(Engine::before_sleep) || progress.pending() {
+            continue;
+        }
+        let deadline = shared.deadline_us.load(Ordering::Acquire);
+        let timeout = (deadline != u64::MAX).then(|| {
+            let now = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+            // When the stack asks for "now" but the last pass did nothing (smoltcp can
+            // ask for that while it cannot send), sleep at least 1 ms.
+            Duration::from_micros(deadline.saturating_sub(now).max(1000))
+        });
+        sleep(Some(link_fd.as_fd()), &wake, timeout);
+        let _ = wake.read();
+    }
+}
+
+/// `poll(2)` on the link fd (if any) and the wake-up, for `timeout` rounded up to whole
+/// milliseconds (forever if `None`). EINTR and the like just end the sleep early.
+fn sleep(link: Option<std::os::fd::BorrowedFd<'_>>, wake: &EventFd, timeout: Option<Duration>) {
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let ms = u64::try_from(d.as_micros())
+                .unwrap_or(u64::MAX)
+                .div_ceil(1000)
+                .min(u64::from(i32::MAX as u32));
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
+    };
+    let mut fds = Vec::with_capacity(2);
+    if let Some(fd) = link {
+        fds.push(PollFd::new(fd, PollFlags::POLLIN));
+    }
+    fds.push(PollFd::new(
+        std::os::fd::AsFd::as_fd(wake),
+        PollFlags::POLLIN,
+    ));
+    let _ = poll(&mut fds, timeout);
 }

@@ -47,7 +47,7 @@
 //! ends the device ([`Drove::Ended`]), since its state may be half-updated
 //! (progress-design.md section 3.9, risk 4).
 
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
 use std::sync::TryLockError;
 
@@ -127,6 +127,51 @@ pub enum ProgressBreak {
 
 thread_local! {
     static IN_DRIVER: Cell<bool> = const { Cell::new(false) };
+    static DEFERRED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Something that may run foreign code, held back until the progress lock is released.
+enum Deferred {
+    Wake(std::task::Waker),
+    Call(Box<dyn FnOnce() + Send>),
+}
+
+/// Wakes `waker` now, or, inside a pass, once the pass's lock is released (an executor's
+/// waker is foreign code: it may poll a task inline).
+pub fn defer_wake(waker: std::task::Waker) {
+    if in_driver() {
+        DEFERRED.with(|d| d.borrow_mut().push(Deferred::Wake(waker)));
+    } else {
+        waker.wake();
+    }
+}
+
+/// Runs `f` now, or, inside a pass, once the pass's lock is released (a completion
+/// closure handed in by a caller, such as a neighbour resolution's reply).
+pub fn defer_call(f: impl FnOnce() + Send + 'static) {
+    if in_driver() {
+        DEFERRED.with(|d| d.borrow_mut().push(Deferred::Call(Box::new(f))));
+    } else {
+        f();
+    }
+}
+
+/// Runs what this thread deferred during its pass (an [`Outbox`] calls it after the
+/// lock is released). Loom models share one OS thread between modelled threads, so
+/// their toy drivers defer nothing.
+pub fn run_deferred() {
+    loop {
+        let batch = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+        if batch.is_empty() {
+            return;
+        }
+        for item in batch {
+            match item {
+                Deferred::Wake(w) => w.wake(),
+                Deferred::Call(f) => f(),
+            }
+        }
+    }
 }
 
 /// Debug assertion: the calling thread is not inside a pass (holding a progress lock).
@@ -158,11 +203,18 @@ impl Drop for InDriver {
 }
 
 /// One device's progress lock. See the [module documentation](self).
-#[derive(Debug)]
 pub struct Progress<D> {
     driver: Mutex<Option<D>>,
     pending: AtomicBool,
     brk: Option<ProgressBreak>,
+}
+
+impl<D> std::fmt::Debug for Progress<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("pending", &self.pending.load(Acquire))
+            .finish_non_exhaustive()
+    }
 }
 
 impl<D: Drive> Progress<D> {
@@ -263,6 +315,25 @@ impl<D: Drive> Progress<D> {
                 };
             }
         }
+    }
+
+    /// Runs `f` on the driver if the lock is free (the engine thread's bookkeeping before
+    /// it sleeps). Returns false when another thread holds the lock or the device
+    /// ended: the caller must not sleep on the assumption that `f` ran.
+    pub fn with_driver(&self, f: impl FnOnce(&mut D)) -> bool {
+        let Ok(mut g) = self.driver.try_lock() else {
+            return false;
+        };
+        let Some(d) = g.as_mut() else {
+            return false;
+        };
+        {
+            let _in = InDriver::enter();
+            f(d);
+        }
+        drop(g);
+        run_deferred();
+        true
     }
 
     /// True once the device ended (the driver is gone). Takes the lock briefly only if

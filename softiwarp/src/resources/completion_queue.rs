@@ -195,7 +195,8 @@ impl CompletionQueue {
             self.ready.notify_all();
         }
         for w in wakers {
-            w.wake();
+            // Executor wakers are foreign code: inside a pass they run after unlock.
+            crate::engine::progress::defer_wake(w);
         }
         result
     }

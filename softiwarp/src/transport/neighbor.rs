@@ -60,8 +60,10 @@ pub type NeighborResult = Result<[u8; 6], NeighborError>;
 pub struct NeighborReply(Option<Box<dyn FnOnce(NeighborResult) + Send>>);
 
 impl NeighborReply {
-    /// A completion calling `done`. It runs on the device's engine thread (or on the
-    /// thread of the call that failed at once): it must only enqueue, never block.
+    /// A completion calling `done`. It runs on the thread that drove the device (the
+    /// engine thread, or an application thread inside a verbs call), after the progress
+    /// lock is released, or on the thread of the call that failed at once: it should
+    /// only enqueue, never block.
     pub fn new(done: impl FnOnce(NeighborResult) + Send + 'static) -> Self {
         NeighborReply(Some(Box::new(done)))
     }
@@ -69,7 +71,8 @@ impl NeighborReply {
     /// Completes with `result`.
     pub fn complete(mut self, result: NeighborResult) {
         if let Some(done) = self.0.take() {
-            done(result);
+            // The caller's closure: inside a progress pass it runs after unlock.
+            crate::engine::progress::defer_call(move || done(result));
         }
     }
 }
@@ -77,7 +80,7 @@ impl NeighborReply {
 impl Drop for NeighborReply {
     fn drop(&mut self) {
         if let Some(done) = self.0.take() {
-            done(Err(NeighborError::DeviceGone));
+            crate::engine::progress::defer_call(move || done(Err(NeighborError::DeviceGone)));
         }
     }
 }
