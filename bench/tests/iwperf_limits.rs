@@ -31,6 +31,7 @@ fn options(name: &str, link: MemoryLink, ip: Ipv4Addr) -> DeviceOptions {
         mpa_rev: 2,
         pcap: None,
         engine_spin: Duration::ZERO,
+        progress: softiwarp::ProgressMode::Engine,
         tcp_buffer: 256 << 10,
     }
 }

@@ -6,11 +6,11 @@
 //! does for the connection manager.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};

@@ -59,6 +59,23 @@ enum Cmd {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum ProgressArg {
+    /// Only the engine thread drives.
+    Engine,
+    /// Verbs calls drive too (run to completion).
+    Hybrid,
+}
+
+impl ProgressArg {
+    fn mode(self) -> softiwarp::ProgressMode {
+        match self {
+            ProgressArg::Engine => softiwarp::ProgressMode::Engine,
+            ProgressArg::Hybrid => softiwarp::ProgressMode::Hybrid,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum OnOff {
     On,
     Off,
@@ -78,6 +95,10 @@ struct MpaArgs {
     /// Engine busy-poll time after activity, in microseconds.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
+    /// Who drives the soft device: the engine thread alone, or the application's
+    /// verbs calls too (`softiwarp::ProgressMode`).
+    #[arg(long, value_enum, default_value = "engine")]
+    progress_mode: ProgressArg,
     /// Bandwidth runs: how long the application polls its CQ (yielding) before it
     /// blocks, in microseconds.
     #[arg(long, default_value_t = 0)]
@@ -329,6 +350,7 @@ fn device_options(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<DeviceOptions
         mpa_rev: m.mpa_rev,
         pcap: l.link.pcap.clone().map(|p| (p, l.pcap_limit)),
         engine_spin: Duration::from_micros(m.spin_us),
+        progress: m.progress_mode.mode(),
         tcp_buffer: m.tcp_buffer,
     })
 }
@@ -525,6 +547,7 @@ fn run_demo(a: &DemoArgs) -> Result<(), IwperfError> {
         memory: a.memory,
         pin: !a.no_pin,
         spin: Duration::from_micros(a.mpa.spin_us),
+        progress: a.mpa.progress_mode.mode(),
         tcp_buffer: a.mpa.tcp_buffer,
         tuning: tuning(&a.mpa, 512),
         exe: std::env::current_exe().map_err(|e| IwperfError::Setup(format!("own path: {e}")))?,

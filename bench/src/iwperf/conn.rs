@@ -71,6 +71,8 @@ pub struct DeviceOptions {
     pub pcap: Option<(PathBuf, u64)>,
     /// Engine busy-poll time after activity.
     pub engine_spin: Duration,
+    /// Who drives the device (`softiwarp::ProgressMode`).
+    pub progress: softiwarp::ProgressMode,
     /// TCP send and receive buffer in bytes.
     pub tcp_buffer: usize,
 }
@@ -137,6 +139,7 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
     };
     cfg.mpa.settings.markers_rx = opts.markers;
     cfg.engine.spin = opts.engine_spin;
+    cfg.engine.progress = opts.progress;
     cfg.tcp.rx_buffer = opts.tcp_buffer;
     cfg.tcp.tx_buffer = opts.tcp_buffer;
     Device::open(cfg)

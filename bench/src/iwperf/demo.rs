@@ -78,6 +78,8 @@ pub struct DemoConfig {
     pub pin: bool,
     /// Busy-poll time of the engines and of the raw TCP peers after activity.
     pub spin: Duration,
+    /// Who drives the iWARP peers' devices.
+    pub progress: softiwarp::ProgressMode,
     /// TCP socket buffers (both the baseline and the device), bytes.
     pub tcp_buffer: usize,
     /// How the iWARP peers wait.
@@ -110,6 +112,7 @@ impl Default for DemoConfig {
             memory: false,
             pin: true,
             spin: Duration::from_micros(50),
+            progress: softiwarp::ProgressMode::Engine,
             tcp_buffer: 256 * 1024,
             tuning: Tuning::default(),
             exe: std::env::current_exe().unwrap_or_default(),
@@ -429,6 +432,7 @@ fn device_options(
         mpa_rev: cfg.mpa_rev,
         pcap: pcap.map(|p| (p, cfg.pcap_limit)),
         engine_spin: cfg.spin,
+        progress: cfg.progress,
         tcp_buffer: cfg.tcp_buffer,
     }
 }
@@ -823,6 +827,12 @@ fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
         cfg.tuning.lat_spin.as_micros().to_string(),
         "--poll-nap-us".into(),
         cfg.tuning.nap.as_micros().to_string(),
+        "--progress-mode".into(),
+        match cfg.progress {
+            softiwarp::ProgressMode::Engine => "engine",
+            softiwarp::ProgressMode::Hybrid => "hybrid",
+        }
+        .into(),
     ];
     v.extend(common_args(cfg));
     v

@@ -17,10 +17,9 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use verbs::{AsyncEvent, VerbsError};
 
 use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
-use crate::engine::progress::Progress;
 use crate::engine::{
-    run_engine, Command, DeviceError, DeviceEvent, DeviceProgress, Engine, EngineConfig, Handle,
-    PendingRequest, ProgressMode, Shared,
+    run_engine, Command, DeviceError, DeviceEvent, Driving, Engine, EngineConfig, Handle,
+    PendingRequest, Shared,
 };
 use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
 use crate::resources::event_queue::{DeviceEnd, EventQueue};
@@ -271,7 +270,7 @@ pub struct Device {
 struct Started {
     mtu: usize,
     tid: i32,
-    progress: Arc<DeviceProgress>,
+    driving: Arc<Driving>,
 }
 
 fn open_link(cfg: LinkConfig) -> Result<Box<dyn Link>, LinkError> {
@@ -363,16 +362,23 @@ impl Device {
                             start,
                             t_name.clone(),
                         );
-                        let progress = Arc::new(Progress::new(driver));
+                        let driving = Arc::new(Driving::new(
+                            driver,
+                            link_fd,
+                            t_wake.clone(),
+                            t_shared.clone(),
+                            start,
+                            engine,
+                        ));
                         let started = Started {
                             mtu,
                             tid: nix::unistd::gettid().as_raw(),
-                            progress: progress.clone(),
+                            driving: driving.clone(),
                         };
                         if start_tx.send(Ok(started)).is_err() {
                             return;
                         }
-                        run_engine(progress, link_fd, t_wake, t_shared, engine, start, t_name);
+                        run_engine(driving, t_name);
                     }
                     Err(e) => {
                         let _ = start_tx.send(Err(e));
@@ -399,8 +405,7 @@ impl Device {
                 cmd_tx,
                 Waker::engine(wake),
                 shared,
-                (engine.progress == ProgressMode::Hybrid).then_some(started.progress),
-                engine.spin,
+                started.driving,
             )),
             thread: Some(thread),
             name,

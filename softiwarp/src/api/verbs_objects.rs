@@ -430,18 +430,16 @@ impl Cq {
         }
         let handle = &self.inner.handle;
         if handle.drives() {
-            let start = Instant::now();
-            let spin = handle.spin().min(timeout);
-            loop {
-                if !self.inner.cq.is_empty() || self.inner.cq.is_error() {
-                    return true;
-                }
-                handle.drive(crate::engine::POLL_BUDGET);
-                if start.elapsed() >= spin {
-                    break;
-                }
+            let begin = Instant::now();
+            let cq = &self.inner.cq;
+            if let Some(ready) = handle
+                .driving
+                .app_wait(timeout, &|| !cq.is_empty() || cq.is_error())
+            {
+                return ready;
             }
-            return self.inner.cq.wait(timeout.saturating_sub(start.elapsed()));
+            // Another thread polls the link: sleep on the CQ.
+            return cq.wait(timeout.saturating_sub(begin.elapsed()));
         }
         self.inner.cq.wait(timeout)
     }

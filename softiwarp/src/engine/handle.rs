@@ -59,9 +59,8 @@ pub(crate) struct Handle {
     pub(crate) mrs: Arc<MrTable>,
     next_qpn: std::sync::atomic::AtomicU32,
     next_cq: std::sync::atomic::AtomicU32,
-    /// The device's progress lock, when verbs calls drive ([`super::ProgressMode::Hybrid`]).
-    progress: Option<Arc<super::DeviceProgress>>,
-    spin: Duration,
+    /// Who drives the device: its progress lock and the owner of its link.
+    pub(crate) driving: Arc<super::Driving>,
 }
 
 /// A post call's budget: one pass (siw caps a burst in the caller's context too).
@@ -79,14 +78,12 @@ pub(crate) const POLL_BUDGET: Budget = Budget {
 impl Handle {
     /// The handle of a device whose engine takes `cmds`, is woken by `waker` and shares
     /// `shared`, with an empty STag table.
-    /// `progress` is the device's progress lock when verbs calls drive
-    /// ([`super::ProgressMode::Hybrid`]), `None` when only the engine thread does.
+    /// `driving` is the device's progress lock and link owner.
     pub(crate) fn new(
         cmds: Sender<Command>,
         waker: Waker,
         shared: Arc<Shared>,
-        progress: Option<Arc<super::DeviceProgress>>,
-        spin: Duration,
+        driving: Arc<super::Driving>,
     ) -> Handle {
         Handle {
             cmds,
@@ -95,41 +92,26 @@ impl Handle {
             mrs: Arc::new(MrTable::new()),
             next_qpn: std::sync::atomic::AtomicU32::new(1),
             next_cq: std::sync::atomic::AtomicU32::new(1),
-            progress,
-            spin,
+            driving,
         }
     }
 
     /// True if verbs calls drive the device ([`super::ProgressMode::Hybrid`]).
     pub(crate) fn drives(&self) -> bool {
-        self.progress.is_some()
-    }
-
-    /// How long a blocking CQ wait drives before it sleeps ([`super::EngineConfig::spin`]).
-    pub(crate) fn spin(&self) -> Duration {
-        self.spin
+        self.driving.hybrid()
     }
 
     /// Drives the device within `budget` if verbs calls drive it and no other thread
-    /// does; work left at the budget's end goes to the engine thread (woken). Returns
-    /// true if this call ran a pass that moved something.
+    /// does (then holds the link's lease); work left at the budget's end goes to the
+    /// engine thread (woken). Returns true if this call ran a pass that moved something.
     pub(crate) fn drive(&self, budget: Budget) -> bool {
-        let Some(p) = &self.progress else {
+        if !self.drives() {
             return false;
-        };
-        match p.drive(budget) {
-            Drove::Drove {
-                active,
-                left_pending,
-                ..
-            } => {
-                if left_pending {
-                    self.waker.wake();
-                }
-                active
-            }
-            Drove::Busy | Drove::Ended => false,
         }
+        matches!(
+            self.driving.app_drive(budget),
+            Drove::Drove { active: true, .. }
+        )
     }
 
     /// `Err(DeviceGone)` once the device is gone or shut down.
@@ -162,7 +144,7 @@ impl Handle {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(qpn);
-        if self.progress.is_some() {
+        if self.drives() {
             // The poster drives (or the holder's re-check takes the doorbell).
             self.drive(POST_BUDGET);
         } else {

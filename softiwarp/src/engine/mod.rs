@@ -79,11 +79,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant as StdInstant};
 
 use mpa::negotiate::LocalSettings;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{ppoll, PollFd, PollFlags};
 use std::os::fd::AsFd;
 
 use nix::sys::eventfd::EventFd;
-use progress::{Budget, Drive, Drove, Outbox, Pass, Progress};
+use progress::{Budget, Drive, Drove, EngineView, Outbox, Owner, Pass, Progress};
 use smoltcp::time::Instant;
 
 use verbs::{check_transition, AsyncEvent, ObjectKind, QpAttr, QpState, VerbsError};
@@ -933,41 +933,206 @@ const ENGINE_BUDGET: Budget = Budget {
 };
 
 /// How long the engine thread sleeps on its wake-up alone while an application thread
-/// drives (it then tries again).
-const BUSY_SLEEP: Duration = Duration::from_millis(1);
+/// polls the link (a safety net: the poller hands the link back when it leaves).
+const POLLER_SAFETY_SLEEP: Duration = Duration::from_millis(10);
 
-/// The engine thread: drives the device whenever no application thread does, spins for
-/// [`EngineConfig::spin`] after the last activity, then sleeps in `poll(2)` on the
-/// link's poll fd (`link_fd`, a duplicate taken when the device opened, so that it
-/// outlives the stack) and the wake-up eventfd, with the timeout of the stack's next
-/// deadline. Returns when the device ended (shutdown, every handle gone, link gone),
-/// whichever thread ran the ending pass.
-pub(crate) fn run_engine(
-    progress: Arc<DeviceProgress>,
+/// Longest sleep of an application poller on the link fd before it looks at its CQ
+/// again (a completion pushed by another driver does not wake it).
+const POLLER_MAX_SLEEP: Duration = Duration::from_millis(1);
+
+/// How long an application thread keeps the link after it drove
+/// ([`crate::ProgressMode::Hybrid`]; progress-design.md section 3.3).
+pub(crate) const LEASE: Duration = Duration::from_micros(200);
+
+/// Everything about who drives a device, shared by the engine thread and every handle:
+/// the progress lock around the device's state, the [`Owner`] of the link, a duplicate
+/// of the link's poll fd (valid after the stack is dropped), the engine's wake-up and
+/// the clock base.
+pub(crate) struct Driving {
+    pub(crate) progress: DeviceProgress,
+    pub(crate) owner: Owner,
     link_fd: std::os::fd::OwnedFd,
     wake: Arc<EventFd>,
     shared: Arc<Shared>,
-    cfg: EngineConfig,
     start: StdInstant,
-    name: String,
-) {
+    mode: ProgressMode,
+    spin: Duration,
+}
+
+impl std::fmt::Debug for Driving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driving")
+            .field("owner", &self.owner)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driving {
+    pub(crate) fn new(
+        engine: Engine<Box<dyn Link>>,
+        link_fd: std::os::fd::OwnedFd,
+        wake: Arc<EventFd>,
+        shared: Arc<Shared>,
+        start: StdInstant,
+        cfg: EngineConfig,
+    ) -> Driving {
+        Driving {
+            progress: Progress::new(engine),
+            owner: Owner::new(),
+            link_fd,
+            wake,
+            shared,
+            start,
+            mode: cfg.progress,
+            spin: cfg.spin,
+        }
+    }
+
+    /// Microseconds since the device started.
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// True if verbs calls drive ([`ProgressMode::Hybrid`]).
+    pub(crate) fn hybrid(&self) -> bool {
+        self.mode == ProgressMode::Hybrid
+    }
+
+    /// An application thread drives within `budget` (Hybrid mode), then holds the
+    /// link's lease for [`LEASE`]. Work left at the budget's end goes to the engine
+    /// (woken). Returns what the drive did.
+    pub(crate) fn app_drive(&self, budget: Budget) -> Drove {
+        let d = self.progress.drive(budget);
+        if let Drove::Drove {
+            left_pending: true, ..
+        } = d
+        {
+            let _ = self.wake.write(1);
+        }
+        if d != Drove::Ended {
+            self.owner
+                .lease(self.now_us().saturating_add(LEASE.as_micros() as u64));
+        }
+        d
+    }
+
+    /// A blocking wait of an application thread (Hybrid mode), until `ready()` or
+    /// `timeout`: drive for the spin time; then become the one poller of the link
+    /// (sleeping on the link fd, driving on every frame or deadline) or, if another
+    /// thread polls, return false at once so the caller sleeps on its CQ's condition
+    /// variable. Returns `Some(ready())` if this thread waited as the poller.
+    pub(crate) fn app_wait(&self, timeout: Duration, ready: &dyn Fn() -> bool) -> Option<bool> {
+        let begin = StdInstant::now();
+        let spin = self.spin.min(timeout);
+        loop {
+            if ready() {
+                return Some(true);
+            }
+            if self.app_drive(POLL_BUDGET) == Drove::Ended {
+                return Some(ready());
+            }
+            if begin.elapsed() >= spin {
+                break;
+            }
+        }
+        let took = self.owner.try_poll()?;
+        if took {
+            // The engine leaves the link fd.
+            let _ = self.wake.write(1);
+        }
+        let mut active = true;
+        let result = loop {
+            if ready() {
+                break true;
+            }
+            let Some(left) = timeout
+                .checked_sub(begin.elapsed())
+                .filter(|l| !l.is_zero())
+            else {
+                break false;
+            };
+            // As the engine: a deadline of "now" after a pass that did nothing (smoltcp
+            // asks for that while it cannot send) sleeps until a frame or the cap.
+            let deadline = if active {
+                self.progress_deadline()
+            } else {
+                POLLER_MAX_SLEEP
+            };
+            let nap = left.min(POLLER_MAX_SLEEP).min(deadline);
+            sleep(Some(self.link_fd.as_fd()), None, Some(nap));
+            match self.progress.drive(POLL_BUDGET) {
+                Drove::Ended => break ready(),
+                Drove::Drove { active: a, .. } => active = a,
+                Drove::Busy => active = true,
+            }
+        };
+        self.owner
+            .stop_polling(self.now_us().saturating_add(LEASE.as_micros() as u64));
+        Some(result)
+    }
+
+    /// Time to the stack's next deadline (none: a long time).
+    fn progress_deadline(&self) -> Duration {
+        let d = self.shared.deadline_us.load(Ordering::Acquire);
+        if d == u64::MAX {
+            return Duration::from_secs(3600);
+        }
+        Duration::from_micros(d.saturating_sub(self.now_us()))
+    }
+}
+
+/// The engine thread: drives the device whenever no application thread does, spins for
+/// [`EngineConfig::spin`] after the last activity, then sleeps in `ppoll(2)` on the
+/// link's poll fd (a duplicate taken when the device opened, so that it outlives the
+/// stack) and the wake-up eventfd, with the timeout of the stack's next deadline. In
+/// [`ProgressMode::Hybrid`], while an application thread holds the link's lease or polls
+/// it ([`Owner`]), the engine sleeps on its wake-up alone (commands, a lapsed lease).
+/// Returns when the device ended (shutdown, every handle gone, link gone), whichever
+/// thread ran the ending pass.
+pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
+    let shared = &driving.shared;
     let span = tracing::info_span!("device", name = %name);
     let _entered = span.enter();
-    tracing::debug!("engine running");
+    tracing::debug!(mode = ?driving.mode, "engine running");
+    let progress = &driving.progress;
+    let wake = &*driving.wake;
     let mut last_activity = StdInstant::now();
     loop {
         // The wake-up is reset after each sleep (before the queues are read): a
         // wake-up written while the engine is awake keeps the eventfd readable, so
         // the next sleep returns at once. No system call per pass.
+        match driving.owner.engine_view(driving.now_us()) {
+            EngineView::Engine => {}
+            EngineView::Lease(until) => {
+                // An application thread drives: stay off the link until its lease
+                // lapses; commands still wake the engine.
+                if progress.drive(ENGINE_BUDGET) == Drove::Ended {
+                    return;
+                }
+                let left = Duration::from_micros(until.saturating_sub(driving.now_us()));
+                sleep(None, Some(wake), Some(left));
+                let _ = wake.read();
+                continue;
+            }
+            EngineView::AppPolling => {
+                if progress.drive(ENGINE_BUDGET) == Drove::Ended {
+                    return;
+                }
+                sleep(None, Some(wake), Some(POLLER_SAFETY_SLEEP));
+                let _ = wake.read();
+                continue;
+            }
+        }
         match progress.drive(ENGINE_BUDGET) {
             Drove::Ended => {
                 tracing::debug!("engine ended");
                 return;
             }
             Drove::Busy => {
-                // An application thread drives: it reads the link; the engine waits on
-                // its wake-up alone, briefly, and tries again.
-                sleep(None, &wake, Some(BUSY_SLEEP));
+                // An application thread drives right now: it reads the link; the
+                // engine waits on its wake-up alone, briefly, and tries again.
+                sleep(None, Some(wake), Some(Duration::from_micros(100)));
                 let _ = wake.read();
                 continue;
             }
@@ -981,7 +1146,7 @@ pub(crate) fn run_engine(
                     last_activity = t;
                     continue;
                 }
-                if t.duration_since(last_activity) < cfg.spin {
+                if t.duration_since(last_activity) < driving.spin {
                     // Application threads often share this core: let a runnable one go
                     // first rather than spin against it.
                     std::thread::yield_now();
@@ -994,36 +1159,32 @@ pub(crate) fn run_engine(
         }
         let deadline = shared.deadline_us.load(Ordering::Acquire);
         let timeout = (deadline != u64::MAX).then(|| {
-            let now = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
             // When the stack asks for "now" but the last pass did nothing (smoltcp can
             // ask for that while it cannot send), sleep at least 1 ms.
-            Duration::from_micros(deadline.saturating_sub(now).max(1000))
+            Duration::from_micros(deadline.saturating_sub(driving.now_us()).max(1000))
         });
-        sleep(Some(link_fd.as_fd()), &wake, timeout);
+        sleep(Some(driving.link_fd.as_fd()), Some(wake), timeout);
         let _ = wake.read();
     }
 }
 
-/// `poll(2)` on the link fd (if any) and the wake-up, for `timeout` rounded up to whole
-/// milliseconds (forever if `None`). EINTR and the like just end the sleep early.
-fn sleep(link: Option<std::os::fd::BorrowedFd<'_>>, wake: &EventFd, timeout: Option<Duration>) {
-    let timeout = match timeout {
-        None => PollTimeout::NONE,
-        Some(d) => {
-            let ms = u64::try_from(d.as_micros())
-                .unwrap_or(u64::MAX)
-                .div_ceil(1000)
-                .min(u64::from(i32::MAX as u32));
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
-        }
-    };
+/// `ppoll(2)` on the link fd and the wake-up (either may be left out), for `timeout`
+/// (forever if `None`). EINTR and the like just end the sleep early.
+fn sleep(
+    link: Option<std::os::fd::BorrowedFd<'_>>,
+    wake: Option<&EventFd>,
+    timeout: Option<Duration>,
+) {
     let mut fds = Vec::with_capacity(2);
     if let Some(fd) = link {
         fds.push(PollFd::new(fd, PollFlags::POLLIN));
     }
-    fds.push(PollFd::new(
-        std::os::fd::AsFd::as_fd(wake),
-        PollFlags::POLLIN,
-    ));
-    let _ = poll(&mut fds, timeout);
+    if let Some(w) = wake {
+        fds.push(PollFd::new(std::os::fd::AsFd::as_fd(w), PollFlags::POLLIN));
+    }
+    let _ = ppoll(
+        &mut fds,
+        timeout.map(nix::sys::time::TimeSpec::from_duration),
+        None,
+    );
 }

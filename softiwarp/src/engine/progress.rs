@@ -51,7 +51,7 @@ use core::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
 use std::sync::TryLockError;
 
-use crate::sync::{fence, AtomicBool, Mutex, RwLock, RwLockReadGuard};
+use crate::sync::{fence, AtomicBool, AtomicU64, Mutex, RwLock, RwLockReadGuard};
 
 /// How much one [`Progress::drive`] call may do: at most `passes` passes of the driver,
 /// each with at most `rounds` transmit rounds per connection (the driver's unit; siw
@@ -406,5 +406,121 @@ impl Gate {
     /// True once closed.
     pub fn is_closed(&self) -> bool {
         *self.closed.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Who covers the link of a device in [`crate::ProgressMode::Hybrid`]
+/// (progress-design.md section 3.3; the NAPI busy-poll "pledge" with a lapsing lease):
+///
+/// - **engine**: the engine thread polls the link fd and drives (as in
+///   [`crate::ProgressMode::Engine`]);
+/// - **app lease until T**: an application thread drove recently and will call in
+///   again; until T (microseconds since the device started) the engine thread sleeps on
+///   its wake-up alone and leaves the link to it; after T it takes over;
+/// - **app polling**: exactly one application thread, blocked in a CQ wait, sleeps on
+///   the link fd and drives; the engine sleeps on its wake-up alone.
+///
+/// Any transition is one compare-and-swap; at most one thread is ever in the polling
+/// state ([`Owner::try_poll`]).
+#[derive(Debug)]
+pub struct Owner(AtomicU64);
+
+const OWNER_ENGINE: u64 = 0;
+const OWNER_POLLING: u64 = 1;
+const OWNER_LEASE: u64 = 2;
+
+/// What the engine thread should do now ([`Owner::engine_view`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineView {
+    /// The engine covers the link: drive, spin, sleep on the link fd.
+    Engine,
+    /// An application thread holds a lease until this time (microseconds since the
+    /// device started): sleep on the wake-up alone until then.
+    Lease(u64),
+    /// An application thread polls the link: sleep on the wake-up alone.
+    AppPolling,
+}
+
+impl Default for Owner {
+    fn default() -> Self {
+        Owner(AtomicU64::new(OWNER_ENGINE))
+    }
+}
+
+impl Owner {
+    /// The engine covers the link.
+    pub fn new() -> Self {
+        Owner::default()
+    }
+
+    fn lease_word(until_us: u64) -> u64 {
+        (until_us << 2) | OWNER_LEASE
+    }
+
+    /// An application thread drove: it holds the lease until `until_us`, unless a
+    /// poller is active (which keeps the link).
+    pub fn lease(&self, until_us: u64) {
+        let mut cur = self.0.load(Acquire);
+        loop {
+            if cur == OWNER_POLLING {
+                return;
+            }
+            match self
+                .0
+                .compare_exchange_weak(cur, Self::lease_word(until_us), SeqCst, Acquire)
+            {
+                Ok(_) => return,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// The calling application thread becomes the one poller of the link. False if
+    /// another thread polls. Returns `Some(true)` when it took the link from the engine
+    /// (which must then be woken to leave the link fd).
+    pub fn try_poll(&self) -> Option<bool> {
+        let mut cur = self.0.load(Acquire);
+        loop {
+            if cur == OWNER_POLLING {
+                return None;
+            }
+            match self
+                .0
+                .compare_exchange_weak(cur, OWNER_POLLING, SeqCst, Acquire)
+            {
+                Ok(prev) => return Some(prev == OWNER_ENGINE),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// The poller leaves, keeping a lease until `until_us` (the engine takes over
+    /// after it).
+    pub fn stop_polling(&self, until_us: u64) {
+        let _ = self
+            .0
+            .compare_exchange(OWNER_POLLING, Self::lease_word(until_us), SeqCst, Acquire);
+    }
+
+    /// The engine thread's view at `now_us`: a lapsed lease becomes the engine's.
+    pub fn engine_view(&self, now_us: u64) -> EngineView {
+        let cur = self.0.load(Acquire);
+        match cur & 3 {
+            OWNER_POLLING => EngineView::AppPolling,
+            OWNER_LEASE => {
+                let until = cur >> 2;
+                if now_us < until {
+                    return EngineView::Lease(until);
+                }
+                match self.0.compare_exchange(cur, OWNER_ENGINE, SeqCst, Acquire) {
+                    Ok(_) => EngineView::Engine,
+                    // Renewed, or a poller came: look again next time.
+                    Err(c) if c == OWNER_POLLING => EngineView::AppPolling,
+                    Err(c) if c & 3 == OWNER_LEASE => EngineView::Lease(c >> 2),
+                    Err(_) => EngineView::Engine,
+                }
+            }
+            _ => EngineView::Engine,
+        }
     }
 }
