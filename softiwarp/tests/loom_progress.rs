@@ -16,7 +16,9 @@ use loom::sync::atomic::AtomicBool;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-use softiwarp::progress::{Budget, Drive, Drove, Gate, Outbox, Pass, Progress, ProgressBreak};
+use softiwarp::progress::{
+    Budget, Drive, Drove, EngineView, Gate, Outbox, Owner, Pass, Progress, ProgressBreak,
+};
 use softiwarp::resources::completion_queue::CompletionQueue;
 use verbs::{WcOpcode, WcStatus, WorkCompletion};
 
@@ -275,4 +277,55 @@ fn cq_notify_against_waiter_holds() {
 #[should_panic(expected = "deadlock")]
 fn cq_notify_against_waiter_fails_when_the_count_is_read_early() {
     cq_notify_against_waiter(true);
+}
+
+/// Model 2: owner and poller transitions. Two application threads try to become the
+/// link's poller while the engine thread looks at a lapsed lease. At most one thread
+/// polls; and if the engine took the link (it will sleep on the link fd), the first
+/// application thread to become the poller after it saw `took` and wakes the engine off
+/// the link: the two never both sit on the link fd for longer than a wake-up.
+fn owner_and_poller(brk: Option<ProgressBreak>) {
+    loom::model(move || {
+        let owner = Arc::new(Owner::with_break(brk));
+        owner.lease(10); // an application thread drove; its lease lapses at 10 us
+        let polls = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+        let app = |owner: Arc<Owner>, polls: Arc<loom::sync::atomic::AtomicUsize>| {
+            move || {
+                let took = owner.try_poll();
+                if took.is_some() {
+                    assert_eq!(polls.fetch_add(1, SeqCst), 0, "two pollers at once");
+                    polls.fetch_sub(1, SeqCst);
+                    owner.stop_polling(20);
+                }
+                took
+            }
+        };
+        let a = thread::spawn(app(owner.clone(), polls.clone()));
+        let b = thread::spawn(app(owner.clone(), polls.clone()));
+        // The engine at 15 us: the lease lapsed.
+        let view = owner.engine_view(15);
+        let (ta, tb) = (a.join().unwrap(), b.join().unwrap());
+        if view == EngineView::Engine {
+            // The engine took the lapsed lease and sits on the link fd, so every poller
+            // came after it (a poller leaves a lease that has not lapsed at 15 us): the
+            // first of them must have seen that it took the link from the engine (and
+            // woken it; later ones find the engine already told).
+            let polled: Vec<bool> = [ta, tb].into_iter().flatten().collect();
+            assert!(
+                polled.is_empty() || polled.contains(&true),
+                "a poller took the link without waking the engine that sits on it"
+            );
+        }
+    });
+}
+
+#[test]
+fn owner_and_poller_holds() {
+    owner_and_poller(None);
+}
+
+#[test]
+#[should_panic(expected = "without waking the engine")]
+fn owner_and_poller_fails_when_the_engine_reads_a_lapsed_lease_without_cas() {
+    owner_and_poller(Some(ProgressBreak::ViewWithoutCas));
 }

@@ -123,6 +123,8 @@ pub enum ProgressBreak {
     ClearAfterPass,
     /// Do not hold the gate while queueing (the poster checks it, drops it, then queues).
     UngatedPost,
+    /// The engine takes a lapsed lease by reading it, without a compare-and-swap.
+    ViewWithoutCas,
 }
 
 thread_local! {
@@ -423,7 +425,7 @@ impl Gate {
 /// Any transition is one compare-and-swap; at most one thread is ever in the polling
 /// state ([`Owner::try_poll`]).
 #[derive(Debug)]
-pub struct Owner(AtomicU64);
+pub struct Owner(AtomicU64, Option<ProgressBreak>);
 
 const OWNER_ENGINE: u64 = 0;
 const OWNER_POLLING: u64 = 1;
@@ -443,7 +445,7 @@ pub enum EngineView {
 
 impl Default for Owner {
     fn default() -> Self {
-        Owner(AtomicU64::new(OWNER_ENGINE))
+        Owner(AtomicU64::new(OWNER_ENGINE), None)
     }
 }
 
@@ -451,6 +453,12 @@ impl Owner {
     /// The engine covers the link.
     pub fn new() -> Self {
         Owner::default()
+    }
+
+    /// As [`Owner::new`], with a deliberate break (loom models only).
+    #[doc(hidden)]
+    pub fn with_break(brk: Option<ProgressBreak>) -> Self {
+        Owner(AtomicU64::new(OWNER_ENGINE), brk)
     }
 
     fn lease_word(until_us: u64) -> u64 {
@@ -511,6 +519,9 @@ impl Owner {
                 let until = cur >> 2;
                 if now_us < until {
                     return EngineView::Lease(until);
+                }
+                if self.1 == Some(ProgressBreak::ViewWithoutCas) {
+                    return EngineView::Engine;
                 }
                 match self.0.compare_exchange(cur, OWNER_ENGINE, SeqCst, Acquire) {
                     Ok(_) => EngineView::Engine,

@@ -37,6 +37,8 @@ pub struct Setup {
     pub pcap: Option<PathBuf>,
     /// A zero spin makes the engines sleep as soon as they are idle.
     pub spin: Option<Duration>,
+    /// Who drives the devices (`None`: the default, `SOFTIWARP_PROGRESS`).
+    pub progress: Option<softiwarp::ProgressMode>,
 }
 
 impl Default for Setup {
@@ -49,6 +51,7 @@ impl Default for Setup {
             faults: None,
             pcap: None,
             spin: None,
+            progress: None,
         }
     }
 }
@@ -135,6 +138,9 @@ fn device(name: &str, host: u8, lc: LinkConfig, s: &Setup) -> Device {
     cfg.mpa.settings.crc = mpa::negotiate::CrcPolicy::Wanted;
     if let Some(spin) = s.spin {
         cfg.engine.spin = spin;
+    }
+    if let Some(mode) = s.progress {
+        cfg.engine.progress = mode;
     }
     Device::open(cfg).expect("device")
 }

@@ -7,5 +7,6 @@ mod support;
 mod errors;
 mod flush;
 mod ops;
+mod progress;
 mod random;
 mod regressions;
