@@ -25,6 +25,17 @@ const RECVS: u64 = PER_SENDER * SENDERS + 64;
 /// Client Sends completed before the link is removed.
 const REMOVE_AFTER: usize = 300;
 
+/// Completions by WR id: every status each WR completed with.
+type Completed = Mutex<BTreeMap<u64, Vec<WcStatus>>>;
+
+fn record(into: &Completed, wc: &verbs::WorkCompletion) {
+    into.lock()
+        .unwrap()
+        .entry(wc.wr_id)
+        .or_default()
+        .push(wc.status);
+}
+
 fn id(sender: u64, i: u64) -> u64 {
     (sender << 32) | i
 }
@@ -66,7 +77,7 @@ fn hybrid_progress_from_many_threads_accounts_for_every_wr_through_removal() {
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
     let refused = Arc::new(AtomicU64::new(0));
     let removed = Arc::new(AtomicBool::new(false));
-    let send_wcs: Arc<Mutex<BTreeMap<u64, Vec<WcStatus>>>> = Arc::default();
+    let send_wcs: Arc<Completed> = Arc::default();
 
     std::thread::scope(|sc| {
         let mut senders = Vec::new();
@@ -122,12 +133,7 @@ fn hybrid_progress_from_many_threads_accounts_for_every_wr_through_removal() {
                         if wc.status == WcStatus::WrFlushErr && first_flush.is_none() {
                             first_flush = Some(Instant::now());
                         }
-                        send_wcs
-                            .lock()
-                            .unwrap()
-                            .entry(wc.wr_id)
-                            .or_default()
-                            .push(wc.status);
+                        record(send_wcs, &wc);
                     }
                 }
                 first_flush
@@ -170,12 +176,7 @@ fn hybrid_progress_from_many_threads_accounts_for_every_wr_through_removal() {
         let first_flush = waiter.join().unwrap();
         // Completions pushed after the waiter's last look.
         for wc in a.scq.poll(usize::MAX).unwrap() {
-            send_wcs
-                .lock()
-                .unwrap()
-                .entry(wc.wr_id)
-                .or_default()
-                .push(wc.status);
+            record(&send_wcs, &wc);
         }
         println!(
             "device gone noticed after {noticed:?}, first flushed send after {:?}",
