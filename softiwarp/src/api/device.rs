@@ -981,14 +981,35 @@ impl Connection {
     /// Errors: [`SendError`] (`Timeout`, `NotEstablished`, `Closed`, `Failed`, `Empty`,
     /// `TooLong`).
     pub fn send_ulpdu(&self, ulpdu: &[u8], timeout: Duration) -> Result<(), SendError> {
-        self.end.send(ulpdu, timeout)
+        self.sent(self.end.send(ulpdu, timeout))
+    }
+
+    /// [`crate::ProgressMode::Hybrid`]: a queued ULPDU is driven out by the sender.
+    fn sent(&self, r: Result<(), SendError>) -> Result<(), SendError> {
+        if r.is_ok() {
+            self.handle.drive(crate::engine::POST_BUDGET);
+        }
+        r
+    }
+
+    /// [`crate::ProgressMode::Hybrid`]: before a receive blocks, the receiver drives for
+    /// up to the spin time while nothing is queued (as a CQ wait does).
+    fn drive_until_received(&self, timeout: Duration) {
+        if !self.handle.drives() {
+            return;
+        }
+        let begin = StdInstant::now();
+        let spin = self.handle.driving.spin_time().min(timeout);
+        while !self.end.has_received() && begin.elapsed() < spin {
+            self.handle.drive(crate::engine::POLL_BUDGET);
+        }
     }
 
     /// As [`Connection::send_ulpdu`], taking the buffer (no copy into the queue).
     ///
     /// Errors: as [`Connection::send_ulpdu`].
     pub fn send_ulpdu_vec(&self, ulpdu: Vec<u8>, timeout: Duration) -> Result<(), SendError> {
-        self.end.send_vec(ulpdu, timeout)
+        self.sent(self.end.send_vec(ulpdu, timeout))
     }
 
     /// Zero-copy send: queues the ULPDU `head` (copied, e.g. a DDP header) followed by
@@ -1004,7 +1025,7 @@ impl Connection {
         range: std::ops::Range<usize>,
         timeout: Duration,
     ) -> Result<(), SendError> {
-        self.end.send_shared(head, body, range, timeout)
+        self.sent(self.end.send_shared(head, body, range, timeout))
     }
 
     /// An empty buffer to build a ULPDU in for [`Connection::send_ulpdu_vec`]: one
@@ -1026,7 +1047,7 @@ impl Connection {
     /// Errors: [`SendError::WouldBlock`] when the queue is full, and as
     /// [`Connection::send_ulpdu`].
     pub fn try_send_ulpdu(&self, ulpdu: &[u8]) -> Result<(), SendError> {
-        self.end.try_send(ulpdu)
+        self.sent(self.end.try_send(ulpdu))
     }
 
     /// The next received ULPDU, waiting up to `timeout`.
@@ -1034,6 +1055,7 @@ impl Connection {
     /// Errors: [`RecvError::Timeout`]; [`RecvError::Closed`] / [`RecvError::Failed`] once
     /// the connection ended (or the peer closed) and everything received was read.
     pub fn recv_ulpdu(&self, timeout: Duration) -> Result<Vec<u8>, RecvError> {
+        self.drive_until_received(timeout);
         self.end.recv(timeout)
     }
 
@@ -1049,6 +1071,7 @@ impl Connection {
         max: usize,
         timeout: Duration,
     ) -> Result<usize, RecvError> {
+        self.drive_until_received(timeout);
         self.end.recv_batch(out, max, timeout)
     }
 

@@ -64,7 +64,7 @@ pub(crate) struct Handle {
 }
 
 /// A post call's budget: one pass (siw caps a burst in the caller's context too).
-const POST_BUDGET: Budget = Budget {
+pub(crate) const POST_BUDGET: Budget = Budget {
     passes: 1,
     rounds: 16,
 };

@@ -69,7 +69,7 @@ mod handle;
 pub mod progress;
 
 pub use handle::{DeviceError, COMMAND_TIMEOUT};
-pub(crate) use handle::{Handle, POLL_BUDGET};
+pub(crate) use handle::{Handle, POLL_BUDGET, POST_BUDGET};
 
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
@@ -992,6 +992,11 @@ impl Driving {
     /// Microseconds since the device started.
     fn now_us(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// How long a blocking wait drives before it sleeps ([`EngineConfig::spin`]).
+    pub(crate) fn spin_time(&self) -> Duration {
+        self.spin
     }
 
     /// True if verbs calls drive ([`ProgressMode::Hybrid`]).

@@ -646,6 +646,13 @@ impl StreamEnd {
         }
     }
 
+    /// True if a ULPDU is queued for the user, or the stream ended (a receive would
+    /// not wait).
+    pub fn has_received(&self) -> bool {
+        let g = self.shared.lock();
+        !g.rx.is_empty() || Self::end_error(&g).is_some()
+    }
+
     /// The next received ULPDU if one is queued.
     ///
     /// Errors: [`RecvError::WouldBlock`]; [`RecvError::Closed`] / [`RecvError::Failed`]
