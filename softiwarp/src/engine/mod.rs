@@ -364,7 +364,7 @@ impl<L: Link> Engine<L> {
     /// in batches woken. Ends the device on shutdown (or when every handle is gone) and
     /// when the link is gone; then it writes the wake-up so a sleeping engine thread
     /// notices.
-    fn pass_once(&mut self) -> Pass {
+    fn pass_once(&mut self, rounds: u32) -> Pass {
         let span = self.span.clone();
         let _entered = span.enter();
         let mut active = false;
@@ -392,7 +392,9 @@ impl<L: Link> Engine<L> {
         let now = Instant::from_micros(
             i64::try_from(t.duration_since(self.start).as_micros()).unwrap_or(i64::MAX),
         );
-        let deadline = self.stack.poll(now);
+        let deadline = self
+            .stack
+            .poll_rounds(now, usize::try_from(rounds).unwrap_or(usize::MAX));
         self.shared.deadline_us.store(
             deadline.map_or(u64::MAX, |d| u64::try_from(d.total_micros()).unwrap_or(0)),
             Ordering::Release,
@@ -918,8 +920,8 @@ impl Outbox for DeviceOutbox {
 
 impl<L: Link> Drive for Engine<L> {
     type Outbox = DeviceOutbox;
-    fn pass(&mut self, _rounds: u32, _out: &mut DeviceOutbox) -> Pass {
-        self.pass_once()
+    fn pass(&mut self, rounds: u32, _out: &mut DeviceOutbox) -> Pass {
+        self.pass_once(rounds)
     }
 }
 

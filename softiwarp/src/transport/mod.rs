@@ -785,6 +785,14 @@ impl<L: Link> Stack<L> {
     /// `Some(now)` (or earlier) when it should be called again at once, `None` when
     /// nothing is timed (idle, or the link is gone).
     pub fn poll(&mut self, now: Instant) -> Option<Instant> {
+        self.poll_rounds(now, MAX_ROUNDS)
+    }
+
+    /// As [`Stack::poll`] with at most `max_rounds` connection rounds (at least 1, at
+    /// most [`MAX_ROUNDS`]): the budget of a pass run inside a verbs call (siw's
+    /// `SQ_USER_MAXBURST`). Work left returns `now` as the deadline, as in `poll`.
+    pub fn poll_rounds(&mut self, now: Instant, max_rounds: usize) -> Option<Instant> {
+        let max_rounds = max_rounds.clamp(1, MAX_ROUNDS);
         self.progress = false;
         let check_link = self.link_check_us == 0
             || self
@@ -831,7 +839,7 @@ impl<L: Link> Stack<L> {
                 != PollResult::None
             {}
             rounds += 1;
-            if rounds >= MAX_ROUNDS {
+            if rounds >= max_rounds {
                 more = true;
                 break;
             }
