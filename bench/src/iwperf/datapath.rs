@@ -461,12 +461,22 @@ impl VerbsSetup for Side {
     ) -> Result<(&Pd, &Cq, QpCap), IwperfError> {
         let (_, _, data_recvs) = self.data_slots(params);
         let depth = u32::from(params.tx_depth);
-        let per_qp_cqes = (depth + 64 + data_recvs + CTRL_RECVS) as usize;
         if self.pd.is_none() {
             self.pd = Some(device.alloc_pd().map_err(setup_err("allocate the PD"))?);
         }
         if self.cq.is_none() {
-            let n = per_qp_cqes * usize::from(params.qps);
+            // Every connection of the test completes into this one CQ, made with the
+            // first, and they may run different ops (`--op write,send`): size each
+            // connection's share for the op that needs the most receives. (Sized from a
+            // first Write request, a Send connection's receives overflowed it when the
+            // server fell behind: found by the root-only flood test.)
+            let most_recvs = Op::ALL
+                .iter()
+                .map(|&op| self.data_slots(&TestParams { op, ..*params }).2)
+                .max()
+                .unwrap_or(data_recvs)
+                .max(data_recvs);
+            let n = (depth + 64 + most_recvs + CTRL_RECVS) as usize * usize::from(params.qps);
             self.cq = Some(device.create_cq(n).map_err(setup_err("create the CQ"))?);
         }
         let cap = QpCap {
@@ -1434,6 +1444,48 @@ mod tests {
             (wr_kind(id), wr_pos(id), wr_n(id)),
             (K_DATA_SEND, 0, (1 << N_BITS) - 1)
         );
+    }
+
+    #[test]
+    fn the_cq_holds_every_connection_whatever_op_comes_first() {
+        use softiwarp::link::{MemoryConfig, MemoryLink};
+        use softiwarp::{Device, DeviceConfig, LinkConfig};
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = Arc::new(
+            Device::open(DeviceConfig::new(
+                "cqsz",
+                LinkConfig::memory(a),
+                std::net::Ipv4Addr::new(10, 9, 3, 1),
+                24,
+            ))
+            .unwrap(),
+        );
+        // `--op write,send --qps 2`: the Write connection's request came first.
+        let write = TestParams {
+            op: Op::Write,
+            mode: Mode::Bandwidth,
+            verify: true,
+            size: 4096,
+            qps: 2,
+            index: 0,
+            tx_depth: 16,
+            client_mr: MrInfo::default(),
+        };
+        let mut side = Side::new(Role::Server, Tuning::default());
+        let send_recvs = side
+            .data_slots(&TestParams {
+                op: Op::Send,
+                ..write
+            })
+            .2;
+        assert!(send_recvs >= 64, "{send_recvs}");
+        let (_, cq, _) = side.qp_resources(&dev, &write).unwrap();
+        // Each connection's send queue and receives, the Send one's included.
+        assert_eq!(
+            cq.capacity(),
+            2 * (16 + 64 + send_recvs + CTRL_RECVS) as usize
+        );
+        side.release();
     }
 
     #[test]
