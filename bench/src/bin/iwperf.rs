@@ -186,6 +186,10 @@ struct ClientArgs {
     /// Print a PROGRESS line a second (for the demo).
     #[arg(long, hide = true)]
     progress: bool,
+    /// Open only these connection indices (comma-separated) of the --qps announced; the
+    /// server waits for the others from elsewhere (for the hostile-peer tests).
+    #[arg(long, value_delimiter = ',', hide = true)]
+    indices: Option<Vec<u16>>,
 }
 
 #[derive(Args, Debug)]
@@ -406,6 +410,7 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         verify: a.verify,
         length,
         connect_timeout: Duration::from_secs(30),
+        indices: a.indices.clone(),
     };
     test.validate()?;
     let dev = device_options("iwpc", &a.side, &a.mpa)?;

@@ -1002,6 +1002,27 @@ struct ServerQp {
     acked: bool,
     mismatches: u64,
     checked: u64,
+    /// Why this connection failed (a completion in error, a malformed control message,
+    /// a refused post): it is then left alone and the others go on (a peer that breaks
+    /// its own connection, e.g. a hostile one that joined the test, cannot end the
+    /// others' runs).
+    failed: Option<IwperfError>,
+}
+
+impl ServerQp {
+    /// Marks the connection of `q` failed with `e` (done with, as far as the loop goes).
+    fn fail(&mut self, q: &QpBufs, e: IwperfError) {
+        tracing::warn!(
+            index = q.params.index,
+            "connection {} failed: {e}; the others go on",
+            q.params.index
+        );
+        self.failed = Some(IwperfError::Connection(format!(
+            "connection {} of the test failed: {e}",
+            q.params.index
+        )));
+        self.acked = true;
+    }
 }
 
 /// Checks a message or slot against its pattern with the sequence number `seq` in the
@@ -1053,7 +1074,9 @@ fn check_slots(
 }
 
 /// Runs the server side of a bandwidth test until every connection's `Done` was
-/// answered. Returns what it saw, and the error that ended it early, if any.
+/// answered or the connection failed (a failed connection ends only itself: the others
+/// run on). Returns what it saw, and the error that ended it early or the first
+/// connection's failure, if any (a removed device ends it at once).
 pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option<IwperfError>) {
     let mut st: Vec<ServerQp> = side.qps.iter().map(|_| ServerQp::default()).collect();
     let err = server_bw_loop(side, status, &mut st).err();
@@ -1084,12 +1107,23 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
             return Err(removed_err());
         }
         let mut moved = false;
-        for wc in poll_ok(cq, &mut wcs, status)? {
+        let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
+        for wc in &wcs[..n] {
             moved = true;
             let pos = wr_pos(wc.wr_id);
             let (Some(q), Some(s)) = (side.qps.get(pos), st.get_mut(pos)) else {
                 continue;
             };
+            if s.failed.is_some() {
+                continue;
+            }
+            if !wc.is_success() {
+                match wc_error(wc, status) {
+                    e @ IwperfError::DeviceRemoved(_) => return Err(e),
+                    e => s.fail(q, e),
+                }
+                continue;
+            }
             match wr_kind(wc.wr_id) {
                 K_DATA_RECV => {
                     let r = wr_n(wc.wr_id);
@@ -1097,8 +1131,10 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                     let off = (slot * u64::from(q.slot_len)) as usize;
                     if wc.byte_len != q.params.size {
                         // A control message in a data slot: the client's Done.
-                        if let Ctrl::Done { wrs, .. } = read_ctrl(&q.data, off, wc.byte_len)? {
-                            s.done = Some(wrs);
+                        match read_ctrl(&q.data, off, wc.byte_len) {
+                            Ok(Ctrl::Done { wrs, .. }) => s.done = Some(wrs),
+                            Ok(_) => {}
+                            Err(e) => s.fail(q, e),
                         }
                         continue;
                     }
@@ -1125,21 +1161,32 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                 }
                 K_CTRL_RECV => {
                     let slot = wr_n(wc.wr_id);
-                    if let Ctrl::Done { wrs, .. } =
-                        read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len)?
-                    {
-                        s.done = Some(wrs);
+                    match read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len) {
+                        Ok(Ctrl::Done { wrs, .. }) => s.done = Some(wrs),
+                        Ok(_) => {}
+                        Err(e) => {
+                            s.fail(q, e);
+                            continue;
+                        }
                     }
-                    repost_ctrl(q, pos, slot)?;
+                    if let Err(e) = repost_ctrl(q, pos, slot) {
+                        s.fail(q, e);
+                    }
                 }
                 _ => {}
             }
         }
         for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+            if s.failed.is_some() {
+                continue;
+            }
             if !s.reposts.is_empty() {
                 // One doorbell for the batch.
                 s.unreported += s.reposts.len() as u32;
-                q.qp.post_recv_list(s.reposts.drain(..)).map_err(post_err)?;
+                if let Err(e) = q.qp.post_recv_list(s.reposts.drain(..)) {
+                    s.fail(q, post_err(e));
+                    continue;
+                }
             }
             let batch = (q.data_recvs / 4).max(1);
             if q.params.op == Op::Send && s.unreported >= batch && s.done.is_none() {
@@ -1149,7 +1196,10 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                         moved = true;
                     }
                     Err(VerbsError::QueueFull { .. }) => {}
-                    Err(e) => return Err(post_err(e)),
+                    Err(e) => {
+                        s.fail(q, post_err(e));
+                        continue;
+                    }
                 }
             }
             if let (Some(wrs), false) = (s.done, s.acked) {
@@ -1169,22 +1219,25 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                     (true, 0) => VerifyStatus::Passed,
                     _ => VerifyStatus::Failed,
                 };
-                send_ctrl(
-                    q,
-                    pos,
-                    Ctrl::DoneAck {
-                        verify,
-                        mismatches: s.mismatches,
-                        checked: s.checked,
-                    },
-                )
-                .map_err(post_err)?;
+                let ack = Ctrl::DoneAck {
+                    verify,
+                    mismatches: s.mismatches,
+                    checked: s.checked,
+                };
+                if let Err(e) = send_ctrl(q, pos, ack) {
+                    s.fail(q, post_err(e));
+                    continue;
+                }
                 s.acked = true;
                 moved = true;
             }
         }
         if st.iter().all(|s| s.acked) {
-            return Ok(());
+            // The first connection that failed, if any, after the others completed.
+            return match st.iter_mut().find_map(|s| s.failed.take()) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
         }
         if moved {
             idle.progressed();

@@ -39,6 +39,10 @@ pub struct ClientTest {
     pub length: RunLength,
     /// How long connection setup may take.
     pub connect_timeout: Duration,
+    /// Open only these connection indices of the `qps` announced (`None`: all). The
+    /// server waits for the others from elsewhere: the root-only hostile-peer tests
+    /// (`bench/tests/iwperf_hostile.rs`) let an attacker join a legitimate test so.
+    pub indices: Option<Vec<u16>>,
 }
 
 impl ClientTest {
@@ -65,11 +69,23 @@ impl ClientTest {
         if let RunLength::Iters(0) = self.length {
             return usage("--iters: at least 1");
         }
+        if let Some(only) = &self.indices {
+            let mut sorted = only.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if only.is_empty()
+                || sorted.len() != only.len()
+                || sorted.iter().any(|&i| i >= self.qps)
+            {
+                return usage("--indices: distinct connection indices below --qps");
+            }
+        }
         Ok(())
     }
 
     fn params(&self) -> Vec<TestParams> {
         (0..self.qps)
+            .filter(|i| self.indices.as_ref().is_none_or(|only| only.contains(i)))
             .map(|i| TestParams {
                 op: self.ops[usize::from(i) % self.ops.len()],
                 mode: self.mode,

@@ -18,16 +18,23 @@
 #![allow(dead_code)]
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bench::iwperf::wire::{Mode, MrInfo, Op, TestParams};
+use bench::iwperf::wire::{AcceptInfo, Mode, MrInfo, Op, TestParams};
+use ddp_rdmap::ddp::BufferModel;
+use ddp_rdmap::terminate::{Offending, Repr as TerminateRepr};
+use ddp_rdmap::{Body, ErrorCause, Header, Opcode, Ulpdu};
 use mpa::deframer::{CrcStatus, Deframer, DeframerConfig};
 use mpa::fpdu::{Framer, Framing};
 use mpa::negotiate::{self, CrcPolicy, LocalSettings};
-use mpa::wire::{Limits, Repr, HEADER_LEN};
+use mpa::wire::{Limits, Repr, HEADER_LEN, REPLY_KEY};
 use netlab::netns::NetNs;
+use nix::sys::socket::{
+    setsockopt, socket, sockopt, AddressFamily, SockFlag, SockProtocol, SockType,
+};
+use nix::sys::time::TimeVal;
 
 /// iwperf's TCP port (`iwperf server --port`'s default).
 pub const PORT: u16 = bench::iwperf::demo::IWARP_PORT;
@@ -405,4 +412,124 @@ impl RssPeak {
         let peak = self.peak.lock().expect("rss lock").0;
         peak
     }
+}
+
+/// Iwperf test parameters for connection `index` of a Write bandwidth test of `qps`
+/// connections, unverified (the server posts no data receives for it, only its
+/// control receives).
+pub fn write_params(qps: u16, index: u16) -> TestParams {
+    TestParams {
+        op: Op::Write,
+        ..send_params(qps, index)
+    }
+}
+
+/// The ULPDU of a one-segment RDMA Write of `payload` to `stag` at tagged offset `to`
+/// (RFC 5040 section 4.3; DDP tagged, L set).
+pub fn write_ulpdu(stag: u32, to: u64, payload: &[u8]) -> Vec<u8> {
+    ulpdu(Opcode::Write, BufferModel::Tagged { stag, to }, payload)
+}
+
+/// The ULPDU of a one-segment Send with Invalidate naming `stag` (RFC 5040 section
+/// 4.6: the Invalidate STag in DDP's RsvdULP word; untagged, QN 0, MSN `msn`, MO 0).
+pub fn send_invalidate_ulpdu(stag: u32, msn: u32, payload: &[u8]) -> Vec<u8> {
+    let buffer = BufferModel::Untagged {
+        rsvd_ulp: stag,
+        qn: 0,
+        msn,
+        mo: 0,
+    };
+    ulpdu(Opcode::SendInvalidate, buffer, payload)
+}
+
+fn ulpdu(opcode: Opcode, buffer: BufferModel, payload: &[u8]) -> Vec<u8> {
+    let header = Header {
+        opcode,
+        last: true,
+        buffer,
+    };
+    let mut out = header.to_bytes().expect("header")[..header.buffer_len()].to_vec();
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The Terminate ULPDU a responder sends for `cause` (the first message of its
+/// Terminate queue, MSN 1), with the offending segment's DDP header copied when
+/// `offending` is given (RFC 5040 section 4.8), as `ddp-rdmap` emits it.
+pub fn terminate_ulpdu(cause: ErrorCause, offending: Option<&[u8]>) -> Vec<u8> {
+    let mut t = Ulpdu::terminate(cause, 1);
+    t.body = Body::Terminate(TerminateRepr::for_error(
+        cause,
+        offending.map(|bytes| Offending {
+            ulpdu_len: u16::try_from(bytes.len()).expect("short ULPDU"),
+            bytes,
+        }),
+    ));
+    let mut out = vec![0u8; t.buffer_len()];
+    t.emit(&mut out).expect("emit the Terminate");
+    out
+}
+
+/// Sniffs every frame namespace `ns` sees (an `AF_PACKET` socket on all its
+/// interfaces, as an attacker on the legitimate client's layer-2 segment can) for an
+/// MPA Reply sent to `client` that accepts and carries iwperf's [`AcceptInfo`] (the
+/// server's buffer: iova, STag, length); returns it, or `None` after `timeout`. The
+/// returned receiver gets `()` once the socket is open, so the caller can start the
+/// connection to watch after it.
+///
+/// iWARP has no encryption: the STag a responder hands out in its Reply is on the wire
+/// in clear. An attacker off the path has to guess it: 32 bits (a random 24-bit
+/// index, issue 15, and an 8-bit key fresh per registration).
+pub fn sniff_accept(
+    ns: &NetNs,
+    client: Ipv4Addr,
+    timeout: Duration,
+) -> (
+    std::thread::JoinHandle<io::Result<Option<AcceptInfo>>>,
+    mpsc::Receiver<()>,
+) {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let handle = ns.spawn(move || {
+        let fd = socket(
+            AddressFamily::Packet,
+            SockType::Raw,
+            SockFlag::empty(),
+            SockProtocol::EthAll,
+        )
+        .expect("AF_PACKET socket");
+        setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(0, 100_000)).expect("SO_RCVTIMEO");
+        let _ = ready_tx.send(());
+        let deadline = Instant::now() + timeout;
+        let mut frame = vec![0u8; 65536];
+        while Instant::now() < deadline {
+            let Ok(n) = nix::unistd::read(&fd, &mut frame) else {
+                continue;
+            };
+            if let Some(info) = accept_in_frame(&frame[..n], client) {
+                return Some(info);
+            }
+        }
+        None
+    });
+    (handle, ready_rx)
+}
+
+/// The [`AcceptInfo`] of an accepting MPA Reply in Ethernet `frame` (IPv4, TCP) sent
+/// to `client`, if the frame holds one.
+fn accept_in_frame(frame: &[u8], client: Ipv4Addr) -> Option<AcceptInfo> {
+    // Ethernet (14 bytes), IPv4 with its destination at 16..20.
+    if frame.len() < 34
+        || frame[12..14] != [0x08, 0x00]
+        || frame[14 + 16..14 + 20] != client.octets()
+    {
+        return None;
+    }
+    let at = frame
+        .windows(REPLY_KEY.len())
+        .position(|w| w == REPLY_KEY)?;
+    let (reply, _) = Repr::parse_bytes(&frame[at..], &Limits::default()).ok()?;
+    if reply.reject {
+        return None;
+    }
+    AcceptInfo::decode(&reply.private_data).ok()
 }
