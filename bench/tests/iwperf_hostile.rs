@@ -195,10 +195,11 @@ fn join_and_attack<T: Send + 'static>(
             .expect("sniffer open");
         h
     });
-    let client = start_client(
+    let mut client = start_client(
         &topo,
         &iwperf(),
         &[
+            "--progress",
             "--qps",
             "2",
             "--indices",
@@ -221,6 +222,12 @@ fn join_and_attack<T: Send + 'static>(
             .expect("enter namespace B")
             .expect("the legitimate connection's Reply was seen")
     });
+    // The attack comes once the test runs (both connections in; the client reports
+    // its first second), so the server does not just drop connection 1 and wait for
+    // another (`CmSide::accept_all`).
+    client
+        .wait_for_line(|l| l.starts_with("PROGRESS"), Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}"));
     legit_tx.send(legit).expect("attacker thread");
     let result = attacker
         .join()
@@ -352,4 +359,38 @@ fn a_bad_crc_gets_the_llp_terminate_and_the_other_connection_completes() {
     );
     assert!(rest.is_empty(), "{rest:02x?}");
     assert_legit_unharmed(&client, &server, "flushed: the connection ended", &names);
+}
+
+/// A peer that sends a valid Request for connection 0 of a 2-connection test, takes the
+/// accepting Reply and resets the connection: the server drops it (a warning naming it)
+/// and keeps waiting, and the legitimate client's 2-connection test then runs, both
+/// connections verified. (Before, the dead connection kept index 0, so the client's own
+/// was refused as busy, or the server's test ended with a failed accept or "a
+/// connection failed before it was established", and the server exited: one Request
+/// and a reset stopped an `iwperf server`.)
+#[test]
+fn a_request_then_a_reset_is_dropped_and_the_server_serves_on() {
+    if skip_unless_root("a_request_then_a_reset_is_dropped_and_the_server_serves_on") {
+        return;
+    }
+    let (topo, server, addr) = setup(&[]);
+    let names = topo.namespaces();
+    let reply = in_netns(&topo.pair().b, 1, move |_| {
+        let mut p = MpaPeer::connect(addr).expect("connect");
+        let reply = p.handshake(&write_params(2, 0).encode());
+        p.reset();
+        reply
+    })
+    .remove(0);
+    assert!(!reply.reject, "accepted: {reply:?}");
+    let (_, _, sout) = legit_run(&topo, &iwperf(), server, 200, Duration::from_secs(60));
+    assert!(
+        sout.stderr.contains(
+            "connection 0 went away before the test started (RDMA_CM_EVENT_DISCONNECTED, status 0): dropped, waiting for another"
+        ) || sout.stderr.contains("accept failed: connection dropped, waiting for another"),
+        "{}",
+        sout.stderr
+    );
+    drop(topo);
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
 }

@@ -252,6 +252,10 @@ pub struct QpBufs {
     pub accept: AcceptInfo,
     /// Patterns of the client's slots (when verifying).
     patterns: Vec<Vec<u8>>,
+    /// Server: the connection went away before the test started
+    /// ([`VerbsSetup::retire_qp`]); the run leaves it out (its buffers stay until
+    /// [`Side::release`]: positions in the list are in the WR ids).
+    retired: bool,
 }
 
 /// Which side of the test.
@@ -438,6 +442,7 @@ impl Side {
             data_recvs,
             accept,
             patterns,
+            retired: false,
         });
         Ok(&self.qps[pos])
     }
@@ -495,6 +500,12 @@ impl VerbsSetup for Side {
 
     fn admit(&self, params: &TestParams) -> Result<(), String> {
         self.tuning.limits.check(params, self.buffer_bytes(params))
+    }
+
+    fn retire_qp(&mut self, qp_num: u32) {
+        if let Some(pos) = self.pos_of(qp_num) {
+            self.qps[pos].retired = true;
+        }
     }
 
     fn server_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<AcceptInfo, IwperfError> {
@@ -1078,12 +1089,20 @@ fn check_slots(
 /// run on). Returns what it saw, and the error that ended it early or the first
 /// connection's failure, if any (a removed device ends it at once).
 pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option<IwperfError>) {
-    let mut st: Vec<ServerQp> = side.qps.iter().map(|_| ServerQp::default()).collect();
+    // Retired connections (gone before the test started) are done from the start.
+    let mut st: Vec<ServerQp> = side
+        .qps
+        .iter()
+        .map(|q| ServerQp {
+            acked: q.retired,
+            ..ServerQp::default()
+        })
+        .collect();
     let err = server_bw_loop(side, status, &mut st).err();
     let verify_on = side.qps.iter().any(|q| q.params.verify);
     let mismatches: u64 = st.iter().map(|s| s.mismatches).sum();
     let report = ServerReport {
-        connections: side.qps.len(),
+        connections: side.qps.iter().filter(|q| !q.retired).count(),
         messages: st.iter().map(|s| s.received).sum(),
         client_wrs: st.iter().filter_map(|s| s.done).sum(),
         verify: match (verify_on, mismatches > 0) {
@@ -1114,7 +1133,7 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
             let (Some(q), Some(s)) = (side.qps.get(pos), st.get_mut(pos)) else {
                 continue;
             };
-            if s.failed.is_some() {
+            if s.failed.is_some() || q.retired || wc.qp_num != q.qp.qp_num() {
                 continue;
             }
             if !wc.is_success() {
@@ -1177,7 +1196,7 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
             }
         }
         for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
-            if s.failed.is_some() {
+            if s.failed.is_some() || q.retired {
                 continue;
             }
             if !s.reposts.is_empty() {
@@ -1396,7 +1415,13 @@ fn client_lat_loop(
 /// the client's disconnect).
 pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError> {
     let cq = side.cq();
-    let q = &side.qps[0];
+    let q = side
+        .qps
+        .iter()
+        .find(|q| !q.retired)
+        .ok_or_else(|| IwperfError::Connection("no connection to serve".into()))?;
+    // Disconnects of connections retired before the test started do not count.
+    let disconnected_before = status.disconnected();
     let size = q.params.size;
     let inline = size <= MAX_INLINE;
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
@@ -1411,7 +1436,7 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
         if status.removed() {
             return Err(removed_err());
         }
-        if status.disconnected() > 0 {
+        if status.disconnected() > disconnected_before {
             return Ok(answered);
         }
         if let Some(t) = flushed_at {
@@ -1425,6 +1450,9 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
         let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
         for wc in &wcs[..n] {
             moved = true;
+            if wc.qp_num != q.qp.qp_num() {
+                continue;
+            }
             if !wc.is_success() {
                 if wc.status == WcStatus::WrFlushErr {
                     flushed_at.get_or_insert_with(Instant::now);

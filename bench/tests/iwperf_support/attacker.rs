@@ -363,6 +363,16 @@ impl MpaPeer {
     pub fn close(self) {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
+
+    /// Ends the connection from this side with a reset (`SO_LINGER` 0, then close).
+    pub fn reset(self) {
+        let linger = nix::libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        setsockopt(&self.stream, sockopt::Linger, &linger).expect("SO_LINGER");
+        drop(self.stream);
+    }
 }
 
 /// Samples the resident set size of process `pid` (`VmRSS` of `/proc/PID/status`,
