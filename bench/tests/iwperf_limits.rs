@@ -47,6 +47,7 @@ fn test(op: Op, size: u32, qps: u16, tx_depth: u16) -> ClientTest {
         verify: true,
         length: RunLength::Iters(50),
         connect_timeout: Duration::from_secs(10),
+        indices: None,
     }
 }
 

@@ -398,6 +398,13 @@ impl TapPair {
     }
 }
 
+impl TapPair {
+    /// The bridge names in A and B (each holds its side's TAP and veth end).
+    pub fn bridges(&self) -> [&str; 2] {
+        [&self.others[0].1, &self.others[1].1]
+    }
+}
+
 impl Drop for TapPair {
     fn drop(&mut self) {
         // Namespace teardown would remove these too; deleting them first makes the

@@ -142,6 +142,25 @@ impl Topology {
         [self.a.netns.clone(), self.b.netns.clone()]
     }
 
+    /// Gives `side`'s kernel an address of the subnet: host `n`'s ([`host_ip`], /24) on
+    /// that side's bridge, so that ordinary kernel sockets of threads in that namespace
+    /// (see [`crate::netns::NetNs::spawn`]) reach the other side's userspace stack over
+    /// the same bridges and veth (the kernel answers ARP for it; bridge netfilter is off).
+    /// `n` must not be 1 or 2, the peers' addresses. Returns the address; it goes with
+    /// the namespace.
+    ///
+    /// Errors: [`HarnessError::Setup`] if `ip addr add` fails (e.g. the address exists).
+    pub fn add_kernel_address(&self, side: Side, n: u8) -> Result<Ipv4Addr, HarnessError> {
+        let (ns, bridge) = match side {
+            Side::A => (&self.pair.a, self.pair.bridges()[0]),
+            Side::B => (&self.pair.b, self.pair.bridges()[1]),
+        };
+        let ip = host_ip(n);
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", bridge])
+            .map_err(HarnessError::Setup)?;
+        Ok(ip)
+    }
+
     /// A [`PeerSpec`] that runs `program` in `side`'s namespace.
     pub fn peer(&self, side: Side, name: &str, program: impl AsRef<Path>) -> PeerSpec {
         PeerSpec::new(name, program).netns(self.side(side).netns.clone())

@@ -166,6 +166,10 @@ pub trait VerbsSetup {
     /// Errors: the limit exceeded, as one line (sent back in the Reject).
     fn admit(&self, params: &TestParams) -> Result<(), String>;
 
+    /// Server: the connection of QP `qp_num` went away before the test started (the
+    /// peer reset it after its Request, or the accept failed): the run leaves it out.
+    fn retire_qp(&mut self, qp_num: u32);
+
     /// Server: register the connection's buffers and post its receives (before the
     /// accept: the client may send at once); return what the client is told.
     ///
@@ -290,6 +294,28 @@ impl std::fmt::Debug for CmSide {
     }
 }
 
+/// Server: drops `conn`, a connection that went away before the test started: its
+/// QP is retired from the data path ([`VerbsSetup::retire_qp`]), its id destroyed; when
+/// no other connection of the test is left, the next request may announce another
+/// test (`expected` is cleared).
+fn retire(
+    conn: Conn,
+    setup: &mut dyn VerbsSetup,
+    pending: &[Conn],
+    established: &[Conn],
+    expected: &mut Option<usize>,
+) {
+    let Conn { id, qp, .. } = conn;
+    setup.retire_qp(qp.qp_num());
+    drop(qp);
+    if let Err(e) = id.destroy() {
+        tracing::debug!(error = %e, "destroy id");
+    }
+    if pending.is_empty() && established.is_empty() {
+        *expected = None;
+    }
+}
+
 fn cm_err(what: &str) -> impl Fn(rdma_cm::CmError) -> IwperfError + '_ {
     move |e| IwperfError::Connection(format!("{what}: {e}"))
 }
@@ -405,11 +431,13 @@ impl CmSide {
     /// announce are established (requests whose parameters cannot be read, or exceed
     /// the server's limits ([`VerbsSetup::admit`]), or would go beyond the test's
     /// connections (an index already in, more requests than announced), are rejected
-    /// with the reason in the Reject's private data, and the server keeps waiting). Waits up to `first_timeout` for the first request, then up to 20 s
-    /// for the rest.
+    /// with the reason in the Reject's private data, and the server keeps waiting; a
+    /// connection that goes away before all are established, e.g. reset by its peer
+    /// right after its Request, is dropped and another awaited). Waits up to `first_timeout`
+    /// for the first request, then up to 20 s for the rest.
     ///
-    /// Errors: [`IwperfError::Connection`] (timeout, a connection failed before it was
-    /// established), [`IwperfError::DeviceRemoved`], or the data path's setup error.
+    /// Errors: [`IwperfError::Connection`] (timeout), [`IwperfError::DeviceRemoved`], or
+    /// the data path's setup error.
     pub fn accept_all(
         &mut self,
         first_timeout: Duration,
@@ -474,27 +502,47 @@ impl CmSide {
                     let info = setup.server_qp(&params, &qp)?;
                     // Our IRD = the peer's ORD, our ORD = the peer's IRD (rdma_accept).
                     let (peer_ord, peer_ird) = ev.ord_ird;
-                    id.accept(&ConnParam {
+                    let accepted = id.accept(&ConnParam {
                         private_data: info.encode(),
                         responder_resources: peer_ord.min(MAX_RD_ATOMIC),
                         initiator_depth: peer_ird.min(MAX_RD_ATOMIC),
                         ..ConnParam::default()
-                    })
-                    .map_err(cm_err("accept"))?;
-                    pending.push(Conn { params, qp, id });
+                    });
+                    let conn = Conn { params, qp, id };
+                    if let Err(e) = accepted {
+                        // The peer went away after its Request (e.g. reset it): forget
+                        // it and wait for another (a peer must not end the test so).
+                        tracing::warn!(index = params.index, error = %e, "accept failed: connection dropped, waiting for another");
+                        retire(conn, setup, &pending, &established, &mut expected);
+                        continue;
+                    }
+                    pending.push(conn);
                 }
                 EventKind::Established => {
                     if let Some(i) = pending.iter().position(|c| c.id.serial() == ev.serial) {
                         established.push(pending.swap_remove(i));
                     }
                 }
-                EventKind::Disconnected | EventKind::ConnectError | EventKind::Rejected
-                    if pending.iter().any(|c| c.id.serial() == ev.serial) =>
-                {
-                    return Err(IwperfError::Connection(format!(
-                        "a connection failed before it was established ({}, status {})",
-                        ev.kind, ev.status
-                    )));
+                EventKind::Disconnected | EventKind::ConnectError | EventKind::Rejected => {
+                    // Gone before the test started (a peer that resets right after its
+                    // Request): forget it and wait for another, so that it cannot end
+                    // the test of the clients that do connect.
+                    let of = |c: &Conn| c.id.serial() == ev.serial;
+                    let conn = if let Some(i) = pending.iter().position(of) {
+                        pending.swap_remove(i)
+                    } else if let Some(i) = established.iter().position(of) {
+                        established.swap_remove(i)
+                    } else {
+                        continue;
+                    };
+                    tracing::warn!(
+                        index = conn.params.index,
+                        "connection {} went away before the test started ({}, status {}): dropped, waiting for another",
+                        conn.params.index,
+                        ev.kind,
+                        ev.status
+                    );
+                    retire(conn, setup, &pending, &established, &mut expected);
                 }
                 _ => {}
             }
@@ -591,15 +639,16 @@ impl CmSide {
     }
 
     /// Disconnects every connection (gracefully) and waits up to `timeout` for all
-    /// their `Disconnected` events (ours and the peer's disconnects alike). Returns how
-    /// many arrived.
-    pub fn disconnect_all(&self, conns: &[Conn], timeout: Duration) -> usize {
+    /// their `Disconnected` events (ours and the peer's disconnects alike), on top of
+    /// `already` events counted before. Returns the count of `Disconnected` events in
+    /// all (`already` included).
+    pub fn disconnect_all(&self, conns: &[Conn], already: usize, timeout: Duration) -> usize {
         for c in conns {
             if let Err(e) = c.id.disconnect() {
                 tracing::debug!(id = c.id.serial(), error = %e, "disconnect");
             }
         }
-        self.wait_disconnected(conns.len(), timeout)
+        self.wait_disconnected(conns.len() + already, timeout)
     }
 
     /// Waits up to `timeout` until `n` `Disconnected` events arrived in all (the peer

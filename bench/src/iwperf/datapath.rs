@@ -252,6 +252,10 @@ pub struct QpBufs {
     pub accept: AcceptInfo,
     /// Patterns of the client's slots (when verifying).
     patterns: Vec<Vec<u8>>,
+    /// Server: the connection went away before the test started
+    /// ([`VerbsSetup::retire_qp`]); the run leaves it out (its buffers stay until
+    /// [`Side::release`]: positions in the list are in the WR ids).
+    retired: bool,
 }
 
 /// Which side of the test.
@@ -438,6 +442,7 @@ impl Side {
             data_recvs,
             accept,
             patterns,
+            retired: false,
         });
         Ok(&self.qps[pos])
     }
@@ -461,12 +466,22 @@ impl VerbsSetup for Side {
     ) -> Result<(&Pd, &Cq, QpCap), IwperfError> {
         let (_, _, data_recvs) = self.data_slots(params);
         let depth = u32::from(params.tx_depth);
-        let per_qp_cqes = (depth + 64 + data_recvs + CTRL_RECVS) as usize;
         if self.pd.is_none() {
             self.pd = Some(device.alloc_pd().map_err(setup_err("allocate the PD"))?);
         }
         if self.cq.is_none() {
-            let n = per_qp_cqes * usize::from(params.qps);
+            // Every connection of the test completes into this one CQ, made with the
+            // first, and they may run different ops (`--op write,send`): size each
+            // connection's share for the op that needs the most receives. (Sized from a
+            // first Write request, a Send connection's receives overflowed it when the
+            // server fell behind: found by the root-only flood test.)
+            let most_recvs = Op::ALL
+                .iter()
+                .map(|&op| self.data_slots(&TestParams { op, ..*params }).2)
+                .max()
+                .unwrap_or(data_recvs)
+                .max(data_recvs);
+            let n = (depth + 64 + most_recvs + CTRL_RECVS) as usize * usize::from(params.qps);
             self.cq = Some(device.create_cq(n).map_err(setup_err("create the CQ"))?);
         }
         let cap = QpCap {
@@ -485,6 +500,12 @@ impl VerbsSetup for Side {
 
     fn admit(&self, params: &TestParams) -> Result<(), String> {
         self.tuning.limits.check(params, self.buffer_bytes(params))
+    }
+
+    fn retire_qp(&mut self, qp_num: u32) {
+        if let Some(pos) = self.pos_of(qp_num) {
+            self.qps[pos].retired = true;
+        }
     }
 
     fn server_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<AcceptInfo, IwperfError> {
@@ -992,6 +1013,27 @@ struct ServerQp {
     acked: bool,
     mismatches: u64,
     checked: u64,
+    /// Why this connection failed (a completion in error, a malformed control message,
+    /// a refused post): it is then left alone and the others go on (a peer that breaks
+    /// its own connection, e.g. a hostile one that joined the test, cannot end the
+    /// others' runs).
+    failed: Option<IwperfError>,
+}
+
+impl ServerQp {
+    /// Marks the connection of `q` failed with `e` (done with, as far as the loop goes).
+    fn fail(&mut self, q: &QpBufs, e: IwperfError) {
+        tracing::warn!(
+            index = q.params.index,
+            "connection {} failed: {e}; the others go on",
+            q.params.index
+        );
+        self.failed = Some(IwperfError::Connection(format!(
+            "connection {} of the test failed: {e}",
+            q.params.index
+        )));
+        self.acked = true;
+    }
 }
 
 /// Checks a message or slot against its pattern with the sequence number `seq` in the
@@ -1043,14 +1085,24 @@ fn check_slots(
 }
 
 /// Runs the server side of a bandwidth test until every connection's `Done` was
-/// answered. Returns what it saw, and the error that ended it early, if any.
+/// answered or the connection failed (a failed connection ends only itself: the others
+/// run on). Returns what it saw, and the error that ended it early or the first
+/// connection's failure, if any (a removed device ends it at once).
 pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option<IwperfError>) {
-    let mut st: Vec<ServerQp> = side.qps.iter().map(|_| ServerQp::default()).collect();
+    // Retired connections (gone before the test started) are done from the start.
+    let mut st: Vec<ServerQp> = side
+        .qps
+        .iter()
+        .map(|q| ServerQp {
+            acked: q.retired,
+            ..ServerQp::default()
+        })
+        .collect();
     let err = server_bw_loop(side, status, &mut st).err();
     let verify_on = side.qps.iter().any(|q| q.params.verify);
     let mismatches: u64 = st.iter().map(|s| s.mismatches).sum();
     let report = ServerReport {
-        connections: side.qps.len(),
+        connections: side.qps.iter().filter(|q| !q.retired).count(),
         messages: st.iter().map(|s| s.received).sum(),
         client_wrs: st.iter().filter_map(|s| s.done).sum(),
         verify: match (verify_on, mismatches > 0) {
@@ -1074,12 +1126,23 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
             return Err(removed_err());
         }
         let mut moved = false;
-        for wc in poll_ok(cq, &mut wcs, status)? {
+        let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
+        for wc in &wcs[..n] {
             moved = true;
             let pos = wr_pos(wc.wr_id);
             let (Some(q), Some(s)) = (side.qps.get(pos), st.get_mut(pos)) else {
                 continue;
             };
+            if s.failed.is_some() || q.retired || wc.qp_num != q.qp.qp_num() {
+                continue;
+            }
+            if !wc.is_success() {
+                match wc_error(wc, status) {
+                    e @ IwperfError::DeviceRemoved(_) => return Err(e),
+                    e => s.fail(q, e),
+                }
+                continue;
+            }
             match wr_kind(wc.wr_id) {
                 K_DATA_RECV => {
                     let r = wr_n(wc.wr_id);
@@ -1087,8 +1150,10 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                     let off = (slot * u64::from(q.slot_len)) as usize;
                     if wc.byte_len != q.params.size {
                         // A control message in a data slot: the client's Done.
-                        if let Ctrl::Done { wrs, .. } = read_ctrl(&q.data, off, wc.byte_len)? {
-                            s.done = Some(wrs);
+                        match read_ctrl(&q.data, off, wc.byte_len) {
+                            Ok(Ctrl::Done { wrs, .. }) => s.done = Some(wrs),
+                            Ok(_) => {}
+                            Err(e) => s.fail(q, e),
                         }
                         continue;
                     }
@@ -1115,21 +1180,32 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                 }
                 K_CTRL_RECV => {
                     let slot = wr_n(wc.wr_id);
-                    if let Ctrl::Done { wrs, .. } =
-                        read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len)?
-                    {
-                        s.done = Some(wrs);
+                    match read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len) {
+                        Ok(Ctrl::Done { wrs, .. }) => s.done = Some(wrs),
+                        Ok(_) => {}
+                        Err(e) => {
+                            s.fail(q, e);
+                            continue;
+                        }
                     }
-                    repost_ctrl(q, pos, slot)?;
+                    if let Err(e) = repost_ctrl(q, pos, slot) {
+                        s.fail(q, e);
+                    }
                 }
                 _ => {}
             }
         }
         for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+            if s.failed.is_some() || q.retired {
+                continue;
+            }
             if !s.reposts.is_empty() {
                 // One doorbell for the batch.
                 s.unreported += s.reposts.len() as u32;
-                q.qp.post_recv_list(s.reposts.drain(..)).map_err(post_err)?;
+                if let Err(e) = q.qp.post_recv_list(s.reposts.drain(..)) {
+                    s.fail(q, post_err(e));
+                    continue;
+                }
             }
             let batch = (q.data_recvs / 4).max(1);
             if q.params.op == Op::Send && s.unreported >= batch && s.done.is_none() {
@@ -1139,7 +1215,10 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                         moved = true;
                     }
                     Err(VerbsError::QueueFull { .. }) => {}
-                    Err(e) => return Err(post_err(e)),
+                    Err(e) => {
+                        s.fail(q, post_err(e));
+                        continue;
+                    }
                 }
             }
             if let (Some(wrs), false) = (s.done, s.acked) {
@@ -1159,22 +1238,25 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                     (true, 0) => VerifyStatus::Passed,
                     _ => VerifyStatus::Failed,
                 };
-                send_ctrl(
-                    q,
-                    pos,
-                    Ctrl::DoneAck {
-                        verify,
-                        mismatches: s.mismatches,
-                        checked: s.checked,
-                    },
-                )
-                .map_err(post_err)?;
+                let ack = Ctrl::DoneAck {
+                    verify,
+                    mismatches: s.mismatches,
+                    checked: s.checked,
+                };
+                if let Err(e) = send_ctrl(q, pos, ack) {
+                    s.fail(q, post_err(e));
+                    continue;
+                }
                 s.acked = true;
                 moved = true;
             }
         }
         if st.iter().all(|s| s.acked) {
-            return Ok(());
+            // The first connection that failed, if any, after the others completed.
+            return match st.iter_mut().find_map(|s| s.failed.take()) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
         }
         if moved {
             idle.progressed();
@@ -1333,7 +1415,13 @@ fn client_lat_loop(
 /// the client's disconnect).
 pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError> {
     let cq = side.cq();
-    let q = &side.qps[0];
+    let q = side
+        .qps
+        .iter()
+        .find(|q| !q.retired)
+        .ok_or_else(|| IwperfError::Connection("no connection to serve".into()))?;
+    // Disconnects of connections retired before the test started do not count.
+    let disconnected_before = status.disconnected();
     let size = q.params.size;
     let inline = size <= MAX_INLINE;
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
@@ -1348,7 +1436,7 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
         if status.removed() {
             return Err(removed_err());
         }
-        if status.disconnected() > 0 {
+        if status.disconnected() > disconnected_before {
             return Ok(answered);
         }
         if let Some(t) = flushed_at {
@@ -1362,6 +1450,9 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
         let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
         for wc in &wcs[..n] {
             moved = true;
+            if wc.qp_num != q.qp.qp_num() {
+                continue;
+            }
             if !wc.is_success() {
                 if wc.status == WcStatus::WrFlushErr {
                     flushed_at.get_or_insert_with(Instant::now);
@@ -1434,6 +1525,48 @@ mod tests {
             (wr_kind(id), wr_pos(id), wr_n(id)),
             (K_DATA_SEND, 0, (1 << N_BITS) - 1)
         );
+    }
+
+    #[test]
+    fn the_cq_holds_every_connection_whatever_op_comes_first() {
+        use softiwarp::link::{MemoryConfig, MemoryLink};
+        use softiwarp::{Device, DeviceConfig, LinkConfig};
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = Arc::new(
+            Device::open(DeviceConfig::new(
+                "cqsz",
+                LinkConfig::memory(a),
+                std::net::Ipv4Addr::new(10, 9, 3, 1),
+                24,
+            ))
+            .unwrap(),
+        );
+        // `--op write,send --qps 2`: the Write connection's request came first.
+        let write = TestParams {
+            op: Op::Write,
+            mode: Mode::Bandwidth,
+            verify: true,
+            size: 4096,
+            qps: 2,
+            index: 0,
+            tx_depth: 16,
+            client_mr: MrInfo::default(),
+        };
+        let mut side = Side::new(Role::Server, Tuning::default());
+        let send_recvs = side
+            .data_slots(&TestParams {
+                op: Op::Send,
+                ..write
+            })
+            .2;
+        assert!(send_recvs >= 64, "{send_recvs}");
+        let (_, cq, _) = side.qp_resources(&dev, &write).unwrap();
+        // Each connection's send queue and receives, the Send one's included.
+        assert_eq!(
+            cq.capacity(),
+            2 * (16 + 64 + send_recvs + CTRL_RECVS) as usize
+        );
+        side.release();
     }
 
     #[test]

@@ -372,6 +372,7 @@ fn client_test(cfg: &DemoConfig, server: SocketAddrV4, op: Op, lat: bool) -> Cli
             RunLength::Time(Duration::from_secs_f64(cfg.seconds))
         },
         connect_timeout: Duration::from_secs(20),
+        indices: None,
     }
 }
 

@@ -39,6 +39,10 @@ pub struct ClientTest {
     pub length: RunLength,
     /// How long connection setup may take.
     pub connect_timeout: Duration,
+    /// Open only these connection indices of the `qps` announced (`None`: all). The
+    /// server waits for the others from elsewhere: the root-only hostile-peer tests
+    /// (`bench/tests/iwperf_hostile.rs`) let an attacker join a legitimate test so.
+    pub indices: Option<Vec<u16>>,
 }
 
 impl ClientTest {
@@ -65,11 +69,23 @@ impl ClientTest {
         if let RunLength::Iters(0) = self.length {
             return usage("--iters: at least 1");
         }
+        if let Some(only) = &self.indices {
+            let mut sorted = only.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if only.is_empty()
+                || sorted.len() != only.len()
+                || sorted.iter().any(|&i| i >= self.qps)
+            {
+                return usage("--indices: distinct connection indices below --qps");
+            }
+        }
         Ok(())
     }
 
     fn params(&self) -> Vec<TestParams> {
         (0..self.qps)
+            .filter(|i| self.indices.as_ref().is_none_or(|only| only.contains(i)))
             .map(|i| TestParams {
                 op: self.ops[usize::from(i) % self.ops.len()],
                 mode: self.mode,
@@ -132,26 +148,30 @@ pub struct ServerSummary {
 }
 
 /// Ends a side: disconnect (or wait for the peer's), destroy, release, close the
-/// device. Returns (disconnected, ids alive at shutdown).
+/// device. `already` is the count of `Disconnected` events before (of connections
+/// dropped before the test started), left out. Returns (disconnected, ids alive at
+/// shutdown).
 fn teardown(
     cm: CmSide,
     conns: Vec<Conn>,
     mut side: Side,
     initiate: bool,
     device: Arc<softiwarp::Device>,
+    already: usize,
 ) -> (usize, usize) {
     let n = conns.len();
     let t0 = Instant::now();
     let disconnected = if initiate {
-        cm.disconnect_all(&conns, Duration::from_secs(2))
+        cm.disconnect_all(&conns, already, Duration::from_secs(2))
     } else {
-        let got = cm.wait_disconnected(n, Duration::from_secs(3));
-        if got < n {
-            cm.disconnect_all(&conns, Duration::from_secs(1))
+        let got = cm.wait_disconnected(n + already, Duration::from_secs(3));
+        if got < n + already {
+            cm.disconnect_all(&conns, already, Duration::from_secs(1))
         } else {
             got
         }
-    };
+    }
+    .saturating_sub(already);
     tracing::debug!(elapsed = ?t0.elapsed(), disconnected, "disconnected");
     side.release();
     let alive = cm.close(conns);
@@ -240,6 +260,7 @@ pub fn run_server(
         }
     };
     summary.connections = conns.len();
+    let already = status.disconnected();
     let mode = conns.first().map_or(Mode::Bandwidth, |c| c.params.mode);
     let err = match mode {
         Mode::Bandwidth => {
@@ -260,7 +281,7 @@ pub fn run_server(
         },
     };
     let removed = status.removed();
-    let (disconnected, alive) = teardown(cm, conns, side, removed, device);
+    let (disconnected, alive) = teardown(cm, conns, side, removed, device, already);
     summary.disconnected = disconnected;
     summary.ids_leaked = alive;
     let (u, sys) = crate::cpu_time();
@@ -339,7 +360,7 @@ pub fn run_client(
             err
         }
     };
-    let (disconnected, alive) = teardown(cm, conns, side, true, device);
+    let (disconnected, alive) = teardown(cm, conns, side, true, device, 0);
     report.disconnected = disconnected;
     report.ids_leaked = alive;
     let (u, sys) = crate::cpu_time();

@@ -82,3 +82,62 @@ pub fn start_client(topo: &Topology, bin: &PathBuf, extra: &[&str]) -> Peer {
         .spawn()
         .expect("client")
 }
+
+pub mod attacker;
+
+/// Runs a legitimate `iwperf client --verify` (Write and Send on two connections, 4 KiB
+/// messages, `iters` each) against the server in `topo`, waits for both (the server
+/// serves this one test and exits), and asserts that both exited 0 with every
+/// connection up and torn down and the data verified on both sides. Returns the
+/// client's and the server's JSON, and the server's output.
+pub fn legit_run(
+    topo: &Topology,
+    bin: &PathBuf,
+    server: Peer,
+    iters: u64,
+    timeout: Duration,
+) -> (serde_json::Value, serde_json::Value, PeerOutput) {
+    let iters = iters.to_string();
+    let client = start_client(
+        topo,
+        bin,
+        &[
+            "--op",
+            "write,send",
+            "--qps",
+            "2",
+            "--size",
+            "4096",
+            "--tx-depth",
+            "16",
+            "--iters",
+            &iters,
+            "--verify",
+            "--json",
+        ],
+    );
+    let mut outs =
+        netlab::wait_all(vec![server, client], timeout).unwrap_or_else(|e| panic!("{e}"));
+    let (s, c) = (json(&outs[0]), json(&outs[1]));
+    assert_verified(&c, &s);
+    (c, s, outs.swap_remove(0))
+}
+
+/// Asserts a client's and a server's JSON of a two-connection verified bandwidth run
+/// (Write and Send): both exit 0, 2 connections up and 2 disconnected, no id left,
+/// every op's `verify` passed at the client, no mismatch at the server.
+pub fn assert_verified(c: &serde_json::Value, s: &serde_json::Value) {
+    for (side, j) in [("client", c), ("server", s)] {
+        assert_eq!(j["exit_code"], 0, "{side}: {j}");
+        assert_eq!(j["connections"], 2, "{side}: {j}");
+        assert_eq!(j["disconnected"], 2, "{side}: {j}");
+        assert_eq!(j["ids_leaked"], 0, "{side}: {j}");
+    }
+    let bw = c["bandwidth"].as_array().expect("client bandwidth rows");
+    assert_eq!(bw.len(), 2, "{c}");
+    for row in bw {
+        assert_eq!(row["verify"], "passed", "{c}");
+    }
+    assert_eq!(s["bandwidth"]["mismatches"], 0, "{s}");
+    assert_eq!(s["bandwidth"]["verify"], "passed", "{s}");
+}

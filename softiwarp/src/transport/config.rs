@@ -33,6 +33,15 @@ pub const MAX_BACKLOG: usize = 1024;
 /// listener by default.
 pub const DEFAULT_HALF_OPEN_MAX: usize = 64;
 
+/// Listening sockets a listener keeps armed while its half-open pool is full (and its
+/// backlog is not): 8. smoltcp answers a SYN that finds no listening socket with a RST
+/// and sockets are re-armed once a poll, so with a single one a client opening several
+/// connections at once (an `iwperf client --qps 2`) had all but the first refused
+/// during a flood (found by the root-only `bench/tests/iwperf_flood.rs`). Each
+/// connection an armed socket takes pushes the oldest half-open one out, so the pool's
+/// bound holds; the armed sockets add at most this many sockets' buffers.
+pub const MIN_ARMED_WHEN_FULL: usize = 8;
+
 /// ULPDUs a responder takes from its upper before the initiator's first FPDU arrived
 /// (MPA holds them, copied, until then; RFC 5044 7.1.2): 64.
 pub const MAX_HELD_ULPDUS: usize = 64;

@@ -113,7 +113,8 @@
 //! initiator sees the connection refused. Linux instead drops the SYN while its accept
 //! queue is full, so the client retries; here the refusal is immediate and visible.
 //! Otherwise up to `backlog - requests` sockets are armed, within the half-open pool's
-//! free room but always at least one. [`Stack::listener_stats`] gives the counts.
+//! free room but always at least [`MIN_ARMED_WHEN_FULL`] (8), so that a client opening
+//! several connections at once is not refused while the pool is full. [`Stack::listener_stats`] gives the counts.
 //!
 //! Memory: a socket's receive and send buffers ([`TcpConfig::rx_buffer`],
 //! [`TcpConfig::tx_buffer`]) are allocated zeroed when it is armed and keep their size

@@ -251,3 +251,59 @@ fn a_dribbling_request_is_half_open_and_pushed_out_first() {
     assert_eq!(p.b.stack.stats().half_open_dropped, 1);
     assert!(p.b.requests.is_empty());
 }
+
+/// Half-open pool of 4, full of silent connections: a client opening two connections at
+/// once (both SYNs in one poll) gets both, since a listener keeps
+/// `MIN_ARMED_WHEN_FULL` (8) sockets armed while its pool is full (with one, smoltcp
+/// answered the second SYN with a RST: the root-only flood test's `iwperf client --qps
+/// 2` was refused so); each pushes the oldest silent one out, the pool stays at 4.
+#[test]
+fn a_client_opening_two_connections_at_once_gets_both_while_the_pool_is_full() {
+    let (la, lb) = links(1500);
+    let mut p = Pair::new(
+        RawHost::new(la, 1),
+        Side::new(lb, 2, |c| c.half_open_max = 4),
+    );
+    let lid = p.b.stack.listen(PORT, 16, None).unwrap();
+    let silent: Vec<SocketHandle> = (0..4).map(|_| raw_socket(&mut p)).collect();
+    for (i, &h) in silent.iter().enumerate() {
+        open(&mut p, h, 42_000 + i as u16);
+        assert_eq!(state(&mut p, h), tcp::State::Established, "silent {i}");
+    }
+    assert!(p.run_until(Duration::from_secs(1), |p| {
+        p.b.stack.listener_stats(lid).unwrap().half_open == 4
+    }));
+    let st = p.b.stack.listener_stats(lid).unwrap();
+    assert_eq!(
+        st.armed,
+        softiwarp::transport::MIN_ARMED_WHEN_FULL,
+        "{st:?}"
+    );
+    let pair: Vec<SocketHandle> = (0..2).map(|_| raw_socket(&mut p)).collect();
+    let cx = p.a.host.iface.context();
+    for (i, &h) in pair.iter().enumerate() {
+        p.a.host
+            .sockets
+            .get_mut::<tcp::Socket>(h)
+            .connect(cx, (addr(2), PORT), 42_100 + i as u16)
+            .unwrap();
+    }
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        pair.iter()
+            .all(|&h| matches!(state(p, h), tcp::State::Established | tcp::State::Closed))
+    }));
+    for &h in &pair {
+        assert_eq!(state(&mut p, h), tcp::State::Established, "refused");
+    }
+    assert!(p.run_until(Duration::from_secs(1), |p| {
+        p.b.stack.stats().half_open_dropped == 2
+    }));
+    assert_eq!(p.b.stack.listener_stats(lid).unwrap().half_open, 4);
+    // The RSTs of the evictions go out at the next service: the two oldest.
+    assert!(p.run_until(Duration::from_millis(100), |p| {
+        state(p, silent[0]) == tcp::State::Closed && state(p, silent[1]) == tcp::State::Closed
+    }));
+    for &h in &silent[2..] {
+        assert_eq!(state(&mut p, h), tcp::State::Established);
+    }
+}
