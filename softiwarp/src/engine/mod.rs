@@ -1049,6 +1049,7 @@ impl Driving {
             let _ = self.wake.write(1);
         }
         let mut active = true;
+        let mut last_activity = StdInstant::now();
         let result = loop {
             if ready() {
                 break true;
@@ -1059,19 +1060,27 @@ impl Driving {
             else {
                 break false;
             };
-            // As the engine: a deadline of "now" after a pass that did nothing (smoltcp
-            // asks for that while it cannot send) sleeps until a frame or the cap.
-            let deadline = if active {
-                self.progress_deadline()
-            } else {
-                POLLER_MAX_SLEEP
-            };
-            let nap = left.min(POLLER_MAX_SLEEP).min(deadline);
-            sleep(Some(self.link_fd.as_fd()), None, Some(nap));
+            // As the engine: busy-poll for the spin time after the last activity (a
+            // sleep and wake-up per frame costs more than the frame at high rates);
+            // then sleep on the link fd. A deadline of "now" after a pass that did
+            // nothing (smoltcp asks for that while it cannot send) sleeps until a
+            // frame or the cap.
+            if last_activity.elapsed() >= self.spin {
+                let deadline = if active {
+                    self.progress_deadline()
+                } else {
+                    POLLER_MAX_SLEEP
+                };
+                let nap = left.min(POLLER_MAX_SLEEP).min(deadline);
+                sleep(Some(self.link_fd.as_fd()), None, Some(nap));
+            }
             match self.progress.drive(POLL_BUDGET) {
                 Drove::Ended => break ready(),
                 Drove::Drove { active: a, .. } => active = a,
                 Drove::Busy => active = true,
+            }
+            if active {
+                last_activity = StdInstant::now();
             }
         };
         self.owner
@@ -1105,29 +1114,32 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
     let progress = &driving.progress;
     let wake = &*driving.wake;
     let mut last_activity = StdInstant::now();
+    let mut woken = true;
     loop {
         // The wake-up is reset after each sleep (before the queues are read): a
         // wake-up written while the engine is awake keeps the eventfd readable, so
         // the next sleep returns at once. No system call per pass.
         match driving.owner.engine_view(driving.now_us()) {
             EngineView::Engine => {}
-            EngineView::Lease(until) => {
+            view @ (EngineView::Lease(_) | EngineView::AppPolling) => {
                 // An application thread drives: stay off the link until its lease
-                // lapses; commands still wake the engine.
-                if progress.drive(ENGINE_BUDGET) == Drove::Ended {
-                    return;
+                // lapses or the poller leaves; a wake-up (commands, work left at a
+                // budget's end) or published work is driven at once.
+                if woken || progress.pending() {
+                    if progress.drive(ENGINE_BUDGET) == Drove::Ended {
+                        return;
+                    }
                 }
-                let left = Duration::from_micros(until.saturating_sub(driving.now_us()));
-                sleep(None, Some(wake), Some(left));
-                let _ = wake.read();
-                continue;
-            }
-            EngineView::AppPolling => {
-                if progress.drive(ENGINE_BUDGET) == Drove::Ended {
-                    return;
+                let nap = match view {
+                    EngineView::Lease(until) => {
+                        Duration::from_micros(until.saturating_sub(driving.now_us()))
+                    }
+                    _ => POLLER_SAFETY_SLEEP,
+                };
+                woken = sleep(None, Some(wake), Some(nap));
+                if woken {
+                    let _ = wake.read();
                 }
-                sleep(None, Some(wake), Some(POLLER_SAFETY_SLEEP));
-                let _ = wake.read();
                 continue;
             }
         }
@@ -1176,12 +1188,13 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
 }
 
 /// `ppoll(2)` on the link fd and the wake-up (either may be left out), for `timeout`
-/// (forever if `None`). EINTR and the like just end the sleep early.
+/// (forever if `None`). EINTR and the like just end the sleep early. Returns true if the
+/// wake-up was readable.
 fn sleep(
     link: Option<std::os::fd::BorrowedFd<'_>>,
     wake: Option<&EventFd>,
     timeout: Option<Duration>,
-) {
+) -> bool {
     let mut fds = Vec::with_capacity(2);
     if let Some(fd) = link {
         fds.push(PollFd::new(fd, PollFlags::POLLIN));
@@ -1194,4 +1207,9 @@ fn sleep(
         timeout.map(nix::sys::time::TimeSpec::from_duration),
         None,
     );
+    wake.is_some()
+        && fds
+            .last()
+            .and_then(PollFd::revents)
+            .is_some_and(|r| r.contains(PollFlags::POLLIN))
 }

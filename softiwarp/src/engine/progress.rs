@@ -28,7 +28,7 @@
 //!
 //! Nobody waits on the lock: a thread that loses the try-lock leaves its work published
 //! and returns at once, and the holder's re-check runs it. Work left when the budget is
-//! spent keeps `pending` set, and [`Drove::left_pending`] tells the caller to hand it to
+//! spent keeps `pending` set, and `left_pending` in [`Drove::Drove`] tells the caller to hand it to
 //! the engine thread. Both fences are needed: the Linux qdisc protocol lost packets
 //! without the second one ("net: sched: fix packet stuck problem for lockless qdisc",
 //! a90c57f2cedd, and the `smp_mb()` after `spin_unlock` that followed), and the loom
