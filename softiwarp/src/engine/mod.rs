@@ -1125,10 +1125,8 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
                 // An application thread drives: stay off the link until its lease
                 // lapses or the poller leaves; a wake-up (commands, work left at a
                 // budget's end) or published work is driven at once.
-                if woken || progress.pending() {
-                    if progress.drive(ENGINE_BUDGET) == Drove::Ended {
-                        return;
-                    }
+                if (woken || progress.pending()) && progress.drive(ENGINE_BUDGET) == Drove::Ended {
+                    return;
                 }
                 let nap = match view {
                     EngineView::Lease(until) => {
