@@ -11,7 +11,7 @@ use softiwarp::transport::{CloseMode, ConnError, ConnEvent, MpaParams, StackErro
 use softiwarp::{ConnectError, Connection, Device, DeviceConfig, LinkConfig, ListenError};
 use softiwarp::{DeviceEnd, DeviceEvent};
 
-use crate::support::{links, Rng, RngExt};
+use crate::support::{links, thread_ticks, ticks_per_second, Rng, RngExt};
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(10);
@@ -194,23 +194,6 @@ fn link_removal_fails_every_connection_within_100ms() {
     ));
     // The server keeps running; its side of the connections dies with TCP's timeout.
     assert!(server.ended().is_none());
-}
-
-/// utime + stime of a thread of this process, in clock ticks.
-fn thread_ticks(tid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-    // Fields after the command name (which is in parentheses): state is field 3;
-    // utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-fn ticks_per_second() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100, |v| v as u64)
 }
 
 #[test]

@@ -81,3 +81,20 @@ pub fn links(mtu: usize) -> (MemoryLink, MemoryLink) {
     })
     .expect("memory link")
 }
+
+/// utime + stime of a thread of this process, in clock ticks.
+pub fn thread_ticks(tid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses): state is field 3;
+    // utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+pub fn ticks_per_second() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100, |v| v as u64)
+}

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::devices::*;
+use crate::support::{thread_ticks, ticks_per_second};
 use softiwarp::{DeviceEvent, ProgressMode};
 use verbs::{RecvWr, SendFlags, SendWr, VerbsError, WcOpcode, WcStatus};
 
@@ -276,4 +277,50 @@ fn hybrid_removal_is_noticed_while_the_driving_thread_sleeps_in_its_own_code() {
     ));
     assert!(a.scq.poll(8).unwrap().is_empty());
     drop(b);
+}
+
+/// After a burst driven by application threads, the device goes quiet: one second
+/// later, over one second, both engine threads and the application thread that drove
+/// (now idle in its own code) use under 3% of a core together (no thread left spinning
+/// on a lease, a poller state or the link).
+#[test]
+fn hybrid_device_is_idle_one_second_after_a_burst() {
+    let s = Setup {
+        progress: Some(ProgressMode::Hybrid),
+        ..Setup::default()
+    };
+    let (a, b) = pair(&s);
+    let mr = a.pd.reg_mr(1 << 16, 0x1000, all_access()).unwrap();
+    let rmr = b.pd.reg_mr(1 << 16, 0x1000, all_access()).unwrap();
+    let app_tid = nix::unistd::gettid().as_raw();
+    for round in 0..20u64 {
+        for i in 0..32u64 {
+            b.qp.post_recv(RecvWr::new(round * 32 + i, vec![rmr.sge(0, 1 << 16)]))
+                .unwrap();
+        }
+        for i in 0..32u64 {
+            a.qp.post_send(
+                SendWr::send(round * 32 + i, vec![mr.sge(0, 1 << 16)])
+                    .with_flags(SendFlags::SIGNALED),
+            )
+            .unwrap();
+        }
+        let sent = End::wait_n(&a.scq, 32);
+        assert!(sent.iter().all(|wc| wc.status == WcStatus::Success));
+        let got = End::wait_n(&b.rcq, 32);
+        assert!(got.iter().all(|wc| wc.byte_len == 1 << 16));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let tids = [a.dev.engine_tid(), b.dev.engine_tid(), app_tid];
+    let before: u64 = tids.iter().map(|&t| thread_ticks(t)).sum();
+    let wall = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let wall = wall.elapsed();
+    let used = tids.iter().map(|&t| thread_ticks(t)).sum::<u64>() - before;
+    let share = used as f64 / ticks_per_second() as f64 / wall.as_secs_f64();
+    println!(
+        "after the burst: {used} ticks in {wall:?} ({:.1}%)",
+        share * 100.0
+    );
+    assert!(share < 0.03, "idle device used {:.1}% CPU", share * 100.0);
 }
