@@ -96,8 +96,8 @@ struct MpaArgs {
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
     /// Who drives the soft device: the engine thread alone, or the application's
-    /// verbs calls too (`softiwarp::ProgressMode`).
-    #[arg(long, value_enum, default_value = "engine")]
+    /// verbs calls too (`softiwarp::ProgressMode`; the device's `SOFTIWARP_PROGRESS`).
+    #[arg(long, value_enum, default_value = "engine", env = "SOFTIWARP_PROGRESS")]
     progress_mode: ProgressArg,
     /// Bandwidth runs: how long the application polls its CQ (yielding) before it
     /// blocks, in microseconds.
