@@ -743,7 +743,7 @@ impl Qp {
     /// [`VerbsError::DeviceGone`] once the device ended. A refused WR never
     /// completes.
     pub fn post_send(&self, wr: SendWr) -> Result<(), VerbsError> {
-        self.post(|p| self.queue_send(p, wr))
+        self.post(Ring::Send, |p| self.queue_send(p, wr))
     }
 
     /// Posts send WRs in order, ringing the doorbell once (`ibv_post_send(3)` with a
@@ -757,7 +757,7 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<(), PostListError> {
-        self.post_list(wrs, |p, wr| self.queue_send(p, wr))
+        self.post_list(Ring::Send, wrs, |p, wr| self.queue_send(p, wr))
     }
 
     /// Posts one receive WR (`ibv_post_recv(3)`): consumed in posting order, one per
@@ -773,7 +773,7 @@ impl Qp {
     /// [`VerbsError::InvalidHandle`] after [`Qp::destroy`];
     /// [`VerbsError::DeviceGone`]. A refused WR never completes.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
-        self.post(|p| self.queue_recv(p, wr))
+        self.post(Ring::Recv, |p| self.queue_recv(p, wr))
     }
 
     /// Posts receive WRs in order, ringing the doorbell once.
@@ -785,13 +785,14 @@ impl Qp {
         &self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<(), PostListError> {
-        self.post_list(wrs, |p, wr| self.queue_recv(p, wr))
+        self.post_list(Ring::Recv, wrs, |p, wr| self.queue_recv(p, wr))
     }
 
     /// Runs `queue` with the QP's post side locked, under the device's gate (so the
     /// engine is certain to take what is queued), then rings the doorbell.
     fn post(
         &self,
+        ring: Ring,
         queue: impl FnOnce(&mut PostSide) -> Result<(), VerbsError>,
     ) -> Result<(), VerbsError> {
         {
@@ -802,12 +803,13 @@ impl Qp {
             }
             queue(&mut p)?;
         }
-        self.ring();
+        self.ring(ring);
         Ok(())
     }
 
     fn post_list<W>(
         &self,
+        ring: Ring,
         wrs: impl IntoIterator<Item = W>,
         mut queue: impl FnMut(&mut PostSide, W) -> Result<(), VerbsError>,
     ) -> Result<(), PostListError> {
@@ -831,17 +833,21 @@ impl Qp {
             Ok(())
         })();
         if posted > 0 {
-            self.ring();
+            self.ring(ring);
         }
         r
     }
 
     /// Tells the engine this QP has new WRs (one doorbell entry and wake-up per batch
-    /// the engine has not taken yet).
-    fn ring(&self) {
-        if !self.shared.has_work.swap(true, Ordering::AcqRel) {
-            self.handle.ring(self.shared.qp_num);
-        }
+    /// the engine has not taken yet). In [`crate::ProgressMode::Hybrid`] a post of
+    /// Sends drives the device itself; a post of receives does not (nothing to
+    /// transmit: the receive path takes posted receives before every ULPDU, as siw's
+    /// `siw_post_receive` only queues), it only wakes the engine when the engine covers
+    /// the link.
+    fn ring(&self, ring: Ring) {
+        let first = !self.shared.has_work.swap(true, Ordering::AcqRel);
+        self.handle
+            .ring(self.shared.qp_num, first, ring == Ring::Send);
     }
 
     fn queue_send(&self, p: &mut PostSide, wr: SendWr) -> Result<(), VerbsError> {
@@ -1074,4 +1080,11 @@ mod tests {
         };
         assert!(check_cap(&sges).is_err());
     }
+}
+
+/// Which work queue a post filled (how [`Qp`] rings the doorbell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ring {
+    Send,
+    Recv,
 }

@@ -137,17 +137,28 @@ impl Handle {
         self.cmds.send(cmd).map_err(|_| VerbsError::DeviceGone)
     }
 
-    /// Rings QP `qpn`'s doorbell: the engine takes its newly posted WRs.
-    pub(crate) fn ring(&self, qpn: u32) {
-        self.shared
-            .doorbell
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(qpn);
-        if self.drives() {
+    /// Rings QP `qpn`'s doorbell (`first`: the QP had no WRs waiting to be taken, so
+    /// it joins the doorbell list): the engine takes its newly posted WRs. In Hybrid
+    /// mode a `transmit` ring (new Sends) drives the device right here, every time;
+    /// otherwise the engine is woken on a first ring if it covers the link (an
+    /// application thread holding the lease or polling the link takes the doorbell at
+    /// its next pass).
+    pub(crate) fn ring(&self, qpn: u32, first: bool, transmit: bool) {
+        if first {
+            self.shared
+                .doorbell
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(qpn);
+        }
+        if !self.drives() {
+            if first {
+                self.waker.wake();
+            }
+        } else if transmit {
             // The poster drives (or the holder's re-check takes the doorbell).
             self.drive(POST_BUDGET);
-        } else {
+        } else if first && self.driving.engine_covers_link() {
             self.waker.wake();
         }
     }

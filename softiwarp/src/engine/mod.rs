@@ -1001,6 +1001,12 @@ impl Driving {
         self.spin
     }
 
+    /// True if the engine thread covers the link now (no application thread holds the
+    /// lease or polls).
+    pub(crate) fn engine_covers_link(&self) -> bool {
+        self.owner.is_engine(self.now_us())
+    }
+
     /// True if verbs calls drive ([`ProgressMode::Hybrid`]).
     pub(crate) fn hybrid(&self) -> bool {
         self.mode == ProgressMode::Hybrid

@@ -510,6 +510,17 @@ impl Owner {
             .compare_exchange(OWNER_POLLING, Self::lease_word(until_us), SeqCst, Acquire);
     }
 
+    /// True if the engine covers the link at `now_us` (its own, or a lapsed lease it
+    /// will take at its next look). A read only: no transition.
+    pub fn is_engine(&self, now_us: u64) -> bool {
+        let cur = self.0.load(Acquire);
+        match cur & 3 {
+            OWNER_POLLING => false,
+            OWNER_LEASE => now_us >= cur >> 2,
+            _ => true,
+        }
+    }
+
     /// The engine thread's view at `now_us`: a lapsed lease becomes the engine's.
     pub fn engine_view(&self, now_us: u64) -> EngineView {
         let cur = self.0.load(Acquire);
