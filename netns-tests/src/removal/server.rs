@@ -36,7 +36,11 @@ pub(super) fn start_server_dev(
     let rmr = pd
         .reg_mr(4096, 0x1000, AccessFlags::LOCAL_WRITE)
         .map_err(e)?;
-    let cq = Arc::new(dev.create_cq(1 << 14).map_err(e)?);
+    // One CQ for every QP of the device: it must hold every WR that can be outstanding
+    // at once (64 load QPs of LOAD_RQ receives and 4 sends), since a disconnect flushes
+    // them all in one pass of whichever thread drives (with ProgressMode::Hybrid the
+    // poller itself, before it polls again: 16 Ki entries overflowed with 32 QPs).
+    let cq = Arc::new(dev.create_cq(64 * (LOAD_RQ as usize + 4)).map_err(e)?);
     let accts: Accts = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let (c, a, s, r) = (cq.clone(), accts.clone(), stop.clone(), rec.clone());
