@@ -97,7 +97,7 @@ struct MpaArgs {
     spin_us: u64,
     /// Who drives the soft device: the engine thread alone, or the application's
     /// verbs calls too (`softiwarp::ProgressMode`; the device's `SOFTIWARP_PROGRESS`).
-    #[arg(long, value_enum, default_value = "engine", env = "SOFTIWARP_PROGRESS")]
+    #[arg(long, value_enum, default_value = "hybrid", env = "SOFTIWARP_PROGRESS")]
     progress_mode: ProgressArg,
     /// Bandwidth runs: how long the application polls its CQ (yielding) before it
     /// blocks, in microseconds.

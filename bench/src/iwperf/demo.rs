@@ -112,7 +112,7 @@ impl Default for DemoConfig {
             memory: false,
             pin: true,
             spin: Duration::from_micros(50),
-            progress: softiwarp::ProgressMode::Engine,
+            progress: softiwarp::ProgressMode::Hybrid,
             tcp_buffer: 256 * 1024,
             tuning: Tuning::default(),
             exe: std::env::current_exe().unwrap_or_default(),

@@ -126,32 +126,34 @@ impl Default for EngineConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProgressMode {
     /// Only the engine thread drives; a post rings its wake-up (an eventfd write) and a
-    /// CQ waiter sleeps until the engine pushes a completion.
-    #[default]
+    /// CQ waiter sleeps until the engine pushes a completion (the model before issue 16,
+    /// kept for comparison).
     Engine,
     /// Application threads drive too, inside verbs calls, as Linux siw transmits in the
     /// caller's context: `post_send`/`post_recv` run one budgeted pass (one pass of the
     /// stack, every connection's rounds), `poll_cq` on an empty CQ runs one, and a
     /// blocking CQ wait drives for [`EngineConfig::spin`] before it sleeps. The engine
     /// thread keeps the link, timers, commands and passive targets whenever no
-    /// application thread drives.
+    /// application thread drives. The default: the 8-byte ping-pong halves and bulk
+    /// stays level (docs/PERFORMANCE.md, "Run-to-completion progress").
+    #[default]
     Hybrid,
 }
 
 impl ProgressMode {
     /// The mode named by the `SOFTIWARP_PROGRESS` environment variable (`engine` or
-    /// `hybrid`, case-insensitive), [`ProgressMode::Engine`] when unset or unknown (an
-    /// unknown name is logged): how a whole test suite or an unmodified program is run
-    /// in either mode.
+    /// `hybrid`, case-insensitive), the default ([`ProgressMode::Hybrid`]) when unset or
+    /// unknown (an unknown name is logged): how a whole test suite or an unmodified
+    /// program is run in either mode.
     pub fn from_env() -> ProgressMode {
         match std::env::var("SOFTIWARP_PROGRESS") {
-            Ok(v) if v.eq_ignore_ascii_case("hybrid") => ProgressMode::Hybrid,
-            Ok(v) if v.eq_ignore_ascii_case("engine") || v.is_empty() => ProgressMode::Engine,
+            Ok(v) if v.eq_ignore_ascii_case("engine") => ProgressMode::Engine,
+            Ok(v) if v.eq_ignore_ascii_case("hybrid") || v.is_empty() => ProgressMode::Hybrid,
             Ok(v) => {
-                tracing::warn!(value = %v, "SOFTIWARP_PROGRESS: unknown mode (engine|hybrid); using engine");
-                ProgressMode::Engine
+                tracing::warn!(value = %v, "SOFTIWARP_PROGRESS: unknown mode (engine|hybrid); using hybrid");
+                ProgressMode::Hybrid
             }
-            Err(_) => ProgressMode::Engine,
+            Err(_) => ProgressMode::default(),
         }
     }
 }
