@@ -158,6 +158,8 @@ mod engine;
 pub mod link;
 pub mod rdmap;
 pub mod resources;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transport;
 
 pub use api::device::{

@@ -193,7 +193,7 @@ pub(super) fn v4(ep: IpEndpoint) -> SocketAddrV4 {
 /// The ULPDU of a Terminate with only the error ([`Ulpdu::terminate`]: M = D = R = 0;
 /// RFC 5040 4.8), on the Terminate queue (QN 2) with MSN 1: the first and only message
 /// of that queue.
-fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
+pub(crate) fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
     let u = Ulpdu::terminate(cause, 1);
     let mut out = vec![0u8; u.buffer_len()];
     u.emit(&mut out).ok()?;

@@ -1,0 +1,301 @@
+//! The whole receive path (`softiwarp::testing::rx_path`: real MPA exchange, the QP
+//! binding, the engine) under a hostile peer: a bounded proptest over every input mode
+//! (the fuzz target `fuzz/fuzz_targets/rx_path.rs` runs the same harness unbounded),
+//! and fixed inputs whose outcome is asserted exactly.
+
+use ddp_rdmap::terminate::{DdpUntaggedCode, ErrorCause, LlpCode, RdmapProtectionCode};
+use proptest::prelude::*;
+use softiwarp::testing::rx_path::{self, Input, Mode, Record, IOVA_WRITE};
+use verbs::{QpState, WcOpcode, WcStatus};
+
+// Opcodes (RFC 5040 §4.2).
+const WRITE: u8 = 0x0;
+const READ_REQ: u8 = 0x1;
+const READ_RESP: u8 = 0x2;
+const SEND: u8 = 0x3;
+const SEND_INV: u8 = 0x4;
+const TERMINATE: u8 = 0x7;
+
+/// Fix-up flags (see the harness's docs).
+const STAG: u8 = 0x01;
+const MSN: u8 = 0x10;
+const RR_SRC: u8 = 0x20;
+const TO: u8 = 0x40;
+/// STag index in the flags: write, read, fast, local, recv.
+const fn idx(i: u8) -> u8 {
+    i << 1
+}
+
+/// A tagged segment (DDP `T=1 L DV=1`, RDMAP `RV=1`), STag and TO zero (fixed up).
+fn tagged(opcode: u8, last: bool, to_low: u8, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![0x81 | if last { 0x40 } else { 0 }, 0x40 | opcode];
+    v.extend([0; 4]);
+    v.extend([0, 0, 0, 0, 0, 0, 0, to_low]);
+    v.extend(payload);
+    v
+}
+
+/// An untagged segment: Invalidate STag, QN, MSN, MO, payload.
+fn untagged(opcode: u8, last: bool, qn: u32, msn: u32, mo: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![0x01 | if last { 0x40 } else { 0 }, 0x40 | opcode];
+    v.extend([0; 4]);
+    v.extend(qn.to_be_bytes());
+    v.extend(msn.to_be_bytes());
+    v.extend(mo.to_be_bytes());
+    v.extend(payload);
+    v
+}
+
+fn rec(flags: u8, body: Vec<u8>) -> Record {
+    Record {
+        flags,
+        corrupt_at: None,
+        body,
+    }
+}
+
+fn framed(markers: bool, device_initiator: bool, records: Vec<Record>) -> Vec<u8> {
+    Input {
+        markers,
+        device_initiator,
+        max_chunk: 15,
+        chunk_seed: 0,
+        mode: Mode::Framed(records),
+    }
+    .to_bytes()
+}
+
+fn status_of(o: &rx_path::Outcome, id: u64) -> (WcOpcode, WcStatus) {
+    let hits: Vec<_> = o.completions.iter().filter(|c| c.0 == id).collect();
+    assert_eq!(hits.len(), 1, "wr_id {id}: {:?}", o.completions);
+    (hits[0].1, hits[0].2)
+}
+
+#[test]
+fn no_input_leaves_the_qp_rts_and_the_flush_completes_every_wr() {
+    for head in [0u8, 1, 2, 3] {
+        let o = rx_path::run(&[head]);
+        assert_eq!(o.state, QpState::Rts, "head {head}");
+        assert_eq!(o.terminate, None);
+        // Fast Register done; the Send went out; the Read waits for its response:
+        // flushed, and so is the Write behind it (sent, but send WRs complete in
+        // order).
+        assert_eq!(status_of(&o, 1), (WcOpcode::RegMr, WcStatus::Success));
+        assert_eq!(status_of(&o, 2), (WcOpcode::Send, WcStatus::Success));
+        assert_eq!(status_of(&o, 3), (WcOpcode::RdmaRead, WcStatus::WrFlushErr));
+        assert_eq!(
+            status_of(&o, 4),
+            (WcOpcode::RdmaWrite, WcStatus::WrFlushErr)
+        );
+        for id in 100..104 {
+            assert_eq!(status_of(&o, id), (WcOpcode::Recv, WcStatus::WrFlushErr));
+        }
+        // Send, Read Request, Write (the Fast Register is local); a responder holds
+        // them until the initiator's first FPDU (RFC 5044 §7.1.2), which never comes.
+        assert_eq!(
+            o.ulpdus_sent,
+            if head & 2 != 0 { 3 } else { 0 },
+            "head {head}"
+        );
+    }
+}
+
+#[test]
+fn framed_send_write_and_read_response_complete_in_every_setup() {
+    for head in 0..4u8 {
+        let records = vec![
+            rec(MSN, untagged(SEND, true, 0, 0, 0, b"hello")),
+            rec(STAG | idx(0) | TO, tagged(WRITE, true, 10, b"written")),
+            rec(STAG | idx(2) | TO, tagged(WRITE, true, 0, b"fast")),
+            rec(STAG | idx(4) | TO, tagged(READ_RESP, true, 208, &[7u8; 40])),
+        ];
+        let o = rx_path::run(&framed(head & 1 != 0, head & 2 != 0, records));
+        assert_eq!(o.state, QpState::Rts, "head {head}: {o:?}");
+        assert_eq!(o.terminate, None);
+        assert_eq!(o.ulpdus_received, 4);
+        assert_eq!(status_of(&o, 100), (WcOpcode::Recv, WcStatus::Success));
+        assert_eq!(status_of(&o, 101), (WcOpcode::Recv, WcStatus::WrFlushErr));
+        assert_eq!(status_of(&o, 3), (WcOpcode::RdmaRead, WcStatus::Success));
+        assert_eq!(status_of(&o, 4), (WcOpcode::RdmaWrite, WcStatus::Success));
+    }
+}
+
+#[test]
+fn write_to_the_read_only_mr_is_terminated_with_an_access_violation() {
+    let records = vec![rec(STAG | idx(1) | TO, tagged(WRITE, true, 0, b"nope"))];
+    let o = rx_path::run(&framed(false, false, records));
+    assert_eq!(o.state, QpState::Error);
+    assert_eq!(
+        o.terminate,
+        Some(Some(ErrorCause::RdmapRemoteProtection(
+            RdmapProtectionCode::AccessRightsViolation
+        )))
+    );
+    for id in 100..104 {
+        assert_eq!(status_of(&o, id), (WcOpcode::Recv, WcStatus::WrFlushErr));
+    }
+}
+
+#[test]
+fn a_send_with_the_wrong_msn_is_terminated() {
+    // Four receives are posted, the next MSN is 1 (RFC 5041 §7.2; ddp_rdmap::reassembly):
+    // MSN 2 is ahead within the posted buffers, MSN 9 past them.
+    for (msn, code) in [
+        (2, DdpUntaggedCode::InvalidMsnRange),
+        (9, DdpUntaggedCode::InvalidMsnNoBuffer),
+    ] {
+        let records = vec![rec(0, untagged(SEND, true, 0, msn, 0, b"x"))];
+        let o = rx_path::run(&framed(true, true, records));
+        assert_eq!(o.state, QpState::Error);
+        assert_eq!(
+            o.terminate,
+            Some(Some(ErrorCause::DdpUntagged(code))),
+            "MSN {msn}"
+        );
+        assert_eq!(status_of(&o, 100), (WcOpcode::Recv, WcStatus::WrFlushErr));
+    }
+}
+
+#[test]
+fn a_corrupted_fpdu_is_terminated_with_the_mpa_crc_error() {
+    for markers in [false, true] {
+        let mut r = rec(MSN, untagged(SEND, true, 0, 0, 0, b"hello"));
+        // Byte 20 of the FPDU is in the ULPDU (past the MPA length and the header).
+        r.corrupt_at = Some(20);
+        let bytes = Input {
+            markers,
+            device_initiator: false,
+            max_chunk: 3,
+            chunk_seed: 9,
+            mode: Mode::Mixed(vec![r]),
+        }
+        .to_bytes();
+        let o = rx_path::run(&bytes);
+        assert_eq!(o.state, QpState::Error);
+        assert_eq!(o.terminate, Some(Some(ErrorCause::Llp(LlpCode::CrcError))));
+        assert_eq!(o.ulpdus_received, 0);
+    }
+}
+
+#[test]
+fn the_peers_terminate_ends_the_qp_without_one_of_ours() {
+    // Terminate Control: layer RDMAP, etype Remote Operation, code 0 (no header copied).
+    let mut t = untagged(TERMINATE, true, 2, 1, 0, &[0x02, 0x00, 0x00, 0x00]);
+    t.truncate(22);
+    let o = rx_path::run(&framed(false, false, vec![rec(0, t)]));
+    assert_eq!(o.state, QpState::Error);
+    assert_eq!(o.terminate, None);
+    assert!(o.peer_terminated);
+}
+
+#[test]
+fn raw_garbage_after_the_mpa_exchange_is_terminated() {
+    let mut bytes = vec![0u8, 0];
+    bytes.extend([0x00, 0x10, 0xde, 0xad, 0xbe, 0xef]);
+    bytes.extend([0x55; 40]);
+    let o = rx_path::run(&bytes);
+    assert_eq!(o.state, QpState::Error);
+    assert_eq!(o.terminate, Some(Some(ErrorCause::Llp(LlpCode::CrcError))));
+}
+
+// ---------------------------------------------------------------- the proptest
+
+/// ULPDU bodies: well-formed templates of every opcode (then mutated) and noise.
+fn body() -> impl Strategy<Value = Vec<u8>> {
+    let template = (
+        0u8..8,
+        any::<bool>(),
+        any::<u8>(),
+        proptest::collection::vec(any::<u8>(), 0..48),
+    )
+        .prop_map(|(kind, last, low, payload)| match kind {
+            0 => tagged(WRITE, last, low, &payload),
+            1 => tagged(READ_RESP, last, low, &payload),
+            2 => untagged(SEND, last, 0, 0, u32::from(low & 0x3f), &payload),
+            3 => untagged(SEND_INV, last, 0, 0, 0, &payload),
+            4 => {
+                let mut b = vec![0u8; 28];
+                b[12..16].copy_from_slice(&u32::from(low).to_be_bytes());
+                b[27] = low;
+                untagged(READ_REQ, true, 1, 0, 0, &b)
+            }
+            5 => untagged(TERMINATE, true, 2, 1, 0, &payload),
+            6 => untagged(SEND, true, u32::from(low), 1, 0, &payload),
+            _ => payload,
+        });
+    let mutated = (
+        template,
+        proptest::collection::vec((any::<u8>(), any::<u8>()), 0..3),
+    )
+        .prop_map(|(mut b, flips)| {
+            for (at, x) in flips {
+                if !b.is_empty() {
+                    let i = usize::from(at) % b.len();
+                    b[i] ^= x;
+                }
+            }
+            b
+        });
+    prop_oneof![4 => mutated, 1 => proptest::collection::vec(any::<u8>(), 0..64)]
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    (
+        any::<u8>(),
+        proptest::option::weighted(0.2, any::<u8>()),
+        body(),
+    )
+        .prop_map(|(flags, corrupt_at, body)| Record {
+            // Mostly with the MSN fix-up: more messages get past DDP.
+            flags: (flags & 0x7f) | if flags & 0x80 != 0 { MSN } else { 0 },
+            corrupt_at,
+            body,
+        })
+}
+
+fn input() -> impl Strategy<Value = Input> {
+    let records = || proptest::collection::vec(record(), 0..8);
+    let mode = prop_oneof![
+        1 => proptest::collection::vec(any::<u8>(), 0..200).prop_map(Mode::Raw),
+        3 => records().prop_map(Mode::Framed),
+        2 => records().prop_map(Mode::Mixed),
+    ];
+    (any::<bool>(), any::<bool>(), 0u8..16, any::<u8>(), mode).prop_map(
+        |(markers, device_initiator, max_chunk, chunk_seed, mode)| Input {
+            markers,
+            device_initiator,
+            max_chunk,
+            chunk_seed,
+            mode,
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Every input keeps the harness's invariants (`rx_path::run` panics otherwise).
+    #[test]
+    fn every_input_keeps_the_invariants(input in input()) {
+        let o = rx_path::run(&input.to_bytes());
+        // What `run` asserts, spelled out for the two ends.
+        prop_assert!(matches!(o.state, QpState::Rts | QpState::Error));
+        if o.state == QpState::Rts {
+            prop_assert_eq!(o.terminate, None);
+        }
+    }
+}
+
+#[test]
+fn the_write_mr_iova_is_what_the_fixups_use() {
+    // The TO fix-up adds the TO's last byte to the chosen MR's iova.
+    let stags = [(0, IOVA_WRITE); 8];
+    let mut body = tagged(WRITE, true, 5, b"x");
+    let mut msn = [1; 3];
+    rx_path::apply_fixups(TO, &mut body, &stags, &mut msn);
+    assert_eq!(body[6..14], (IOVA_WRITE + 5).to_be_bytes());
+    let mut rr = untagged(READ_REQ, true, 1, 0, 0, &[0u8; 28]);
+    rr[45] = 3;
+    rx_path::apply_fixups(TO | RR_SRC | STAG, &mut rr, &stags, &mut msn);
+    assert_eq!(rr[38..46], (IOVA_WRITE + 3).to_be_bytes());
+}
