@@ -975,7 +975,7 @@ pub fn run(data: &[u8]) -> Outcome {
             i += 2;
             let pos = if flags & 0x80 != 0 {
                 let p = rest.get(i).copied().unwrap_or(0);
-                i += 1;
+                i = (i + 1).min(rest.len());
                 Some(p)
             } else {
                 None
