@@ -61,7 +61,8 @@
 //! - framed and mixed modes: records `flags, len, [pos], body[len]`, each body framed by
 //!   the peer's `MpaConn` as one FPDU (length, pad, CRC, Markers right), after the
 //!   fix-ups `flags` asks for ([`apply_fixups`]): bit 0 patch an STag, bits 1-3 which
-//!   ([`Harness::stags`]), bit 4 put the next expected MSN of the record's queue, bit 5
+//!   ([`Harness::stags`]), bit 4 put the peer's MSN and MO of the record's queue
+//!   ([`QueuePos`]), bit 5
 //!   patch the Read Request's source STag / TO (offsets 34 / 38) instead of the DDP
 //!   header's (2 / 6), bit 6 patch the TO (the MR's iova plus the TO's last byte), bit 7
 //!   a `pos` byte follows `len`. In mixed mode the first record with bit 7 whose FPDU was
@@ -76,8 +77,9 @@
 //!   (outstanding + retired = posted); or it is in Error and sent exactly one Terminate,
 //!   or none because the peer's Terminate ended it.
 //! - The `read` and `local` MRs never change, nor the guard bytes of `recv` (outside
-//!   the SGEs) and of `fast` (past [`FR_LEN`]). Writes past an MR's buffer are caught
-//!   by AddressSanitizer in the fuzz target's default build.
+//!   the SGEs) and of `fast` (past [`FR_LEN`]). Bytes outside every MR's buffer: the
+//!   data path has no `unsafe` code, so a stray index panics; AddressSanitizer (the
+//!   fuzz target's default build) watches the rest.
 //! - After moving the QP to Error and draining the CQs, every posted WR completed
 //!   exactly once, no completion names a WR that was not posted or another QP, a
 //!   successful receive's `byte_len` fits its SGEs, and the retired counts equal the
@@ -294,7 +296,7 @@ pub struct Harness {
     ulpdus_in: usize,
     peer_terminated: bool,
     /// Next expected MSN per untagged queue (for the MSN fix-up).
-    msn: [u32; 3],
+    queues: [QueuePos; 3],
 }
 
 impl std::fmt::Debug for Harness {
@@ -412,7 +414,7 @@ impl Harness {
             ulpdus_after_terminate: 0,
             ulpdus_in: 0,
             peer_terminated: false,
-            msn: [1; 3],
+            queues: [QueuePos { msn: 1, mo: 0 }; 3],
         };
         // The MPA exchange, each side's bytes through the other's receive path.
         if !device_initiator {
@@ -430,7 +432,7 @@ impl Harness {
             "the MPA exchange must bring the QP to RTS"
         );
         let msn = h.dev.initial_msn().expect("established");
-        h.msn = [msn.send_rx, msn.read_rx, 1];
+        h.queues = [msn.send_rx, msn.read_rx, 1].map(|msn| QueuePos { msn, mo: 0 });
         h.post_all();
         h.service_tx();
         h
@@ -517,7 +519,7 @@ impl Harness {
     }
 
     /// The device's transmitted bytes, read by the peer's `MpaConn`.
-    fn to_peer(&mut self, bytes: &[u8]) {
+    fn peer_receives(&mut self, bytes: &[u8]) {
         let mut off = 0;
         while off < bytes.len() {
             let n = self.peer.handle_rx(&bytes[off..], self.now);
@@ -715,7 +717,7 @@ impl Harness {
             };
             let polled = self.ulp.poll_ulpdu(mulpdu, &mut emit);
             if !direct.is_empty() {
-                self.to_peer(&direct);
+                self.peer_receives(&direct);
             }
             match polled {
                 Ok(true) => {}
@@ -742,7 +744,7 @@ impl Harness {
             }
         }
         if !out.is_empty() {
-            self.to_peer(&out);
+            self.peer_receives(&out);
         }
     }
 
@@ -751,7 +753,7 @@ impl Harness {
     fn frame(&mut self, flags: u8, body: &[u8]) -> Vec<u8> {
         let mut body = body.to_vec();
         let stags = self.stags();
-        apply_fixups(flags, &mut body, &stags, &mut self.msn);
+        apply_fixups(flags, &mut body, &stags, &mut self.queues);
         if self.peer.send_ulpdu(&[&body]).is_err() {
             return Vec::new();
         }
@@ -915,11 +917,28 @@ impl Harness {
     }
 }
 
+/// Where the peer is in one untagged queue (QN 0 Send, 1 Read Request, 2 Terminate),
+/// as the MSN fix-up sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePos {
+    /// The MSN of the message in progress or the next one (RFC 5041 §4.3).
+    pub msn: u32,
+    /// The MO of the next segment of that message: payload bytes sent of it so far.
+    pub mo: u32,
+}
+
 /// The fix-ups of a framed record (see the [module docs](self)), given the STags and
-/// iovas of [`Harness::stags`] and the next MSN per untagged queue (bumped when the
-/// record is the last segment of an untagged message). Fields past the body's end are
-/// left alone.
-pub fn apply_fixups(flags: u8, body: &mut [u8], stags: &[(u32, u64); 8], msn: &mut [u32; 3]) {
+/// iovas of [`Harness::stags`] and the peer's position in each untagged queue. With
+/// the MSN fix-up an untagged record gets its queue's MSN and MO (so multi-segment
+/// messages reassemble); every untagged record moves the position on (MO by its
+/// payload, past the 18-byte header; to the next MSN at MO 0 when L is set). Fields
+/// past the body's end are left alone.
+pub fn apply_fixups(
+    flags: u8,
+    body: &mut [u8],
+    stags: &[(u32, u64); 8],
+    queues: &mut [QueuePos; 3],
+) {
     let (stag, iova) = stags[usize::from(flags >> 1) & 7];
     let (stag_at, to_at) = if flags & 0x20 != 0 { (34, 38) } else { (2, 6) };
     if flags & 1 != 0 {
@@ -934,14 +953,24 @@ pub fn apply_fixups(flags: u8, body: &mut [u8], stags: &[(u32, u64); 8], msn: &m
         }
     }
     let untagged = body.first().is_some_and(|b| b & 0x80 == 0);
-    if untagged && body.len() >= 14 {
-        let q = usize::from(body[9] & 3).min(2);
+    if untagged && body.len() >= 18 {
+        let q = &mut queues[usize::from(body[9] & 3).min(2)];
         if flags & 0x10 != 0 {
-            body[10..14].copy_from_slice(&msn[q].to_be_bytes());
+            body[10..14].copy_from_slice(&q.msn.to_be_bytes());
+            body[14..18].copy_from_slice(&q.mo.to_be_bytes());
         }
+        let msn = u32::from_be_bytes([body[10], body[11], body[12], body[13]]);
+        let mo = u32::from_be_bytes([body[14], body[15], body[16], body[17]]);
         if body[0] & 0x40 != 0 {
-            let got = u32::from_be_bytes([body[10], body[11], body[12], body[13]]);
-            msn[q] = got.wrapping_add(1);
+            *q = QueuePos {
+                msn: msn.wrapping_add(1),
+                mo: 0,
+            };
+        } else {
+            *q = QueuePos {
+                msn,
+                mo: mo.wrapping_add((body.len() - 18) as u32),
+            };
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use ddp_rdmap::terminate::{DdpUntaggedCode, ErrorCause, LlpCode, RdmapProtectionCode};
 use proptest::prelude::*;
-use softiwarp::testing::rx_path::{self, Input, Mode, Record, IOVA_WRITE};
+use softiwarp::testing::rx_path::{self, Input, Mode, QueuePos, Record, IOVA_WRITE};
 use verbs::{QpState, WcOpcode, WcStatus};
 
 // Opcodes (RFC 5040 §4.2).
@@ -104,7 +104,8 @@ fn no_input_leaves_the_qp_rts_and_the_flush_completes_every_wr() {
 fn framed_send_write_and_read_response_complete_in_every_setup() {
     for head in 0..4u8 {
         let records = vec![
-            rec(MSN, untagged(SEND, true, 0, 0, 0, b"hello")),
+            rec(MSN, untagged(SEND, false, 0, 0, 0, b"hel")),
+            rec(MSN, untagged(SEND, true, 0, 0, 0, b"lo")),
             rec(STAG | idx(0) | TO, tagged(WRITE, true, 10, b"written")),
             rec(STAG | idx(2) | TO, tagged(WRITE, true, 0, b"fast")),
             rec(STAG | idx(4) | TO, tagged(READ_RESP, true, 208, &[7u8; 40])),
@@ -112,7 +113,7 @@ fn framed_send_write_and_read_response_complete_in_every_setup() {
         let o = rx_path::run(&framed(head & 1 != 0, head & 2 != 0, records));
         assert_eq!(o.state, QpState::Rts, "head {head}: {o:?}");
         assert_eq!(o.terminate, None);
-        assert_eq!(o.ulpdus_received, 4);
+        assert_eq!(o.ulpdus_received, 5);
         assert_eq!(status_of(&o, 100), (WcOpcode::Recv, WcStatus::Success));
         assert_eq!(status_of(&o, 101), (WcOpcode::Recv, WcStatus::WrFlushErr));
         assert_eq!(status_of(&o, 3), (WcOpcode::RdmaRead, WcStatus::Success));
@@ -287,15 +288,29 @@ proptest! {
 }
 
 #[test]
-fn the_write_mr_iova_is_what_the_fixups_use() {
+fn the_fixups_patch_stags_tos_msns_and_mos() {
     // The TO fix-up adds the TO's last byte to the chosen MR's iova.
     let stags = [(0, IOVA_WRITE); 8];
     let mut body = tagged(WRITE, true, 5, b"x");
-    let mut msn = [1; 3];
-    rx_path::apply_fixups(TO, &mut body, &stags, &mut msn);
+    let mut queues = [QueuePos { msn: 1, mo: 0 }; 3];
+    rx_path::apply_fixups(TO, &mut body, &stags, &mut queues);
     assert_eq!(body[6..14], (IOVA_WRITE + 5).to_be_bytes());
     let mut rr = untagged(READ_REQ, true, 1, 0, 0, &[0u8; 28]);
     rr[45] = 3;
-    rx_path::apply_fixups(TO | RR_SRC | STAG, &mut rr, &stags, &mut msn);
+    rx_path::apply_fixups(TO | RR_SRC | STAG, &mut rr, &stags, &mut queues);
     assert_eq!(rr[38..46], (IOVA_WRITE + 3).to_be_bytes());
+    assert_eq!(rr[2..6], [0; 4], "only the source STag is patched");
+    assert_eq!(
+        queues[1],
+        QueuePos { msn: 1, mo: 0 },
+        "MSN 0 was sent: 1 is next"
+    );
+    // A Send in two segments: the MSN fix-up gives both MSN 1, the second MO 3.
+    let mut first = untagged(SEND, false, 0, 7, 7, b"abc");
+    let mut second = untagged(SEND, true, 0, 7, 7, b"de");
+    rx_path::apply_fixups(MSN, &mut first, &stags, &mut queues);
+    rx_path::apply_fixups(MSN, &mut second, &stags, &mut queues);
+    assert_eq!(first[10..18], [0, 0, 0, 1, 0, 0, 0, 0]);
+    assert_eq!(second[10..18], [0, 0, 0, 1, 0, 0, 0, 3]);
+    assert_eq!(queues[0], QueuePos { msn: 2, mo: 0 });
 }
