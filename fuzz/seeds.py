@@ -73,7 +73,7 @@ def main():
             if crc:
                 write("rx_path", f"seed-{n}-raw", bytes([role | 0xf0, n]) + s[frame_len:frame_len + 4000])
     for i, recs in enumerate(rx_path_records()):
-        for head in (0x14, 0x17, 0x38, 0x95):
+        for head in (0x14, 0x17, 0x38, 0x95, 0x1e):
             write("rx_path", f"seed-hand-{i}-{head:02x}", bytes([head, i]) + recs)
     print(f"seeded from {n} MPA streams", file=sys.stderr)
 

@@ -54,7 +54,8 @@
 //! # Input format
 //!
 //! - byte 0: bit 0 Markers; bit 1 the device is the MPA initiator (else the
-//!   responder); bits 2-3 the mode: 0 raw, 1 and 3 framed, 2 mixed; bits 4-7 the largest
+//!   responder); bits 2-3 the mode: 0 raw, 1 framed, 2 mixed, 3 framed and then the
+//!   peer's FIN (a graceful close, RFC 5044 §7.2); bits 4-7 the largest
 //!   chunk, an index into [`CHUNKS`].
 //! - byte 1: the seed of the chunk sizes (each TCP read is 1 to the largest chunk bytes).
 //! - raw mode: the rest is the peer's TCP payload after the MPA Reply (or Request).
@@ -176,6 +177,8 @@ pub enum Mode {
     Raw(Vec<u8>),
     /// ULPDUs framed as valid FPDUs.
     Framed(Vec<Record>),
+    /// ULPDUs framed as valid FPDUs, then the peer closes its half (FIN).
+    FramedThenFin(Vec<Record>),
     /// ULPDUs framed as valid FPDUs, one of them corrupted.
     Mixed(Vec<Record>),
 }
@@ -201,6 +204,7 @@ impl Input {
         let mode = match self.mode {
             Mode::Raw(_) => 0,
             Mode::Framed(_) => 1,
+            Mode::FramedThenFin(_) => 3,
             Mode::Mixed(_) => 2,
         };
         let mut out = vec![
@@ -212,7 +216,7 @@ impl Input {
         ];
         match &self.mode {
             Mode::Raw(b) => out.extend_from_slice(b),
-            Mode::Framed(rs) | Mode::Mixed(rs) => {
+            Mode::Framed(rs) | Mode::Mixed(rs) | Mode::FramedThenFin(rs) => {
                 for r in rs {
                     let len = r.body.len().min(255);
                     out.push((r.flags & 0x7f) | if r.corrupt_at.is_some() { 0x80 } else { 0 });
@@ -237,6 +241,8 @@ pub struct Outcome {
     pub terminate: Option<Option<ErrorCause>>,
     /// Whether the peer's Terminate reached the device.
     pub peer_terminated: bool,
+    /// Whether the peer closed its half (mode 3) while the connection was live.
+    pub peer_closed: bool,
     /// Non-Terminate ULPDUs the device sent.
     pub ulpdus_sent: usize,
     /// ULPDUs handed to the QP (in place or copied).
@@ -295,6 +301,7 @@ pub struct Harness {
     ulpdus_after_terminate: usize,
     ulpdus_in: usize,
     peer_terminated: bool,
+    peer_closed: bool,
     /// Next expected MSN per untagged queue (for the MSN fix-up).
     queues: [QueuePos; 3],
 }
@@ -414,6 +421,7 @@ impl Harness {
             ulpdus_after_terminate: 0,
             ulpdus_in: 0,
             peer_terminated: false,
+            peer_closed: false,
             queues: [QueuePos { msn: 1, mo: 0 }; 3],
         };
         // The MPA exchange, each side's bytes through the other's receive path.
@@ -760,6 +768,24 @@ impl Harness {
         self.peer_transmit()
     }
 
+    /// The peer's FIN once MPA took every byte (`Conn::service`: the peer's FIN is
+    /// reported when the receive queue is empty or MPA takes no more), then, once the
+    /// device's own FIN went out and TCP is closed, the final `Closed`.
+    fn peer_fin(&mut self) {
+        self.quiesce();
+        if self.aborted || self.final_sent {
+            return;
+        }
+        self.peer_closed = true;
+        self.dev.handle_tcp_closed(true);
+        self.drain_mpa();
+        self.service_tx();
+        if !self.final_sent {
+            self.final_sent = true;
+            self.ulp.on_closed();
+        }
+    }
+
     /// Runs the device until nothing more happens: transmit, MPA timers far ahead.
     fn quiesce(&mut self) {
         for _ in 0..8 {
@@ -826,8 +852,8 @@ impl Harness {
             }
             QpState::Error => {
                 assert!(
-                    terminate.is_some() || self.peer_terminated,
-                    "the QP is in Error but no Terminate was sent and none received"
+                    terminate.is_some() || self.peer_terminated || self.peer_closed,
+                    "the QP is in Error but no Terminate was sent, none received, no FIN"
                 );
             }
             s => panic!("the QP ended in {s}"),
@@ -906,6 +932,7 @@ impl Harness {
             state,
             terminate,
             peer_terminated: self.peer_terminated,
+            peer_closed: self.peer_closed,
             ulpdus_sent: self.ulpdus_out,
             ulpdus_received: self.ulpdus_in,
             completions: sends
@@ -1029,6 +1056,9 @@ pub fn run(data: &[u8]) -> Outcome {
         h.rx(&chunk);
         h.service_tx();
         h.check_now();
+    }
+    if mode == 3 {
+        h.peer_fin();
     }
     h.finish()
 }

@@ -190,6 +190,27 @@ fn the_peers_terminate_ends_the_qp_without_one_of_ours() {
 }
 
 #[test]
+fn the_peers_fin_after_a_send_flushes_without_a_terminate() {
+    for device_initiator in [false, true] {
+        let bytes = Input {
+            markers: false,
+            device_initiator,
+            max_chunk: 6,
+            chunk_seed: 1,
+            mode: Mode::FramedThenFin(vec![rec(MSN, untagged(SEND, true, 0, 0, 0, b"bye"))]),
+        }
+        .to_bytes();
+        let o = rx_path::run(&bytes);
+        assert_eq!(o.state, QpState::Error, "initiator {device_initiator}");
+        assert_eq!(o.terminate, None);
+        assert!(o.peer_closed && !o.peer_terminated);
+        assert_eq!(status_of(&o, 100), (WcOpcode::Recv, WcStatus::Success));
+        assert_eq!(status_of(&o, 101), (WcOpcode::Recv, WcStatus::WrFlushErr));
+        assert_eq!(status_of(&o, 3), (WcOpcode::RdmaRead, WcStatus::WrFlushErr));
+    }
+}
+
+#[test]
 fn raw_garbage_after_the_mpa_exchange_is_terminated() {
     let mut bytes = vec![0u8, 0];
     bytes.extend([0x00, 0x10, 0xde, 0xad, 0xbe, 0xef]);
@@ -260,6 +281,7 @@ fn input() -> impl Strategy<Value = Input> {
         1 => proptest::collection::vec(any::<u8>(), 0..200).prop_map(Mode::Raw),
         3 => records().prop_map(Mode::Framed),
         2 => records().prop_map(Mode::Mixed),
+        1 => records().prop_map(Mode::FramedThenFin),
     ];
     (any::<bool>(), any::<bool>(), 0u8..16, any::<u8>(), mode).prop_map(
         |(markers, device_initiator, max_chunk, chunk_seed, mode)| Input {
