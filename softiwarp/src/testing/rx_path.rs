@@ -9,7 +9,7 @@
 //! Two sans-IO [`MpaConn`]s, the device's and the peer's, exchange the MPA Request and
 //! Reply in memory (CRC on: [`CrcPolicy::Wanted`] on both sides; Markers in both
 //! directions when the input asks, RFC 5044 §5 and §7.1; IRD = ORD = 4). The device's
-//! `MpaConn` is bound to a real [`QpUlp`] / [`QpCore`] (the binding the device's engine
+//! `MpaConn` is bound to a real `QpUlp` / `QpCore` (the binding the device's engine
 //! uses, [`crate::rdmap::binding`]) around a [`QpEngine`], which reaches RTS in
 //! [`Ulp::on_established`]. The glue between the two is the few lines of
 //! `transport::conn::Conn` that do not touch the smoltcp socket, mirrored call for call
