@@ -261,8 +261,50 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![4 => mutated, 1 => proptest::collection::vec(any::<u8>(), 0..64)]
 }
 
-fn record() -> impl Strategy<Value = Record> {
+/// A well-formed record with the fix-ups it needs to reach its target: Sends (in one or
+/// more segments), Writes to each MR (legal for `write` and `fast`), the Read Response
+/// to the device's Read, Read Requests of `read` and `fast`, Send with Invalidate of
+/// `fast`.
+fn good_record() -> impl Strategy<Value = Record> {
     (
+        0u8..7,
+        any::<bool>(),
+        any::<u8>(),
+        proptest::collection::vec(any::<u8>(), 0..48),
+    )
+        .prop_map(|(kind, last, low, payload)| match kind {
+            0 => rec(MSN, untagged(SEND, last, 0, 0, 0, &payload)),
+            1 => rec(STAG | TO | idx(low % 5), tagged(WRITE, last, low, &payload)),
+            2 => rec(
+                STAG | TO | idx(low % 3 * 2),
+                tagged(WRITE, last, low % 200, &payload),
+            ),
+            3 => {
+                let len = payload.len().min(40);
+                rec(
+                    STAG | TO | idx(4),
+                    tagged(READ_RESP, last, 208, &payload[..len]),
+                )
+            }
+            4 => {
+                let mut b = vec![0u8; 28];
+                b[12..16].copy_from_slice(&u32::from(low % 64).to_be_bytes());
+                b[27] = low % 128;
+                rec(
+                    MSN | STAG | TO | RR_SRC | idx(1 + low % 2),
+                    untagged(READ_REQ, true, 1, 0, 0, &b),
+                )
+            }
+            5 => rec(
+                MSN | STAG | idx(2),
+                untagged(SEND_INV, true, 0, 0, 0, &payload),
+            ),
+            _ => rec(MSN, untagged(SEND, true, 0, 0, 0, &payload)),
+        })
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    let fuzzed = (
         any::<u8>(),
         proptest::option::weighted(0.2, any::<u8>()),
         body(),
@@ -272,7 +314,10 @@ fn record() -> impl Strategy<Value = Record> {
             flags: (flags & 0x7f) | if flags & 0x80 != 0 { MSN } else { 0 },
             corrupt_at,
             body,
-        })
+        });
+    let good = (good_record(), proptest::option::weighted(0.1, any::<u8>()))
+        .prop_map(|(r, corrupt_at)| Record { corrupt_at, ..r });
+    prop_oneof![3 => good, 1 => fuzzed]
 }
 
 fn input() -> impl Strategy<Value = Input> {
