@@ -82,7 +82,7 @@
 //!   data path has no `unsafe` code, so a stray index panics; AddressSanitizer (the
 //!   fuzz target's default build) watches the rest.
 //! - After moving the QP to Error and draining the CQs, every posted WR completed
-//!   exactly once, no completion names a WR that was not posted or another QP, a
+//!   exactly once and each work queue in posting order, no completion names a WR that was not posted or another QP, a
 //!   successful receive's `byte_len` fits its SGEs, and the retired counts equal the
 //!   posted counts.
 
@@ -925,6 +925,14 @@ impl Harness {
                 Some(&1),
                 "wr_id {id} completed {:?} times",
                 seen.get(id)
+            );
+        }
+        // Each work queue completes in order (the posting order is the wr_id order).
+        for (what, wcs) in [("send", &sends), ("receive", &recvs)] {
+            let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "{what} completions out of order: {ids:?}"
             );
         }
         let _ = (&self.mrs, self.pd);
