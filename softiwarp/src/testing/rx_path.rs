@@ -77,6 +77,8 @@
 //!   Terminate was sent, the connection is live, and its queue counters are consistent
 //!   (outstanding + retired = posted); or it is in Error and sent exactly one Terminate,
 //!   or none because the peer's Terminate ended it.
+//! - Nothing is placed once the QP is in Error (RFC 5040 §7), and a peer's Terminate
+//!   (whose header parses) that ends RTS is not answered with a Terminate.
 //! - The `read` and `local` MRs never change, nor the guard bytes of `recv` (outside
 //!   the SGEs) and of `fast` (past [`FR_LEN`]). Bytes outside every MR's buffer: the
 //!   data path has no `unsafe` code, so a stray index panics; AddressSanitizer (the
@@ -267,6 +269,39 @@ impl Chunker {
     }
 }
 
+/// Watches the QP around each ULPDU it is handed: the MRs' bytes when it first is in
+/// Error (nothing may be placed after that, RFC 5040 §7 / RFC 5041 §7), and whether
+/// the ULPDU that ended RTS was the peer's Terminate (never answered by one).
+struct Watch {
+    core: CoreRef,
+    mr: [Arc<MemoryRegion>; 5],
+    at_error: Option<Vec<Vec<u8>>>,
+    /// Set when a ULPDU moved the QP out of RTS: whether it was a Terminate whose
+    /// header parses.
+    ended_by_terminate: Option<bool>,
+}
+
+impl Watch {
+    /// Whether the QP is in RTS (call before handing a ULPDU over).
+    fn live(&self) -> bool {
+        binding::lock(&self.core).qp.state() == QpState::Rts
+    }
+
+    /// After the ULPDU `u` was handed over, `live` being [`Watch::live`] before.
+    fn after(&mut self, live: bool, u: &[u8]) {
+        if live && self.ended_by_terminate.is_none() && !self.live() {
+            self.ended_by_terminate = Some(Header::is_terminate(u) && Header::parse(u).is_ok());
+        }
+        self.snapshot_if_error();
+    }
+
+    fn snapshot_if_error(&mut self) {
+        if self.at_error.is_none() && binding::lock(&self.core).qp.state() == QpState::Error {
+            self.at_error = Some(self.mr.iter().map(|m| m.to_vec()).collect());
+        }
+    }
+}
+
 /// The device side and the peer's `MpaConn`.
 pub struct Harness {
     mrs: Arc<MrTable>,
@@ -284,6 +319,7 @@ pub struct Harness {
     before: [Vec<u8>; 5],
     /// The STag the `fast` MR gets from its Fast Register WR.
     fast_stag: Stag,
+    watch: Watch,
     now: u64,
     /// Received bytes MPA did not take yet (a socket's receive queue).
     unread: Vec<u8>,
@@ -373,6 +409,12 @@ impl Harness {
         c.after();
         let core = Arc::new(Mutex::new(c));
         let ulp = QpUlp::new(Arc::clone(&core), 1);
+        let watch = Watch {
+            core: Arc::clone(&core),
+            mr: mr.clone(),
+            at_error: None,
+            ended_by_terminate: None,
+        };
 
         let settings = LocalSettings {
             crc: CrcPolicy::Wanted,
@@ -409,6 +451,7 @@ impl Harness {
             mr,
             before,
             fast_stag,
+            watch,
             now: 0,
             unread: Vec::new(),
             rx_stopped: false,
@@ -605,10 +648,14 @@ impl Harness {
                     if let Some(cause) = terminate::cause_of(&u) {
                         self.rx_stopped = true;
                         self.aborted = true;
+                        let live = self.watch.live();
                         self.ulp.on_terminate(&u);
+                        self.watch.after(live, &u);
                         self.fail(ConnError::TerminateReceived(cause));
                     } else {
-                        self.ulp.on_ulpdu(u);
+                        let live = self.watch.live();
+                        self.ulp.on_ulpdu(u.clone());
+                        self.watch.after(live, &u);
                     }
                 }
                 MpaEvent::Error(e) => {
@@ -646,12 +693,18 @@ impl Harness {
             let upper_live = !self.final_sent;
             let ulp = &mut self.ulp;
             let taken = &mut self.ulpdus_in;
+            let watch = &mut self.watch;
             let used = if upper_live {
                 self.dev
                     .handle_rx_in_place(&self.unread, self.now, &mut |u: &[u8]| {
-                        if Header::is_terminate(u) || !ulp.on_ulpdu_in_place(u) {
+                        if Header::is_terminate(u) {
                             return false;
                         }
+                        let live = watch.live();
+                        if !ulp.on_ulpdu_in_place(u) {
+                            return false;
+                        }
+                        watch.after(live, u);
                         *taken += 1;
                         true
                     })
@@ -660,6 +713,7 @@ impl Harness {
             };
             self.unread.drain(..used);
             self.drain_mpa();
+            self.watch.snapshot_if_error();
             self.check_orphaned();
             if used == 0 {
                 break;
@@ -742,7 +796,13 @@ impl Harness {
         self.check_orphaned();
     }
 
+    /// `Conn::write_pending`, unless the connection is aborted: `Conn::tx` resets an
+    /// aborted socket first, so what MPA still queued (e.g. the LLP Terminate for a
+    /// bad FPDU deframed in the same read behind the peer's Terminate) never leaves.
     fn flush_tx(&mut self) {
+        if self.aborted {
+            return;
+        }
         let mut out = Vec::new();
         while let Some(b) = self.dev.poll_transmit() {
             let n = b.len();
@@ -855,11 +915,19 @@ impl Harness {
                     terminate.is_some() || self.peer_terminated || self.peer_closed,
                     "the QP is in Error but no Terminate was sent, none received, no FIN"
                 );
+                if self.watch.ended_by_terminate == Some(true) {
+                    assert_eq!(terminate, None, "the peer's Terminate was answered by one");
+                }
             }
             s => panic!("the QP ended in {s}"),
         }
         // Unchanged memory.
         let now: Vec<Vec<u8>> = self.mr.iter().map(|m| m.to_vec()).collect();
+        if let Some(then) = &self.watch.at_error {
+            for (i, (a, b)) in then.iter().zip(&now).enumerate() {
+                assert_eq!(a, b, "MR {i} changed after the QP went to Error");
+            }
+        }
         assert_eq!(now[1], self.before[1], "the remote-read-only MR changed");
         assert_eq!(now[3], self.before[3], "the local-only MR changed");
         assert_eq!(

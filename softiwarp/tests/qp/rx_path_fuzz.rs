@@ -190,6 +190,36 @@ fn the_peers_terminate_ends_the_qp_without_one_of_ours() {
 }
 
 #[test]
+fn a_bad_fpdu_behind_the_peers_terminate_in_the_same_read_sends_nothing() {
+    // The peer's Terminate, then (in the same TCP read) an FPDU with a bad CRC: MPA
+    // deframes both, but the connection is aborted at the Terminate, so the LLP
+    // Terminate MPA queues for the bad FPDU never leaves (found by the fuzzer when the
+    // harness still wrote an aborted connection's queue; `Conn::tx` resets it first).
+    let term = untagged(TERMINATE, true, 2, 1, 0, &[0x00, 0x00, 0x00, 0x00]);
+    let mut bad = rec(MSN, untagged(SEND, true, 0, 0, 0, b"late"));
+    bad.corrupt_at = Some(30);
+    let bytes = Input {
+        markers: true,
+        device_initiator: false,
+        max_chunk: 15,
+        chunk_seed: 2,
+        mode: Mode::Mixed(vec![
+            rec(MSN, untagged(SEND, true, 0, 0, 0, b"hello")),
+            rec(0, term),
+            bad,
+        ]),
+    }
+    .to_bytes();
+    let o = rx_path::run(&bytes);
+    assert_eq!(o.state, QpState::Error);
+    assert_eq!(o.terminate, None);
+    assert!(o.peer_terminated);
+    assert_eq!(o.ulpdus_received, 2);
+    assert_eq!(status_of(&o, 100), (WcOpcode::Recv, WcStatus::Success));
+    assert_eq!(status_of(&o, 101), (WcOpcode::Recv, WcStatus::WrFlushErr));
+}
+
+#[test]
 fn the_peers_fin_after_a_send_flushes_without_a_terminate() {
     for device_initiator in [false, true] {
         let bytes = Input {
