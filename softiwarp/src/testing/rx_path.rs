@@ -72,7 +72,8 @@
 //! # Invariants ([`run`] panics when one breaks)
 //!
 //! - The device's output always deframes at the peer; it sends at most one Terminate and
-//!   nothing after it.
+//!   nothing after it; it never queues more incoming Read Requests than IRD nor has
+//!   more Read Requests outstanding than ORD (RFC 5040 §6.8, RFC 6581).
 //! - After the input (and the device's responses, until quiet): the QP is RTS, no
 //!   Terminate was sent, the connection is live, and its queue counters are consistent
 //!   (outstanding + retired = posted); or it is in Error and sent exactly one Terminate,
@@ -871,6 +872,14 @@ impl Harness {
             "ULPDUs sent after the Terminate"
         );
         let c = binding::lock(&self.core);
+        assert!(
+            c.qp.read_responses_pending() <= usize::from(IRD_ORD),
+            "more incoming Read Requests queued than IRD"
+        );
+        assert!(
+            c.qp.reads_outstanding() <= usize::from(IRD_ORD),
+            "more Read Requests outstanding than ORD"
+        );
         let counters = c.qp.counters();
         assert!(
             counters.sq_retired() + c.qp.sq_outstanding() as u64 <= self.posted_sends.len() as u64,
