@@ -28,7 +28,10 @@
 //!   [`MpaConn::frame_into`] or [`MpaConn::send_ulpdu`], in full operation or while a
 //!   responder holds fewer than [`MAX_HELD_ULPDUS`] ULPDUs;
 //! - the engine thread's abort of a connection whose QP went to Error by itself
-//!   (`QpCore::orphaned`): [`Ulp::on_closed`].
+//!   (`QpCore::orphaned`): [`Ulp::on_closed`]; an aborted connection (that, the peer's
+//!   Terminate, an upper-layer error) writes nothing more (`Conn::tx` resets it first);
+//! - the peer's FIN (mode 3, `Conn::service`): [`MpaConn::handle_tcp_closed`], then the
+//!   final [`Ulp::on_closed`].
 //!
 //! Everything the device transmits is read back by the peer's `MpaConn` (its deframer
 //! checks length, CRC and Markers), which is how Terminates are counted.
@@ -63,10 +66,9 @@
 //!   the peer's `MpaConn` as one FPDU (length, pad, CRC, Markers right), after the
 //!   fix-ups `flags` asks for ([`apply_fixups`]): bit 0 patch an STag, bits 1-3 which
 //!   ([`Harness::stags`]), bit 4 put the peer's MSN and MO of the record's queue
-//!   ([`QueuePos`]), bit 5
-//!   patch the Read Request's source STag / TO (offsets 34 / 38) instead of the DDP
-//!   header's (2 / 6), bit 6 patch the TO (the MR's iova plus the TO's last byte), bit 7
-//!   a `pos` byte follows `len`. In mixed mode the first record with bit 7 whose FPDU was
+//!   ([`QueuePos`]), bit 5 patch the Read Request's source STag / TO (offsets 34 / 38)
+//!   instead of the DDP header's (2 / 6), bit 6 patch the TO (the MR's iova plus the
+//!   TO's last byte), bit 7 a `pos` byte follows `len`. In mixed mode the first record with bit 7 whose FPDU was
 //!   framed has its FPDU's byte `pos % fpdu_len` XORed with 0x5a: one corrupted FPDU.
 //!
 //! # Invariants ([`run`] panics when one breaks)
@@ -77,7 +79,7 @@
 //! - After the input (and the device's responses, until quiet): the QP is RTS, no
 //!   Terminate was sent, the connection is live, and its queue counters are consistent
 //!   (outstanding + retired = posted); or it is in Error and sent exactly one Terminate,
-//!   or none because the peer's Terminate ended it.
+//!   or none because the peer's Terminate or FIN ended it.
 //! - Nothing is placed once the QP is in Error (RFC 5040 §7), and a peer's Terminate
 //!   (whose header parses) that ends RTS is not answered with a Terminate.
 //! - The `read` and `local` MRs never change, nor the guard bytes of `recv` (outside
@@ -85,9 +87,9 @@
 //!   data path has no `unsafe` code, so a stray index panics; AddressSanitizer (the
 //!   fuzz target's default build) watches the rest.
 //! - After moving the QP to Error and draining the CQs, every posted WR completed
-//!   exactly once and each work queue in posting order, no completion names a WR that was not posted or another QP, a
-//!   successful receive's `byte_len` fits its SGEs, and the retired counts equal the
-//!   posted counts.
+//!   exactly once and each work queue in posting order, no completion names a WR that
+//!   was not posted or another QP, a successful receive's `byte_len` fits its SGEs, and
+//!   the retired counts equal the posted counts.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
