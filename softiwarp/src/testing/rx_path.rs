@@ -20,9 +20,10 @@
 //!   consumed is offered again later, then the MPA events are drained;
 //! - MPA events (`Conn::on_mpa_event`): `Established` → [`Ulp::on_established`], a
 //!   ULPDU → [`Ulp::on_ulpdu`] or, for a Terminate that parses,
-//!   [`Ulp::on_terminate`] and the connection fails; an MPA error → the LLP Terminate
-//!   (`ErrorCause` of [`MpaError::terminate_cause`]) if one may be sent, then
-//!   [`Ulp::on_error`];
+//!   [`Ulp::on_terminate`] and the connection fails; an MPA error → the upper's queued
+//!   Terminate ([`Ulp::poll_terminate`]), else, unless its stream already ended
+//!   ([`Ulp::stream_ended`]), the LLP Terminate (`ErrorCause` of
+//!   [`MpaError::terminate_cause`]), if one may be sent; then [`Ulp::on_error`];
 //! - transmit (`Conn::tx`, `Conn::pull_from_upper`): [`Ulp::poll_terminate`] first
 //!   (sent, then the connection fails), else [`Ulp::poll_ulpdu`] framed by
 //!   [`MpaConn::frame_into`] or [`MpaConn::send_ulpdu`], in full operation or while a
@@ -662,12 +663,21 @@ impl Harness {
                     }
                 }
                 MpaEvent::Error(e) => {
+                    let reading = !self.rx_stopped;
                     self.rx_stopped = true;
-                    if let Some(cause) = e.terminate_cause() {
+                    let (own, ended) = if reading {
+                        (self.ulp.poll_terminate(), self.ulp.stream_ended())
+                    } else {
+                        (None, false)
+                    };
+                    let terminate = match own {
+                        Some(t) => Some(t),
+                        None if ended => None,
+                        None => e.terminate_cause().and_then(terminate_ulpdu),
+                    };
+                    if let Some(t) = terminate {
                         if self.dev.can_send_terminate() {
-                            if let Some(t) = terminate_ulpdu(cause) {
-                                let _ = self.dev.send_terminate(&[&t]);
-                            }
+                            let _ = self.dev.send_terminate(&[&t]);
                         }
                     }
                     let error = match e {

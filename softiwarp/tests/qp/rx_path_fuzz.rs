@@ -220,6 +220,68 @@ fn a_bad_fpdu_behind_the_peers_terminate_in_the_same_read_sends_nothing() {
 }
 
 #[test]
+fn a_bad_fpdu_behind_an_unreadable_terminate_is_not_answered() {
+    // Found by the fuzz target (minimized by hand): markers, the device responds, one
+    // TCP read of three FPDUs: a Read Response into the sink, then an opcode-7 ULPDU on
+    // QN 0x15161718 with MO 0xa500 (the stack's `cause_of` does not read it, the QP
+    // takes it as the peer's Terminate, RFC 5040 §7), then an FPDU with a bad CRC. The
+    // stack used to answer the bad FPDU with the LLP CRC Terminate; now the QP's stream
+    // has ended (`Ulp::stream_ended`) and nothing is sent.
+    let mut term = vec![
+        0x41, 0x47, 0, 0, 0, 0x14, 0x15, 0x16, 0x17, 0x18, 0x20, 0x25, 0,
+    ];
+    term.extend([0, 0, 0, 0xa5, 0, 0, 0, 0, 0]);
+    let mut bad = rec(MSN, untagged(SEND, true, 0, 0, 0, b"late"));
+    bad.corrupt_at = Some(30);
+    let bytes = Input {
+        markers: true,
+        device_initiator: false,
+        max_chunk: 13,
+        chunk_seed: 2,
+        mode: Mode::Mixed(vec![
+            rec(STAG | idx(4) | TO, tagged(READ_RESP, true, 208, &[9u8; 40])),
+            rec(0, term),
+            bad,
+        ]),
+    }
+    .to_bytes();
+    let o = rx_path::run(&bytes);
+    assert_eq!(o.state, QpState::Error);
+    assert_eq!(o.terminate, None, "nothing answers the peer's Terminate");
+    assert!(o.peer_terminated);
+    assert_eq!(o.ulpdus_received, 2);
+    assert_eq!(status_of(&o, 3), (WcOpcode::RdmaRead, WcStatus::Success));
+    assert_eq!(status_of(&o, 100), (WcOpcode::Recv, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn a_bad_fpdu_behind_the_qps_own_error_reports_the_first_error() {
+    // A Write to the read-only MR, then (same read) an FPDU with a bad CRC: the one
+    // Terminate sent is the QP's for the first error, not MPA's for the second.
+    let mut bad = rec(MSN, untagged(SEND, true, 0, 0, 0, b"late"));
+    bad.corrupt_at = Some(30);
+    let bytes = Input {
+        markers: false,
+        device_initiator: true,
+        max_chunk: 15,
+        chunk_seed: 0,
+        mode: Mode::Mixed(vec![
+            rec(STAG | idx(1) | TO, tagged(WRITE, true, 0, b"nope")),
+            bad,
+        ]),
+    }
+    .to_bytes();
+    let o = rx_path::run(&bytes);
+    assert_eq!(o.state, QpState::Error);
+    assert_eq!(
+        o.terminate,
+        Some(Some(ErrorCause::RdmapRemoteProtection(
+            RdmapProtectionCode::AccessRightsViolation
+        )))
+    );
+}
+
+#[test]
 fn the_peers_fin_after_a_send_flushes_without_a_terminate() {
     for device_initiator in [false, true] {
         let bytes = Input {
