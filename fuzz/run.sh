@@ -7,14 +7,14 @@
 #   fuzz/run.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")"
-known=(mpa_frame mpa_deframer ddp_rdmap_ulpdu)
+known=(mpa_frame mpa_deframer ddp_rdmap_ulpdu rx_path)
 secs=${1:-600}; shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${known[@]}")
 for t in "${targets[@]}"; do
     case " ${known[*]} " in *" $t "*) ;; *) echo "unknown target '$t' (known: ${known[*]})" >&2; exit 2;; esac
 done
-[ -n "$(ls -A corpus/mpa_frame 2>/dev/null)" ] || python3 seeds.py
+[ -n "$(ls -A corpus/mpa_frame 2>/dev/null)" ] && [ -n "$(ls -A corpus/rx_path 2>/dev/null)" ] || python3 seeds.py
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     echo "== $t for ${secs}s"

@@ -159,6 +159,8 @@ pub mod link;
 pub mod rdmap;
 pub mod resources;
 mod sync;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transport;
 
 /// The progress lock: who drives a device (shared/progress-design.md).

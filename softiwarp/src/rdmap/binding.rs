@@ -668,6 +668,10 @@ impl Ulp for QpUlp {
         }
     }
 
+    fn stream_ended(&mut self) -> bool {
+        self.core().is_some_and(|c| c.qp.is_terminated())
+    }
+
     fn on_disconnected(&mut self) {
         if let Some(mut c) = self.core() {
             c.conn_ended("peer closed");

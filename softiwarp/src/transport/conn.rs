@@ -193,7 +193,7 @@ pub(super) fn v4(ep: IpEndpoint) -> SocketAddrV4 {
 /// The ULPDU of a Terminate with only the error ([`Ulpdu::terminate`]: M = D = R = 0;
 /// RFC 5040 4.8), on the Terminate queue (QN 2) with MSN 1: the first and only message
 /// of that queue.
-fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
+pub(crate) fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
     let u = Ulpdu::terminate(cause, 1);
     let mut out = vec![0u8; u.buffer_len()];
     u.emit(&mut out).ok()?;
@@ -413,17 +413,30 @@ impl Conn {
                 if matches!(e, MpaError::Crc { .. }) {
                     cx.stats.crc_errors += 1;
                 }
+                let reading = !self.rx_stopped;
                 self.rx_stopped = true;
-                if let (Some(cause), Some(mpa)) = (e.terminate_cause(), self.mpa.as_mut()) {
-                    if mpa.can_send_terminate() && !self.tcp_dead {
-                        if let Some(t) = terminate_ulpdu(cause) {
-                            if mpa.send_terminate(&[&t]).is_ok() {
-                                if self.terminate == TerminateOut::No {
-                                    self.terminate = TerminateOut::Queued;
-                                }
-                                cx.stats.terminates_sent += 1;
-                            }
+                // The bad bytes may come behind ULPDUs of the same read that already
+                // ended the upper's stream (`Ulp::stream_ended`): the upper's own
+                // Terminate for the first error goes out then, or none at all (never
+                // one answering the peer's Terminate, RFC 5040 §7).
+                let (own, ended) = match self.upper.as_mut() {
+                    Some(u) if reading => (u.poll_terminate(), u.stream_ended()),
+                    _ => (None, false),
+                };
+                let terminate = match own {
+                    Some(t) => Some(t),
+                    None if ended => None,
+                    None => e.terminate_cause().and_then(terminate_ulpdu),
+                };
+                if let (Some(t), Some(mpa)) = (terminate, self.mpa.as_mut()) {
+                    if mpa.can_send_terminate()
+                        && !self.tcp_dead
+                        && mpa.send_terminate(&[&t]).is_ok()
+                    {
+                        if self.terminate == TerminateOut::No {
+                            self.terminate = TerminateOut::Queued;
                         }
+                        cx.stats.terminates_sent += 1;
                     }
                 }
                 let error = match e {

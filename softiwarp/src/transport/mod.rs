@@ -167,6 +167,9 @@ use config::WINDOW_UPDATE_MIN;
 pub use config::*;
 pub use listener::ListenerStats;
 pub use ulp::*;
+// The LLP Terminate after an MPA error, for the receive-path harness (`crate::testing`).
+#[cfg(feature = "testing")]
+pub(crate) use conn::terminate_ulpdu;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

@@ -217,6 +217,17 @@ pub trait Ulp: Send {
         None
     }
 
+    /// Whether the upper's stream already ended on its own: a QP whose RDMAP stream is
+    /// terminated (it took the peer's Terminate, found an error and queued its own, or
+    /// is in Error; RFC 5040 §7). When MPA then finds an error in the bytes behind
+    /// (deframed in the same read), the stack sends the upper's queued Terminate if it
+    /// has one ([`Ulp::poll_terminate`]: the first error in the stream is the one
+    /// reported), else none: never one in answer to the peer's Terminate. Default:
+    /// false.
+    fn stream_ended(&mut self) -> bool {
+        false
+    }
+
     /// The peer closed its half gracefully ([`ConnEvent::Disconnected`]). Default: nothing.
     fn on_disconnected(&mut self) {}
 

@@ -655,3 +655,117 @@ fn close_while_connecting() {
     p.step();
     assert_eq!(p.a.final_of(c), Some(ConnEvent::Closed));
 }
+
+/// An upper that, like a QP, ends its stream at the first ULPDU that starts like a
+/// Terminate (RDMAP opcode 7), and at the first other ULPDU finds an error and queues
+/// `own` (its Terminate) if it has one.
+struct EndsItsStream {
+    ended: bool,
+    own: Option<Vec<u8>>,
+    queued: Option<Vec<u8>>,
+}
+
+impl softiwarp::transport::Ulp for EndsItsStream {
+    fn on_established(&mut self, _: &softiwarp::transport::Established) {}
+    fn rx_room(&mut self) -> usize {
+        usize::MAX
+    }
+    fn on_ulpdu(&mut self, ulpdu: Vec<u8>) {
+        if !self.ended {
+            self.ended = true;
+            if !ddp_rdmap::Header::is_terminate(&ulpdu) {
+                self.queued = self.own.take();
+            }
+        }
+    }
+    fn on_ulpdu_in_place(&mut self, ulpdu: &[u8]) -> bool {
+        self.on_ulpdu(ulpdu.to_vec());
+        true
+    }
+    fn poll_ulpdu(
+        &mut self,
+        _: usize,
+        _: &mut softiwarp::transport::EmitUlpdu<'_>,
+    ) -> Result<bool, softiwarp::transport::mpa_conn::CallError> {
+        Ok(false)
+    }
+    fn poll_terminate(&mut self) -> Option<Vec<u8>> {
+        self.queued.take()
+    }
+    fn stream_ended(&mut self) -> bool {
+        self.ended
+    }
+    fn on_closed(&mut self) {}
+    fn on_error(&mut self, _: &ConnError) {}
+}
+
+/// An untagged ULPDU (DDP `T=0 L DV=1`, RDMAP `RV=1 opcode`) on `qn`, MSN 1, MO 0.
+fn untagged_ulpdu(opcode: u8, qn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![0x41, 0x40 | opcode, 0, 0, 0, 0];
+    v.extend(qn.to_be_bytes());
+    v.extend(1u32.to_be_bytes());
+    v.extend(0u32.to_be_bytes());
+    v.extend(payload);
+    v
+}
+
+/// A (a stream) sends `first`, then an 18-octet ULPDU whose FPDU B's receive hook
+/// corrupts; B's upper is [`EndsItsStream`] with `own`. Returns A's final event and
+/// B's count of Terminates sent.
+fn bad_fpdu_behind(first: &[u8], own: Option<Vec<u8>>) -> (Option<ConnEvent>, u64) {
+    assert_eq!(first.len(), 18, "the second FPDU starts at 24 + 24");
+    let mut p = mem_pair(1500);
+    p.b.stack.listen(PORT, 4, None).unwrap();
+    let now = p.now;
+    let params = MpaParams {
+        settings: with_crc(),
+        ..params(b"", 1, 1)
+    };
+    let (ca, ea) = p.a.connect(2, PORT, params, now).unwrap();
+    assert!(p.run_until(Duration::from_secs(10), |p| !p.b.requests.is_empty()));
+    let cb = p.b.requests.pop_front().unwrap().conn;
+    let upper = EndsItsStream {
+        ended: false,
+        own,
+        queued: None,
+    };
+    p.b.stack.accept(cb, b"", 1, 1, Box::new(upper)).unwrap();
+    assert!(p.run_until(Duration::from_secs(10), |_| ea.established().is_some()));
+    // A's stream to B: the 24-octet Request, the first FPDU (2 + 18 + CRC 4 octets),
+    // then the second FPDU, whose ULPDU's 7th octet is flipped.
+    p.b.stack.set_rx_hook(cb, flip_at(24 + 24 + 8)).unwrap();
+    ea.try_send(first).unwrap();
+    ea.try_send(&untagged_ulpdu(3, 0, &[])).unwrap();
+    assert!(p.run_until(Duration::from_secs(30), |p| {
+        p.a.final_of(ca).is_some() && p.b.final_of(cb).is_some()
+    }));
+    (p.a.final_of(ca), p.b.stack.stats().terminates_sent)
+}
+
+/// Found by the rx_path fuzz target: a Terminate the stack cannot read (opcode 7 on
+/// QN 0: `cause_of` wants QN 2, but a QP takes it as the peer's Terminate, RFC 5040 §7)
+/// followed by an FPDU with a bad CRC. The stack answered the bad FPDU with the LLP CRC
+/// Terminate, so the peer's Terminate got one; now nothing is sent (then the RST).
+#[test]
+fn a_bad_fpdu_behind_a_terminate_the_upper_took_is_not_answered() {
+    let (a_final, sent) = bad_fpdu_behind(&untagged_ulpdu(7, 0, &[]), None);
+    assert_eq!(sent, 0);
+    assert_eq!(a_final, Some(ConnEvent::Failed(ConnError::Reset)));
+}
+
+/// The upper found an error in the ULPDU before the bad FPDU and queued its Terminate:
+/// that one goes out (the first error in the stream), not MPA's CRC Terminate.
+#[test]
+fn a_bad_fpdu_behind_the_uppers_own_error_sends_the_uppers_terminate() {
+    use ddp_rdmap::terminate::{ErrorCause, RdmapProtectionCode};
+    let cause = ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::AccessRightsViolation);
+    let t = ddp_rdmap::Ulpdu::terminate(cause, 1);
+    let mut own = vec![0u8; t.buffer_len()];
+    t.emit(&mut own).unwrap();
+    let (a_final, sent) = bad_fpdu_behind(&untagged_ulpdu(3, 0, &[]), Some(own));
+    assert_eq!(sent, 1);
+    assert_eq!(
+        a_final,
+        Some(ConnEvent::Failed(ConnError::TerminateReceived(cause)))
+    );
+}
