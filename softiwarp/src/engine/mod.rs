@@ -130,8 +130,8 @@ pub enum ProgressMode {
     /// kept for comparison).
     Engine,
     /// Application threads drive too, inside verbs calls, as Linux siw transmits in the
-    /// caller's context: `post_send`/`post_recv` run one budgeted pass (one pass of the
-    /// stack, every connection's rounds), `poll_cq` on an empty CQ runs one, and a
+    /// caller's context: `post_send` runs one budgeted pass (one pass of the stack, at
+    /// most 16 rounds of every connection; `post_recv` only queues, as siw's), `poll_cq` on an empty CQ runs one, and a
     /// blocking CQ wait drives for [`EngineConfig::spin`] before it sleeps. The engine
     /// thread keeps the link, timers, commands and passive targets whenever no
     /// application thread drives. The default: the 8-byte ping-pong halves and bulk
