@@ -131,8 +131,9 @@ pub enum ProgressMode {
     Engine,
     /// Application threads drive too, inside verbs calls, as Linux siw transmits in the
     /// caller's context: `post_send` runs one budgeted pass (one pass of the stack, at
-    /// most 16 rounds of every connection; `post_recv` only queues, as siw's), `poll_cq` on an empty CQ runs one, and a
-    /// blocking CQ wait drives for [`EngineConfig::spin`] before it sleeps. The engine
+    /// most 16 rounds of every connection; `post_recv` only queues, as siw's),
+    /// `poll_cq` on an empty CQ runs one, and a blocking CQ wait drives for
+    /// [`EngineConfig::spin`] before it becomes the link's poller. The engine
     /// thread keeps the link, timers, commands and passive targets whenever no
     /// application thread drives. The default: the 8-byte ping-pong halves and bulk
     /// stays level (docs/PERFORMANCE.md, "Run-to-completion progress").
