@@ -41,25 +41,7 @@ fn setup() -> (Topology, Peer, SocketAddrV4, u32) {
 /// Starts the legitimate client: Write and Send on two connections, 4 KiB messages,
 /// verified, for `seconds`.
 fn start_legit(topo: &Topology, seconds: u64) -> Peer {
-    let secs = seconds.to_string();
-    start_client(
-        topo,
-        &iwperf(),
-        &[
-            "--op",
-            "write,send",
-            "--qps",
-            "2",
-            "--size",
-            "4096",
-            "--tx-depth",
-            "16",
-            "--duration",
-            &secs,
-            "--verify",
-            "--json",
-        ],
-    )
+    start_legit_client(topo, &iwperf(), "--duration", seconds)
 }
 
 /// The server's `VmRSS` after it settled: the smallest of a few samples 200 ms apart.

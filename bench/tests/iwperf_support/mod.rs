@@ -85,6 +85,31 @@ pub fn start_client(topo: &Topology, bin: &PathBuf, extra: &[&str]) -> Peer {
 
 pub mod attacker;
 
+/// Starts the legitimate client of the hostile-peer tests: `iwperf client --verify`,
+/// Write and Send on two connections, 4 KiB messages, `amount` of them (`--iters N`) or
+/// for `amount` seconds (`--duration N`).
+pub fn start_legit_client(topo: &Topology, bin: &PathBuf, how: &str, amount: u64) -> Peer {
+    let amount = amount.to_string();
+    start_client(
+        topo,
+        bin,
+        &[
+            "--op",
+            "write,send",
+            "--qps",
+            "2",
+            "--size",
+            "4096",
+            "--tx-depth",
+            "16",
+            how,
+            &amount,
+            "--verify",
+            "--json",
+        ],
+    )
+}
+
 /// Runs a legitimate `iwperf client --verify` (Write and Send on two connections, 4 KiB
 /// messages, `iters` each) against the server in `topo`, waits for both (the server
 /// serves this one test and exits), and asserts that both exited 0 with every
@@ -97,25 +122,7 @@ pub fn legit_run(
     iters: u64,
     timeout: Duration,
 ) -> (serde_json::Value, serde_json::Value, PeerOutput) {
-    let iters = iters.to_string();
-    let client = start_client(
-        topo,
-        bin,
-        &[
-            "--op",
-            "write,send",
-            "--qps",
-            "2",
-            "--size",
-            "4096",
-            "--tx-depth",
-            "16",
-            "--iters",
-            &iters,
-            "--verify",
-            "--json",
-        ],
-    );
+    let client = start_legit_client(topo, bin, "--iters", iters);
     let mut outs =
         netlab::wait_all(vec![server, client], timeout).unwrap_or_else(|e| panic!("{e}"));
     let (s, c) = (json(&outs[0]), json(&outs[1]));
