@@ -337,16 +337,6 @@ impl<D: Drive> Progress<D> {
         run_deferred();
         true
     }
-
-    /// True once the device ended (the driver is gone). Takes the lock briefly only if
-    /// it is free; `false` when another thread holds it.
-    pub fn ended(&self) -> bool {
-        match self.driver.try_lock() {
-            Ok(g) => g.is_none(),
-            Err(TryLockError::Poisoned(_)) => true,
-            Err(TryLockError::WouldBlock) => false,
-        }
-    }
 }
 
 /// The gate of a device's work queues: open while the device runs, closed for good by
