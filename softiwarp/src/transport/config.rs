@@ -33,14 +33,22 @@ pub const MAX_BACKLOG: usize = 1024;
 /// listener by default.
 pub const DEFAULT_HALF_OPEN_MAX: usize = 64;
 
-/// Listening sockets a listener keeps armed while its half-open pool is full (and its
-/// backlog is not): 8. smoltcp answers a SYN that finds no listening socket with a RST
-/// and sockets are re-armed once a poll, so with a single one a client opening several
-/// connections at once (an `iwperf client --qps 2`) had all but the first refused
-/// during a flood (found by the root-only `bench/tests/iwperf_flood.rs`). Each
+/// Most listening sockets a listener keeps armed (while its backlog has room): 8.
+///
+/// smoltcp answers a SYN that finds no listening socket with a RST and sockets are
+/// re-armed once a poll, so this is how many SYNs one poll can take: with a single one,
+/// a client opening several connections at once (an `iwperf client --qps 2`) had all but
+/// the first refused during a flood (found by the root-only
+/// `bench/tests/iwperf_flood.rs`). It also holds while the half-open pool is full: each
 /// connection an armed socket takes pushes the oldest half-open one out, so the pool's
-/// bound holds; the armed sockets add at most this many sockets' buffers.
-pub const MIN_ARMED_WHEN_FULL: usize = 8;
+/// bound holds and the armed sockets add at most this many sockets' buffers.
+///
+/// Not more, because every armed socket is visited by every smoltcp ingress, egress and
+/// `poll_at` scan: with the backlog's room armed (64 sockets for a backlog of 128 and the
+/// default pool), those scans were 12% of a passive RDMA Write target's CPU at MTU 65000
+/// and about 4 points of its throughput (docs/PERFORMANCE.md, "Run-to-completion
+/// progress").
+pub const MAX_ARMED: usize = 8;
 
 /// ULPDUs a responder takes from its upper before the initiator's first FPDU arrived
 /// (MPA holds them, copied, until then; RFC 5044 7.1.2): 64.

@@ -37,22 +37,14 @@ impl<L: Link> Stack<L> {
     }
 
     /// Arms listening sockets (and closes surplus ones still in LISTEN): none while the
-    /// backlog is full (a SYN is then refused); else up to the backlog's free room,
-    /// within the half-open pool's free room but at least
-    /// [`super::MIN_ARMED_WHEN_FULL`] (a connection one takes may push the oldest
-    /// half-open one out, see [`Stack::sweep_half_open`]).
+    /// backlog is full (a SYN is then refused); else up to the backlog's free room, at
+    /// most [`super::MAX_ARMED`], whether or not the half-open pool is full (a
+    /// connection one takes may push the oldest half-open one out, see
+    /// [`Stack::sweep_half_open`]).
     pub(super) fn rearm(&mut self) {
         let mss = self.mss();
         for l in self.listeners.values_mut() {
-            let target = if l.pending >= l.backlog {
-                0
-            } else {
-                let room = l
-                    .half_open_max
-                    .saturating_sub(l.half_open.len())
-                    .max(super::MIN_ARMED_WHEN_FULL);
-                (l.backlog - l.pending).min(room)
-            };
+            let target = (l.backlog - l.pending.min(l.backlog)).min(super::MAX_ARMED);
             while l.armed.len() < target {
                 match self.cfg.tcp.socket_for_mss(mss) {
                     Ok(s) => Self::arm(&mut self.sockets, l, s),

@@ -112,9 +112,11 @@
 //! a RST (no socket accepts the segment, so `process_tcp` replies with `rst_reply`): the
 //! initiator sees the connection refused. Linux instead drops the SYN while its accept
 //! queue is full, so the client retries; here the refusal is immediate and visible.
-//! Otherwise up to `backlog - requests` sockets are armed, within the half-open pool's
-//! free room but always at least [`MIN_ARMED_WHEN_FULL`] (8), so that a client opening
-//! several connections at once is not refused while the pool is full. [`Stack::listener_stats`] gives the counts.
+//! Otherwise up to `backlog - requests` sockets are armed, at most [`MAX_ARMED`] (8),
+//! whether or not the half-open pool is full: enough that a client opening several
+//! connections at once is not refused, few enough that smoltcp's per-poll scans of the
+//! socket set stay cheap. A burst of more SYNs than that within one poll gets RSTs for
+//! the excess. [`Stack::listener_stats`] gives the counts.
 //!
 //! Memory: a socket's receive and send buffers ([`TcpConfig::rx_buffer`],
 //! [`TcpConfig::tx_buffer`]) are allocated zeroed when it is armed and keep their size
