@@ -168,7 +168,8 @@ pub use engine::progress;
 
 pub use api::device::{
     ConnectError, ConnectRequest, Connection, Device, DeviceConfig, FaultSpec, LinkConfig,
-    LinkSpec, ListenError, Listener, QpBound, QpConnection, UlpduStream,
+    LinkSpec, ListenError, Listener, QpBound, QpConnection, UlpduStream, SEND_DRIVE_BYTES,
+    SEND_DRIVE_INTERVAL_US,
 };
 pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
 pub use engine::{DeviceError, DeviceEvent, EngineConfig, ProgressMode, COMMAND_TIMEOUT};

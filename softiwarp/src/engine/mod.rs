@@ -995,7 +995,7 @@ impl Driving {
     }
 
     /// Microseconds since the device started.
-    fn now_us(&self) -> u64 {
+    pub(crate) fn now_us(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 

@@ -196,6 +196,43 @@ fn link_removal_fails_every_connection_within_100ms() {
     assert!(server.ended().is_none());
 }
 
+/// Hybrid mode: a sender's burst queues faster than one drive per
+/// `SEND_DRIVE_INTERVAL_US` (20 us), so its last ULPDUs are left for a later drive;
+/// with the sender making no further call they still go out once the engine thread
+/// takes the link back (the lease, 200 us): every ULPDU arrives, in order, well
+/// within 100 ms of the last send.
+#[test]
+fn a_burst_tail_left_by_send_batching_goes_out_without_another_call() {
+    let (client, server, _ctl) = devices(1500);
+    let listener = server.listen(PORT, 8).unwrap();
+    let (c, s) = pair(&client, &listener);
+    assert_eq!(softiwarp::SEND_DRIVE_INTERVAL_US, 20);
+    for round in 0..20u32 {
+        let n = 50u32;
+        for i in 0..n {
+            let mut u = round.to_be_bytes().to_vec();
+            u.extend_from_slice(&i.to_be_bytes());
+            u.resize(100, i as u8);
+            c.send_ulpdu_vec(u, T).unwrap();
+        }
+        let last_send = Instant::now();
+        for i in 0..n {
+            let u = s.recv_ulpdu(T).unwrap();
+            assert_eq!(
+                &u[..8],
+                &[round.to_be_bytes(), i.to_be_bytes()].concat()[..]
+            );
+        }
+        let took = last_send.elapsed();
+        assert!(
+            took < Duration::from_millis(100),
+            "round {round}: the burst's tail took {took:?}"
+        );
+        // The client makes no call for a while: the next burst starts after its lease.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn idle_engine_does_not_spin() {
     let (client, server, _ctl) = devices(1500);
