@@ -1149,11 +1149,10 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
                     return;
                 }
                 let nap = match view {
-                    EngineView::Lease(until) => {
-                        let left = Duration::from_micros(until.saturating_sub(driving.now_us()));
-                        let backoff = LEASE.saturating_mul(1 << renewed_naps.min(4));
-                        left.max(backoff.min(LEASE_NAP_MAX))
-                    }
+                    EngineView::Lease(until) => lease_nap(
+                        Duration::from_micros(until.saturating_sub(driving.now_us())),
+                        renewed_naps,
+                    ),
                     _ => POLLER_SAFETY_SLEEP,
                 };
                 woken = sleep(None, Some(wake), Some(nap));
@@ -1210,6 +1209,14 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
     }
 }
 
+/// How long the engine naps while an application thread holds the lease, `left` before
+/// it lapses, after `renewed_naps` naps in a row that found it renewed: the lease's
+/// remainder, but at least [`LEASE`] doubled per renewed nap, at most [`LEASE_NAP_MAX`].
+fn lease_nap(left: Duration, renewed_naps: u32) -> Duration {
+    let backoff = LEASE.saturating_mul(1 << renewed_naps.min(5));
+    left.max(backoff.min(LEASE_NAP_MAX))
+}
+
 /// `ppoll(2)` on the link fd and the wake-up (either may be left out), for `timeout`
 /// (forever if `None`). EINTR and the like just end the sleep early. Returns true if the
 /// wake-up was readable.
@@ -1235,4 +1242,31 @@ fn sleep(
             .last()
             .and_then(PollFd::revents)
             .is_some_and(|r| r.contains(PollFlags::POLLIN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_naps_double_up_to_the_cap_and_never_end_before_the_lease() {
+        let us = Duration::from_micros;
+        let naps: Vec<Duration> = (0..7).map(|n| lease_nap(us(150), n)).collect();
+        assert_eq!(
+            naps,
+            [
+                us(200),
+                us(400),
+                us(800),
+                us(1600),
+                us(3200),
+                us(3200),
+                us(3200)
+            ]
+        );
+        // A lease renewed further ahead than the backoff: its remainder.
+        assert_eq!(lease_nap(us(5000), 0), us(5000));
+        assert_eq!(lease_nap(us(5000), 9), us(5000));
+        assert_eq!(lease_nap(Duration::ZERO, u32::MAX), LEASE_NAP_MAX);
+    }
 }

@@ -324,3 +324,30 @@ fn hybrid_device_is_idle_one_second_after_a_burst() {
     );
     assert!(share < 0.03, "idle device used {:.1}% CPU", share * 100.0);
 }
+
+/// After an application thread drove for 300 ms without a pause (polling an empty CQ,
+/// which renews the link's lease on every pass, so the engine's naps have grown to
+/// `LEASE_NAP_MAX`), it stops: the engine takes the link back, and a Send posted and
+/// then left alone completes, as does the receive it lands in.
+#[test]
+fn hybrid_engine_takes_the_link_back_after_a_long_drive() {
+    let s = Setup {
+        progress: Some(ProgressMode::Hybrid),
+        ..Setup::default()
+    };
+    let (a, b) = pair(&s);
+    let mr = a.pd.reg_mr(4096, 0x1000, all_access()).unwrap();
+    let rmr = b.pd.reg_mr(4096, 0x1000, all_access()).unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        assert!(a.scq.poll(4).unwrap().is_empty());
+    }
+    b.qp.post_recv(RecvWr::new(1, vec![rmr.sge(0, 4096)]))
+        .unwrap();
+    a.qp.post_send(SendWr::send(2, vec![mr.sge(0, 4096)]).with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    let got = End::wait_n(&b.rcq, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
+    let sent = End::wait_n(&a.scq, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (2, WcStatus::Success));
+}
