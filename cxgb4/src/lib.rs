@@ -3,3 +3,4 @@
 pub mod ffi;
 
 pub use ffi::{LoadError, RdmaCore};
+pub mod translate;

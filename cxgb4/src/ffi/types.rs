@@ -650,3 +650,19 @@ pub struct RdmaCmEvent {
     /// `param`.
     pub param: RdmaCmEventParam,
 }
+
+impl IbvSendWr {
+    /// `wr.rdma`, read as integers (sound whichever member was written: every
+    /// bit pattern is a valid `IbvRdmaWr`).
+    pub fn rdma(&self) -> IbvRdmaWr {
+        // SAFETY: plain-integer member of a `Copy` union, fully initialized
+        // (the union's 32 bytes cover it).
+        unsafe { self.wr.rdma }
+    }
+
+    /// `wr.atomic`, read as integers (sound as for [`IbvSendWr::rdma`]).
+    pub fn atomic(&self) -> IbvAtomicWr {
+        // SAFETY: as above; `atomic` is the union's largest member.
+        unsafe { self.wr.atomic }
+    }
+}
