@@ -3,4 +3,5 @@
 pub mod ffi;
 
 pub use ffi::{LoadError, RdmaCore};
+pub mod caps;
 pub mod translate;
