@@ -9,17 +9,18 @@
 //! | [`AccessFlags`] | `int access` of `ibv_reg_mr` | [`mr_access_to_ibv`] |
 //! | `enum rdma_cm_event_type` | [`CmEventKind`] | [`CmEventKind::from_raw`] |
 //! | errno | [`VerbsError`] | [`verbs_error`], [`post_error`] |
+//! | `struct ibv_async_event` | [`verbs::AsyncEvent`] | [`async_event_from_ibv`] |
 //!
 //! Numbers are those of rdma-core 44's `<infiniband/verbs.h>` and
 //! `<rdma/rdma_cma.h>`.
 
-use crate::ffi::handles::SendPayload;
+use crate::ffi::handles::{RawAsyncEvent, SendPayload};
 use crate::ffi::types::{IbvAtomicWr, IbvRdmaWr, IbvSendWr, IbvSendWrWr, IbvSge, IbvWc};
 use core::fmt;
 use core::ptr;
 use verbs::{
-    errno, AccessFlags, Payload, RecvWr, SendOp, SendWr, Sge, Stag, VerbsError, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion, WorkQueue,
+    errno, AccessFlags, AsyncEvent, AsyncEventType, Payload, RecvWr, SendOp, SendWr, Sge, Stag,
+    VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, WorkQueue,
 };
 
 /// The most SGEs one WR may carry through this crate: the size of the stack
@@ -295,6 +296,28 @@ pub fn post_error(queue: WorkQueue, depth: u32, errno_value: i32) -> VerbsError 
         WorkQueue::Completion => "ibv_poll_cq",
     };
     verbs_error(call, errno_value)
+}
+
+/// An asynchronous event (`ibv_get_async_event(3)`, decoded by the FFI) as
+/// a [`verbs::AsyncEvent`]; `None` for the types it does not represent
+/// (`IBV_EVENT_PATH_MIG` 6, `_PATH_MIG_ERR` 7, `LID_CHANGE` 11, `PKEY_CHANGE`
+/// 12, `SM_CHANGE` 13, `SRQ_ERR` 14, `SRQ_LIMIT_REACHED` 15,
+/// `CLIENT_REREGISTER` 17, `GID_CHANGE` 18, `WQ_FATAL` 19, ...).
+pub fn async_event_from_ibv(ev: &RawAsyncEvent) -> Option<AsyncEvent> {
+    let qp_num = ev.qp_num;
+    let port = u8::try_from(ev.port_num).unwrap_or(0);
+    Some(match AsyncEventType::from_ibv(ev.event_type)? {
+        AsyncEventType::CqErr => AsyncEvent::CqErr { cq: ev.cq_handle },
+        AsyncEventType::QpFatal => AsyncEvent::QpFatal { qp_num },
+        AsyncEventType::QpReqErr => AsyncEvent::QpReqErr { qp_num },
+        AsyncEventType::QpAccessErr => AsyncEvent::QpAccessErr { qp_num },
+        AsyncEventType::CommEst => AsyncEvent::CommEst { qp_num },
+        AsyncEventType::SqDrained => AsyncEvent::SqDrained { qp_num },
+        AsyncEventType::QpLastWqeReached => AsyncEvent::QpLastWqeReached { qp_num },
+        AsyncEventType::DeviceFatal => AsyncEvent::DeviceFatal,
+        AsyncEventType::PortActive => AsyncEvent::PortActive { port },
+        AsyncEventType::PortErr => AsyncEvent::PortErr { port },
+    })
 }
 
 /// `enum rdma_cm_event_type`, named as rdma_cm names them.
@@ -699,6 +722,55 @@ mod tests {
         }
         assert_eq!(CmEventKind::from_raw(16), None);
         assert_eq!(CmEventKind::from_raw(u32::MAX), None);
+    }
+
+    /// `enum ibv_event_type`: CQ_ERR 0, QP_FATAL 1, QP_REQ_ERR 2,
+    /// QP_ACCESS_ERR 3, COMM_EST 4, SQ_DRAINED 5, DEVICE_FATAL 8,
+    /// PORT_ACTIVE 9, PORT_ERR 10, QP_LAST_WQE_REACHED 16.
+    #[test]
+    fn async_events() {
+        let ev = |t, qp, cq, port| RawAsyncEvent {
+            event_type: t,
+            qp_num: qp,
+            cq_handle: cq,
+            port_num: port,
+        };
+        let rows = [
+            (ev(0, 0, 7, 0), Some(AsyncEvent::CqErr { cq: 7 })),
+            (
+                ev(1, 0x21, 0, 0),
+                Some(AsyncEvent::QpFatal { qp_num: 0x21 }),
+            ),
+            (
+                ev(2, 0x22, 0, 0),
+                Some(AsyncEvent::QpReqErr { qp_num: 0x22 }),
+            ),
+            (
+                ev(3, 0x23, 0, 0),
+                Some(AsyncEvent::QpAccessErr { qp_num: 0x23 }),
+            ),
+            (
+                ev(4, 0x24, 0, 0),
+                Some(AsyncEvent::CommEst { qp_num: 0x24 }),
+            ),
+            (
+                ev(5, 0x25, 0, 0),
+                Some(AsyncEvent::SqDrained { qp_num: 0x25 }),
+            ),
+            (ev(8, 0, 0, 0), Some(AsyncEvent::DeviceFatal)),
+            (ev(9, 0, 0, 1), Some(AsyncEvent::PortActive { port: 1 })),
+            (ev(10, 0, 0, 1), Some(AsyncEvent::PortErr { port: 1 })),
+            (
+                ev(16, 0x26, 0, 0),
+                Some(AsyncEvent::QpLastWqeReached { qp_num: 0x26 }),
+            ),
+            (ev(6, 0x27, 0, 0), None),
+            (ev(14, 0, 0, 0), None),
+            (ev(19, 0, 0, 0), None),
+        ];
+        for (raw, want) in rows {
+            assert_eq!(async_event_from_ibv(&raw), want, "{raw:?}");
+        }
     }
 
     #[test]

@@ -136,13 +136,20 @@ unsafe impl Send for RawContext {}
 // SAFETY: as above; every method takes &self and libibverbs serializes.
 unsafe impl Sync for RawContext {}
 
-/// One asynchronous event, copied and acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One asynchronous event, copied and acknowledged, its `element` decoded
+/// by the event type (`ibv_get_async_event(3)`): QP events (1-7, 16) name a
+/// QP, `IBV_EVENT_CQ_ERR` (0) a CQ, port events (9-13, 17, 18) a port
+/// number; zero where the type names none of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RawAsyncEvent {
     /// `event_type` (`enum ibv_event_type`).
     pub event_type: u32,
-    /// `element` as an address (the QP / CQ pointer, or the port number).
-    pub element: usize,
+    /// `element.qp->qp_num` for QP events.
+    pub qp_num: u32,
+    /// `element.cq->handle` for CQ events.
+    pub cq_handle: u32,
+    /// `element.port_num` for port events.
+    pub port_num: i32,
 }
 
 impl RawContext {
@@ -236,10 +243,21 @@ impl RawContext {
         };
         // SAFETY: live context, valid out pointer.
         ibv_result(unsafe { (self.core.ibv.ibv_get_async_event)(self.ptr.as_ptr(), &mut ev) })?;
-        let out = RawAsyncEvent {
+        let mut out = RawAsyncEvent {
             event_type: ev.event_type,
-            element: ev.element as usize,
+            ..RawAsyncEvent::default()
         };
+        match ev.event_type {
+            // SAFETY: for these types `element` is the live `struct ibv_qp *`
+            // (valid until the ack below).
+            1..=7 | 16 => out.qp_num = unsafe { (*ev.element.cast::<IbvQp>()).qp_num },
+            // SAFETY: for IBV_EVENT_CQ_ERR `element` is the live `struct ibv_cq *`.
+            0 => out.cq_handle = unsafe { (*ev.element.cast::<IbvCq>()).handle },
+            // The union's int member: the low 32 bits of the pointer-sized
+            // union (little-endian x86-64).
+            9..=13 | 17 | 18 => out.port_num = ev.element as usize as u32 as i32,
+            _ => {}
+        }
         // SAFETY: `ev` was filled by ibv_get_async_event and is acked once.
         unsafe { (self.core.ibv.ibv_ack_async_event)(&mut ev) };
         Ok(out)
