@@ -98,6 +98,16 @@ impl EventChannel {
         self.shared.raw.fd()
     }
 
+    /// Makes [`EventChannel::get_event`] return `EAGAIN` (errno 11) instead
+    /// of blocking when no event is pending.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of `fcntl`.
+    pub fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        crate::ffi::set_nonblocking(self.fd(), on)
+    }
+
     /// Creates an id in the TCP port space (`rdma_create_id(3)` with
     /// `RDMA_PS_TCP`, the iWARP one).
     ///

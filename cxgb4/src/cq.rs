@@ -30,6 +30,16 @@ impl CompChannel {
     pub fn fd(&self) -> i32 {
         self.raw.fd()
     }
+
+    /// Makes [`Cq::get_event`] return `EAGAIN` (errno 11) instead of
+    /// blocking when no event is pending.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of `fcntl`.
+    pub fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        crate::ffi::set_nonblocking(self.fd(), on)
+    }
 }
 
 /// A completion queue (`struct ibv_cq`). Cloning shares it; destroyed after

@@ -65,3 +65,64 @@ pub mod sockaddr;
 pub mod types;
 
 pub use loader::{LoadError, RdmaCore, IBVERBS_SONAME, RDMACM_SONAME};
+
+/// Sets or clears `O_NONBLOCK` on `fd` (`fcntl(F_GETFL / F_SETFL)`), for the
+/// fds of a CM event channel, a completion channel or a context's async
+/// events: after `poll()` says readable, the matching get-event call then
+/// returns `EAGAIN` instead of blocking when another thread took the event.
+///
+/// # Errors
+///
+/// The OS error of `fcntl` (`EBADF` for a closed fd).
+pub fn set_nonblocking(fd: i32, on: bool) -> std::io::Result<()> {
+    // SAFETY: fcntl with F_GETFL/F_SETFL reads and writes only the fd's
+    // status flags; an invalid fd is an EBADF error, not undefined behaviour.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let new = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: as above.
+    if new != flags && unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nonblocking_flag_on_a_pipe() {
+        let mut fds = [0i32; 2];
+        // SAFETY (test): a valid two-int array for pipe(2).
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let get = |fd: i32| -> i32 {
+            // SAFETY (test): F_GETFL on our pipe.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+            flags & libc::O_NONBLOCK
+        };
+        assert_eq!(get(fds[0]), 0);
+        super::set_nonblocking(fds[0], true).unwrap();
+        assert_eq!(get(fds[0]), libc::O_NONBLOCK);
+        let mut b = [0u8; 1];
+        // SAFETY (test): read into a 1-byte buffer.
+        let n = unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+        assert_eq!(n, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EAGAIN)
+        );
+        super::set_nonblocking(fds[0], false).unwrap();
+        assert_eq!(get(fds[0]), 0);
+        for fd in fds {
+            // SAFETY (test): closing our own fds once.
+            unsafe { libc::close(fd) };
+        }
+        let e = super::set_nonblocking(fds[0], true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    }
+}
