@@ -11,8 +11,11 @@
 //!   holds the id it names; its fields drop ack first, id second. So an id
 //!   is never destroyed with an event of its own unacknowledged, which would
 //!   make `rdma_destroy_id` wait forever (shared/rdma-core-notes.md section
-//!   3, step 2). An event for an id whose last handle is already gone is
-//!   acknowledged at once and not returned ("nothing after destroy").
+//!   3, step 2; librdmacm/cma.c v44 `rdma_destroy_id` waits while
+//!   `events_completed` < the kernel's `events_reported`). A connect request
+//!   is accounted to the listening id, so that event holds the listener too.
+//!   An event for an id whose last handle is already gone is acknowledged at
+//!   once and not returned ("nothing after destroy").
 //! - On [`CmEventKind::DeviceRemoval`]: drop the [`Qp`], then the event,
 //!   then the id (and the PD, CQs, MRs made on its context); finally call
 //!   [`crate::release_cached_devices`] so librdmacm closes its cached device
@@ -140,18 +143,29 @@ impl EventChannel {
                 tracing::warn!(event = raw.event(), "unknown rdma_cm event; acked");
                 continue;
             };
+            // A connect request is accounted to the listener in librdmacm
+            // (cma.c v44: `evt->id_priv = resp.uid`, the listening id): its
+            // ack must come before the listener's rdma_destroy_id, so the
+            // event holds the listener, and a request for a listener whose
+            // last handle is gone is acked (and its new id destroyed, which
+            // rejects it) at once.
+            let listen_id = match raw.listen_id_addr() {
+                0 => None,
+                addr => self.shared.lookup(addr),
+            };
             let id = if kind == CmEventKind::ConnectRequest {
-                raw.take_new_id().map(|new| self.shared.register(new))
+                let new = raw.take_new_id().map(|new| self.shared.register(new));
+                if listen_id.is_none() {
+                    tracing::debug!("connect request for a destroyed listener; acked");
+                    continue;
+                }
+                new
             } else {
                 self.shared.lookup(raw.id_addr())
             };
             let Some(id) = id else {
                 tracing::debug!(%kind, "event for a destroyed id; acked");
                 continue;
-            };
-            let listen_id = match raw.listen_id_addr() {
-                0 => None,
-                addr => self.shared.lookup(addr),
             };
             let (param, private_data) = raw.conn_param();
             return Ok(CmEvent {
