@@ -75,6 +75,12 @@ fn server(core: Arc<RdmaCore>, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res
     let pd = ctx.alloc_pd()?;
     let cc = ctx.create_comp_channel()?;
     let cq = ctx.create_cq(64, Some(&cc))?;
+    match ctx.create_cq(8, Some(&cc)) {
+        Err(cxgb4::Error::Verbs(verbs::VerbsError::InvalidArgument { what })) => {
+            println!("server: a second CQ on the channel refused: {what}")
+        }
+        other => return Err(format!("second CQ on one channel: {other:?}").into()),
+    }
     let qp = id.create_qp(&pd, &cq, &cq, QP_CAP, true)?;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let target: Mr = pd.reg_mr(LEN, access)?;
@@ -136,6 +142,11 @@ fn client(core: Arc<RdmaCore>, addr: SocketAddr) -> Res<()> {
     let ctx = id.context().ok_or("resolved id without a device")?;
     let caps = ctx.caps()?;
     println!("client: device {} caps {caps:?}", ctx.name());
+    println!(
+        "client: transport {:?}, port 1 max message {} bytes",
+        ctx.transport(),
+        ctx.max_msg_size(1)?
+    );
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64, None)?;
     let qp = id.create_qp(&pd, &cq, &cq, QP_CAP, true)?;
@@ -189,6 +200,19 @@ fn client(core: Arc<RdmaCore>, addr: SocketAddr) -> Res<()> {
     let wc = one_wc(&cq)?;
     assert_eq!((wc.wr_id, wc.opcode), (12, WcOpcode::Send));
     expect(&chan, CmEventKind::Disconnected)?;
+    // Nothing pending: non-blocking fds say EAGAIN (11) instead of blocking.
+    chan.set_nonblocking(true)?;
+    let e = chan
+        .get_event()
+        .err()
+        .ok_or("an event after the disconnect")?;
+    ctx.set_async_nonblocking(true)?;
+    let a = ctx.get_async_event().err().ok_or("an async event")?;
+    println!(
+        "client: idle CM channel errno {}, idle async fd errno {}",
+        e.errno(),
+        a.errno()
+    );
     drop(qp);
     drop((src, cq, pd, ctx, id));
     Ok(())

@@ -4,17 +4,24 @@ use crate::error::Result;
 use crate::ffi::handles::{RawCompChannel, RawCq};
 use crate::ffi::types::IbvWc;
 use crate::translate::{verbs_error, wc_from_ibv};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use verbs::{VerbsError, WorkCompletion};
 
 /// How many completions one `ibv_poll_cq` call takes at most (a stack array).
 pub const POLL_BATCH: usize = 16;
 
 /// A completion event channel (`struct ibv_comp_channel`): its fd is
-/// readable when a CQ bound to it has an event. Destroyed after its last CQ.
+/// readable when the CQ bound to it has an event. Destroyed after its CQ.
+///
+/// One live CQ per channel (enforced by [`crate::Context::create_cq`]):
+/// [`Cq::get_event`] acknowledges each event on the CQ it is for, which it
+/// can only do for its own; an event of another CQ would stay unacknowledged
+/// and make that CQ's `ibv_destroy_cq` wait for ever.
 #[derive(Clone)]
 pub struct CompChannel {
     pub(crate) raw: Arc<RawCompChannel>,
+    /// The CQ bound to the channel, if it lives.
+    pub(crate) bound: Arc<Mutex<Weak<RawCq>>>,
 }
 
 impl std::fmt::Debug for CompChannel {
@@ -106,10 +113,10 @@ impl Cq {
     ///
     /// # Errors
     ///
-    /// [`VerbsError::InvalidArgument`] if the CQ has no channel or the event
-    /// was for another CQ of the same channel (that event is acknowledged
-    /// only when that CQ takes one); [`Error::Verbs`](crate::Error::Verbs)
-    /// with `EAGAIN` (11) on a non-blocking fd with nothing pending.
+    /// [`VerbsError::InvalidArgument`] if the CQ has no channel (or, which
+    /// one CQ per channel rules out, the event was for another CQ);
+    /// [`Error::Verbs`](crate::Error::Verbs) with `EAGAIN` (11) on a
+    /// non-blocking fd with nothing pending.
     pub fn get_event(&self) -> Result<()> {
         let Some(channel) = &self.channel else {
             return Err(VerbsError::InvalidArgument {

@@ -10,7 +10,7 @@ use crate::ffi::RdmaCore;
 use crate::pd::Pd;
 use crate::translate::{async_event_from_ibv, verbs_error};
 use std::sync::Arc;
-use verbs::AsyncEvent;
+use verbs::{AsyncEvent, VerbsError};
 
 /// `enum ibv_transport_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -183,23 +183,37 @@ impl Context {
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         let raw = RawCompChannel::create(&self.raw)
             .map_err(|e| verbs_error("ibv_create_comp_channel", e))?;
-        Ok(CompChannel { raw: Arc::new(raw) })
+        Ok(CompChannel {
+            raw: Arc::new(raw),
+            bound: Arc::default(),
+        })
     }
 
     /// Creates a CQ of at least `cqe` entries (`ibv_create_cq(3)`), bound to
-    /// `channel` for event notification if given.
+    /// `channel` for event notification if given (one live CQ per channel).
     ///
     /// # Errors
     ///
+    /// [`VerbsError::InvalidArgument`] if `channel` already has a live CQ;
     /// [`Error::Verbs`]: `EINVAL` above the device's `max_cqe`; `EOPNOTSUPP`
     /// if the provider has no `poll_cq` / `req_notify_cq`.
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
-        let cqe =
-            i32::try_from(cqe).map_err(|_| verbs::VerbsError::InvalidArgument { what: "cqe" })?;
+        let cqe = i32::try_from(cqe).map_err(|_| VerbsError::InvalidArgument { what: "cqe" })?;
+        let mut bound = channel.map(|c| c.bound.lock().unwrap_or_else(|p| p.into_inner()));
+        if bound.as_ref().is_some_and(|b| b.strong_count() > 0) {
+            return Err(VerbsError::InvalidArgument {
+                what: "completion channel already has a CQ",
+            }
+            .into());
+        }
         let raw = RawCq::create(&self.raw, cqe, channel.map(|c| &c.raw))
             .map_err(|e| verbs_error("ibv_create_cq", e))?;
+        let raw = Arc::new(raw);
+        if let Some(b) = bound.as_mut() {
+            **b = Arc::downgrade(&raw);
+        }
         Ok(Cq {
-            raw: Arc::new(raw),
+            raw,
             channel: channel.map(|c| c.raw.clone()),
         })
     }
@@ -207,6 +221,17 @@ impl Context {
     /// The fd that is readable when [`Context::get_async_event`] has an event.
     pub fn async_fd(&self) -> i32 {
         self.raw.async_fd()
+    }
+
+    /// Makes [`Context::get_async_event`] return `EAGAIN` (errno 11) instead
+    /// of blocking when no event is pending. On a context taken from a CM id
+    /// this changes librdmacm's shared context for every user of it.
+    ///
+    /// # Errors
+    ///
+    /// The OS error of `fcntl`.
+    pub fn set_async_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        crate::ffi::set_nonblocking(self.async_fd(), on)
     }
 
     /// Takes one asynchronous event (`ibv_get_async_event(3)`; blocks unless
