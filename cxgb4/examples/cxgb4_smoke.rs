@@ -6,9 +6,19 @@
 //! check the data and disconnect; everything is dropped in order and
 //! librdmacm's device cache is released.
 //!
-//! Usage: `cxgb4_smoke DEVICE IP [PORT]` (e.g. `cxgb4_smoke siw0 10.99.0.1`).
-//! Exit status 0 and a last line `SMOKE OK` on success; 3 with one line when
-//! rdma-core or the device is missing; 1 on any other failure.
+//! With `--removal`, once both sides are connected (4 receives posted on
+//! each) the device is deleted from another process (`rdma link delete
+//! DEVICE`, in the background, under `timeout 20`): each side must get
+//! exactly one `RDMA_CM_EVENT_DEVICE_REMOVAL` per live id within 5 s, drain
+//! its CQ (every posted receive completes, flushed), destroy the QP, ack,
+//! destroy the ids; the delete, which waits for every uverbs fd and
+//! librdmacm keeps one open, finishes once the process exits (the caller
+//! checks that).
+//!
+//! Usage: `cxgb4_smoke DEVICE IP [PORT] [--removal]` (e.g. `cxgb4_smoke siw0
+//! 10.99.0.1`). Exit status 0 and a last line `SMOKE OK` (or `REMOVAL OK`) on
+//! success; 3 with one line when rdma-core or the device is missing; 1 on
+//! any other failure.
 
 use cxgb4::{CmEventKind, ConnParam, Context, EventChannel, Mr, RdmaCore};
 use std::net::{IpAddr, SocketAddr};
@@ -61,7 +71,78 @@ fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8
 }
 
-fn server(core: Arc<RdmaCore>, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res<()> {
+/// Receives posted per side in the removal run.
+const REMOVAL_RECVS: u64 = 4;
+
+/// Takes `n` events on a non-blocking channel within 5 s, all of them
+/// `DEVICE_REMOVAL` (anything else first is printed and dropped).
+fn wait_removals(chan: &EventChannel, n: usize) -> Res<Vec<cxgb4::CmEvent>> {
+    chan.set_nonblocking(true)?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut evs = Vec::new();
+    while evs.len() < n {
+        match chan.get_event() {
+            Ok(ev) if ev.kind() == CmEventKind::DeviceRemoval => evs.push(ev),
+            Ok(ev) => println!("removal: {} before the removal event", ev.kind()),
+            Err(e) if e.errno() == 11 => {
+                if Instant::now() > deadline {
+                    return Err(format!("{} of {n} removal events within 5 s", evs.len()).into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(evs)
+}
+
+/// Polls `cq` empty; returns (completions, of which flushed).
+fn drain(cq: &cxgb4::Cq) -> Res<(usize, usize)> {
+    let mut all = Vec::new();
+    while cq.poll(16, &mut all)? > 0 {}
+    let flushed = all
+        .iter()
+        .filter(|wc| wc.status == WcStatus::WrFlushErr)
+        .count();
+    Ok((all.len(), flushed))
+}
+
+/// The removal run's end on one side: one removal event per id in `ids`,
+/// drain, then QP, events (ack), ids, in that order.
+fn on_removal(
+    side: &str,
+    chan: &EventChannel,
+    ids: Vec<cxgb4::CmId>,
+    qp: cxgb4::Qp,
+    cq: &cxgb4::Cq,
+) -> Res<()> {
+    let t0 = Instant::now();
+    let evs = wait_removals(chan, ids.len())?;
+    for id in &ids {
+        let n = evs.iter().filter(|e| e.id() == id).count();
+        if n != 1 {
+            return Err(format!("{side}: {n} removal events for one id").into());
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100)); // let flushes land
+    let (wcs, flushed) = drain(cq)?;
+    println!(
+        "{side}: {} removal events (one per id) after {:?}; {wcs} completions, {flushed} flushed",
+        evs.len(),
+        t0.elapsed()
+    );
+    drop(qp);
+    drop(evs);
+    drop(ids);
+    Ok(())
+}
+
+fn server(
+    core: Arc<RdmaCore>,
+    addr: SocketAddr,
+    ready: mpsc::Sender<()>,
+    removal: bool,
+) -> Res<()> {
     let chan = EventChannel::new(&core)?;
     let listener = chan.create_id()?;
     listener.bind_addr(addr)?;
@@ -95,9 +176,20 @@ fn server(core: Arc<RdmaCore>, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res
         responder_resources: ird,
         ..ConnParam::default()
     };
+    if removal {
+        for i in 1..REMOVAL_RECVS {
+            qp.post_recv(&RecvWr::new(1 + i, vec![recv.sge(0, 64).unwrap()]))?;
+        }
+    }
     id.accept(&param)?;
     drop(req); // ack
     expect(&chan, CmEventKind::Established)?;
+    if removal {
+        ready.send(())?;
+        on_removal("server", &chan, vec![id, listener], qp, &cq)?;
+        drop((target, recv, cq, cc, pd, ctx));
+        return Ok(());
+    }
     // Arm, then poll; sleep on the channel only if nothing is there yet (the
     // usual pattern: a completion before the arm raises no event).
     cq.req_notify(false)?;
@@ -132,7 +224,7 @@ fn server(core: Arc<RdmaCore>, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res
     Ok(())
 }
 
-fn client(core: Arc<RdmaCore>, addr: SocketAddr) -> Res<()> {
+fn client(core: Arc<RdmaCore>, addr: SocketAddr, connected: Option<mpsc::Sender<()>>) -> Res<()> {
     let chan = EventChannel::new(&core)?;
     let id = chan.create_id()?;
     id.resolve_addr(None, addr, 2000)?;
@@ -164,7 +256,19 @@ fn client(core: Arc<RdmaCore>, addr: SocketAddr) -> Res<()> {
         responder_resources: ird,
         ..ConnParam::default()
     })?;
+    if connected.is_some() {
+        for i in 0..REMOVAL_RECVS {
+            qp.post_recv(&RecvWr::new(100 + i, vec![src.sge(0, 64).unwrap()]))?;
+        }
+    }
     let est = expect(&chan, CmEventKind::Established)?;
+    if let Some(tx) = connected {
+        drop(est);
+        tx.send(())?;
+        on_removal("client", &chan, vec![id], qp, &cq)?;
+        drop((src, cq, pd, ctx));
+        return Ok(());
+    }
     let pd_bytes = est.private_data().to_vec();
     drop(est);
     if pd_bytes.len() < 12 {
@@ -240,19 +344,56 @@ fn main() {
         eprintln!("{e}");
         std::process::exit(3);
     }
+    let removal = args.iter().any(|a| a == "--removal");
     let (tx, rx) = mpsc::channel();
     let sc = core.clone();
-    let srv = std::thread::spawn(move || server(sc, addr, tx));
+    let stx = tx.clone();
+    let srv = std::thread::spawn(move || server(sc, addr, stx, removal));
     let cli = match rx.recv_timeout(Duration::from_secs(5)) {
-        Ok(()) => client(core.clone(), addr),
+        Ok(()) if removal => {
+            let cc = core.clone();
+            let cli = std::thread::spawn(move || client(cc, addr, Some(tx)));
+            // Both sides connected: delete the device from another process.
+            let both = rx
+                .recv_timeout(Duration::from_secs(5))
+                .and(rx.recv_timeout(Duration::from_secs(5)));
+            let t0 = Instant::now();
+            let del = both.map_err(|e| e.to_string()).and_then(|()| {
+                std::process::Command::new("timeout")
+                    .args(["20", "rdma", "link", "delete", &args[1]])
+                    .spawn()
+                    .map_err(|e| e.to_string())
+            });
+            let cli = cli.join().expect("client thread");
+            let srv_done = t0.elapsed();
+            println!("removal: both sides done {srv_done:?} after the delete started");
+            // librdmacm keeps its cached context of the device open (v44's
+            // sync_devices_list gives up on an empty device list before
+            // closing a removed device's context), and the kernel's delete
+            // waits for every uverbs fd: it finishes when this process exits.
+            let released = cxgb4::release_cached_devices(&core);
+            let listed = cxgb4::devices(&core).map(|d| d.len());
+            println!("removal: after release: librdmacm {released:?}, libibverbs lists {listed:?}");
+            match del {
+                Ok(mut child) => match child.try_wait() {
+                    Ok(None) => {
+                        println!("removal: rdma link delete still waiting (our fds), as expected");
+                        cli
+                    }
+                    other => Err(format!("rdma link delete ended early: {other:?}").into()),
+                },
+                Err(e) => Err(e.into()),
+            }
+        }
+        Ok(()) => client(core.clone(), addr, None),
         Err(_) => Err("server did not start".into()),
     };
     let srv = srv.join().expect("server thread");
     let released = cxgb4::release_cached_devices(&core);
     println!("client: {cli:?}; server: {srv:?}; librdmacm devices after release: {released:?}");
-    if cli.is_ok() && srv.is_ok() {
-        println!("SMOKE OK");
-    } else {
-        std::process::exit(1);
+    match (cli.is_ok() && srv.is_ok(), removal) {
+        (true, false) => println!("SMOKE OK"),
+        (true, true) => println!("REMOVAL OK"),
+        (false, _) => std::process::exit(1),
     }
 }

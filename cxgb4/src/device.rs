@@ -74,11 +74,18 @@ pub fn devices(core: &RdmaCore) -> Result<Vec<DeviceInfo>> {
         .collect())
 }
 
-/// Releases librdmacm's cached device contexts of devices that are gone
-/// (`rdma_get_devices` + `rdma_free_devices`), the last step after a device
-/// removal once every id, QP, CQ, MR and PD of the device is destroyed
-/// (shared/rdma-core-notes.md section 3, step 4). Returns how many devices
-/// librdmacm still lists.
+/// Asks librdmacm to release its cached device contexts of devices that are
+/// gone (`rdma_get_devices` + `rdma_free_devices`), the last step after a
+/// device removal once every id, QP, CQ, MR and PD of the device is
+/// destroyed (shared/rdma-core-notes.md section 3, step 4). Returns how many
+/// devices librdmacm still lists.
+///
+/// Measured on kernel siw (tests/siw_vm.rs): when the removed device was the
+/// only one, this releases nothing: librdmacm 44's `sync_devices_list`
+/// returns `ENODEV` on an empty device list before it closes a removed
+/// device's context, so its uverbs fd stays open and the kernel's `rdma link
+/// delete` waits until the process exits. A process that must let the
+/// removal finish exits (or re-execs) after its cleanup.
 ///
 /// # Errors
 ///

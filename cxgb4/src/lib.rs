@@ -43,7 +43,9 @@
 //!   order makes that wait empty.
 //! - **Device removal** ([`CmEventKind::DeviceRemoval`]): drop the [`Qp`],
 //!   the event (ack), the id, then the PD/CQ/MR of its context, and call
-//!   [`release_cached_devices`] so librdmacm closes its cached context.
+//!   [`release_cached_devices`] so librdmacm closes its cached context; when
+//!   the removed device was the last one, librdmacm 44 keeps it open and the
+//!   kernel's removal completes only at process exit (measured on siw).
 //! - **Threads.** Every object is `Send + Sync`; libibverbs and librdmacm
 //!   lock internally. No callback runs user code: completions are polled,
 //!   CM events taken from the channel.
