@@ -241,6 +241,14 @@ fn client(core: Arc<RdmaCore>, addr: SocketAddr, connected: Option<mpsc::Sender<
     );
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64, None)?;
+    // A CQ of another context (our own open of the same device) is refused.
+    let own = Context::open(&core, &ctx.name())?;
+    let foreign = own.create_cq(8, None)?;
+    match id.create_qp(&pd, &foreign, &cq, QP_CAP, true) {
+        Err(e) if e.errno() == 22 => println!("client: QP with another context's CQ refused: {e}"),
+        other => return Err(format!("QP with a foreign CQ: {other:?}").into()),
+    }
+    drop((foreign, own));
     let qp = id.create_qp(&pd, &cq, &cq, QP_CAP, true)?;
     println!("client: QP {} granted {:?}", qp.qp_num(), qp.cap());
     // LOCAL_WRITE for the Read's sink; REMOTE_WRITE too, as iw_cxgb4 needs.

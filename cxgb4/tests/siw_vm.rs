@@ -134,6 +134,7 @@ fn smoke_on_kernel_siw_in_the_vm() {
             r#"devices: [DeviceInfo { name: "siw0", transport: Iwarp, node_type: 4 }]"#,
             "client: device siw0 caps DeviceCaps {",
             "client: transport Iwarp, port 1 max message ",
+            "client: QP with another context's CQ refused: invalid argument: rdma_create_qp",
             "server: a second CQ on the channel refused: completion channel already has a CQ",
             "client: RDMA Write and Read of 4 KiB verified",
             "client: idle CM channel errno 11, idle async fd errno 11",

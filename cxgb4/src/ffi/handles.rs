@@ -490,7 +490,8 @@ unsafe impl Sync for RawCq {}
 
 impl RawCq {
     /// `ibv_create_cq(3)` with at least `cqe` entries, on `channel` if given.
-    /// `EOPNOTSUPP` if the provider lacks `poll_cq` / `req_notify_cq`.
+    /// `EINVAL` if `channel` belongs to another context; `EOPNOTSUPP` if the
+    /// provider lacks `poll_cq` / `req_notify_cq`.
     pub fn create(
         ctx: &Arc<RawContext>,
         cqe: c_int,
@@ -504,9 +505,12 @@ impl RawCq {
         let (Some(poll_cq), Some(req_notify_cq)) = (poll_cq, req_notify_cq) else {
             return Err(libc::EOPNOTSUPP);
         };
+        if channel.is_some_and(|c| c.ctx.ptr != ctx.ptr) {
+            return Err(libc::EINVAL);
+        }
         let ch = channel.map_or(ptr::null_mut(), |c| c.ptr.as_ptr());
-        // SAFETY: live context; the channel (if any) belongs to it and is kept
-        // alive by the returned handle.
+        // SAFETY: live context; the channel (if any) belongs to it (checked
+        // above) and is kept alive by the returned handle.
         let p =
             unsafe { (ctx.core.ibv.ibv_create_cq)(ctx.ptr.as_ptr(), cqe, ptr::null_mut(), ch, 0) };
         let ptr = NonNull::new(p).ok_or_else(last_errno)?;
@@ -530,13 +534,20 @@ impl RawCq {
         unsafe { (*self.ptr.as_ptr()).cqe }
     }
 
-    /// `ibv_poll_cq(3)` into `out`: the number of completions written.
+    /// `ibv_poll_cq(3)` into `out`: the number of completions written;
+    /// `EIO` for a provider's `-1`, the errno of a `-errno` return.
     pub fn poll(&self, out: &mut [IbvWc]) -> Result<usize, i32> {
         let n = out.len().min(c_int::MAX as usize) as c_int;
         // SAFETY: live CQ; `out` has room for `n` ibv_wc.
         let rc = unsafe { (self.poll_cq)(self.ptr.as_ptr(), n, out.as_mut_ptr()) };
+        // ibv_poll_cq(3): "a negative value" on failure. Providers return
+        // -1 (no errno meant) or a negative errno; -1 reads as EIO, not EPERM.
         if rc < 0 {
-            Err(if -rc > 0 { -rc } else { libc::EIO })
+            Err(if rc == -1 || rc == c_int::MIN {
+                libc::EIO
+            } else {
+                -rc
+            })
         } else {
             Ok(rc as usize)
         }
@@ -899,8 +910,10 @@ unsafe impl Sync for RawQp {}
 
 impl RawQp {
     /// `rdma_create_qp(3)` on `id` (an RC QP); returns the QP and the
-    /// capabilities the provider granted. `EINVAL` if `pd` is not of the
-    /// id's device context, `EOPNOTSUPP` if the provider lacks post calls.
+    /// capabilities the provider granted. `EINVAL` unless the PD and both
+    /// CQs are of the id's device context (uverbs handles are per context:
+    /// a CQ of another context could alias one of this context's);
+    /// `EOPNOTSUPP` if the provider lacks post calls.
     pub fn create(
         id: &Arc<RawCmId>,
         pd: &Arc<RawPd>,
@@ -917,6 +930,12 @@ impl RawQp {
         let (Some(post_send), Some(post_recv)) = (post_send, post_recv) else {
             return Err(libc::EOPNOTSUPP);
         };
+        // SAFETY: live id, field read.
+        let verbs = unsafe { (*id.ptr.as_ptr()).verbs };
+        let ctx = pd.ctx.ptr.as_ptr();
+        if verbs != ctx || send_cq.ctx.ptr.as_ptr() != ctx || recv_cq.ctx.ptr.as_ptr() != ctx {
+            return Err(libc::EINVAL);
+        }
         let mut attr = IbvQpInitAttr {
             qp_context: ptr::null_mut(),
             send_cq: send_cq.ptr.as_ptr(),
