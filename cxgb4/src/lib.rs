@@ -35,6 +35,10 @@
 //!
 //! - **Memory.** An [`Mr`] owns its buffer (a boxed slice that cannot move or
 //!   be freed while registered); it is deregistered before it is freed.
+//!   Keep an MR until the WRs posted on it have completed (or their QP is
+//!   destroyed): WRs name memory by address and lkey, not by a borrow, and
+//!   a provider may still write a WR's pages after deregistration (see the
+//!   [`ffi`] contract, item 4).
 //! - **Order of destruction.** Every object holds its parents (`Arc`), so
 //!   children go first: MR -> PD -> context; QP -> id, PD, CQs; CQ ->
 //!   channel, context; id -> event channel. A [`CmEvent`] holds its id and

@@ -53,7 +53,9 @@ impl Pd {
 }
 
 /// A memory region (`struct ibv_mr`) over a buffer it owns. Holds its PD;
-/// on drop it deregisters, then frees the buffer.
+/// on drop it deregisters, then frees the buffer. Drop it only after the WRs
+/// posted on it have completed (or their QP is gone): see the crate's
+/// contract on memory.
 pub struct Mr {
     raw: RawMr,
     access: AccessFlags,

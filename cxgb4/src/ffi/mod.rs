@@ -44,6 +44,13 @@
 //!    whose addresses the device checks against the MR of their `lkey`; the
 //!    CPU dereferences an address only for inline data, which
 //!    [`handles::RawQp::post_send`] takes as a borrowed slice.
+//!    **Not enforced:** an MR must outlive the WRs posted on it. A WR names
+//!    memory by address and lkey (`verbs::Sge`), not by a borrow of the
+//!    [`handles::RawMr`], and a provider may keep its own reference to the
+//!    pinned pages of a WR in flight after `ibv_dereg_mr` returns (siw takes
+//!    one per WQE); dropping the MR before that WR completes lets the device
+//!    write memory the allocator has reused. Callers drop MRs after the
+//!    completions of the WRs that use them (or after the QP is destroyed).
 //! 5. **Events and ids (librdmacm).** `rdma_destroy_id` waits until every
 //!    event reported for the id has been acked. A [`handles::RawCmEvent`]
 //!    acks on drop, and the safe layer keeps the id of an event alive while
