@@ -86,7 +86,7 @@ fn run_in_vm(test: &str, letter: char, cmd: &str) -> Option<String> {
         String::from_utf8_lossy(&up.stderr)
     );
     let out = Command::new("timeout")
-        .arg("240")
+        .arg("400")
         .arg(script_path())
         .env("SIWVM_NETNS", &lab.ns)
         .env("SIWVM_RUN", &lab.run_dir)
@@ -124,7 +124,7 @@ fn assert_lines(console: &str, lines: &[&str]) {
 
 #[test]
 fn smoke_on_kernel_siw_in_the_vm() {
-    let cmd = "timeout 60 /opt/cx4/cxgb4_smoke siw0 10.99.0.1 7471";
+    let cmd = "timeout 120 /opt/cx4/cxgb4_smoke siw0 10.99.0.1 7471";
     let Some(console) = run_in_vm("smoke_on_kernel_siw_in_the_vm", 's', cmd) else {
         return;
     };
@@ -147,13 +147,15 @@ fn smoke_on_kernel_siw_in_the_vm() {
 }
 
 /// `rdma link delete siw0` from another process while connected: one
-/// DEVICE_REMOVAL per live id (server: the connection's id and the listener;
-/// client: its id) within 5 s, the 4 posted receives of each side flushed,
-/// teardown done; the delete still waits while the process lives
-/// (librdmacm's cached context) and finishes as soon as it exits.
+/// DEVICE_REMOVAL per live id (server: the connection's id and the
+/// listener; client: its id; about 150 ms on an idle host), the 4 posted
+/// receives of each side flushed, teardown done with the id handles dropped
+/// before their events (the ack-before-destroy order is the events' own);
+/// the delete still waits while the process lives (librdmacm's cached
+/// context) and finishes as soon as it exits.
 #[test]
 fn device_removal_on_kernel_siw_in_the_vm() {
-    let cmd = "timeout 60 /opt/cx4/cxgb4_smoke siw0 10.99.0.1 7472 --removal; \
+    let cmd = "timeout 120 /opt/cx4/cxgb4_smoke siw0 10.99.0.1 7472 --removal; \
                n=0; while rdma link show | grep -q siw0 && [ $n -lt 100 ]; do \
                sleep 0.05; n=$((n+1)); done; echo \"siw0 listed for $n more polls\"";
     let Some(console) = run_in_vm("device_removal_on_kernel_siw_in_the_vm", 'r', cmd) else {
