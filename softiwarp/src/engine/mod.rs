@@ -1149,10 +1149,16 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
                     return;
                 }
                 let nap = match view {
-                    EngineView::Lease(until) => lease_nap(
-                        Duration::from_micros(until.saturating_sub(driving.now_us())),
-                        renewed_naps,
-                    ),
+                    EngineView::Lease(until) => {
+                        let left = Duration::from_micros(until.saturating_sub(driving.now_us()));
+                        // Only a lease renewed within its last quarter (a thread driving
+                        // without pause, as a ping-pong's) lets the naps grow; one left to
+                        // run out is taken back when it lapses.
+                        if left < LEASE - LEASE / 4 {
+                            renewed_naps = 0;
+                        }
+                        lease_nap(left, renewed_naps)
+                    }
                     _ => POLLER_SAFETY_SLEEP,
                 };
                 woken = sleep(None, Some(wake), Some(nap));
