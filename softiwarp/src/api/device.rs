@@ -132,6 +132,15 @@ pub struct DeviceConfig {
     /// `setns(2)` before it opens the link; `None`: the namespace of the thread calling
     /// [`Device::open`].
     pub netns: Option<PathBuf>,
+    /// The iWARP hardware rule for an RDMA Read's sink: its MR needs `REMOTE_WRITE` as
+    /// well as `LOCAL_WRITE` (iw_cxgb4, and the kernel's `rdma_rw` and svcrdma, which add
+    /// it for iWARP: "iWARP requires remote write access for the data sink of an
+    /// RDMA_READ"); a Read whose sink lacks it completes with
+    /// [`WcStatus::LocProtErr`](verbs::WcStatus::LocProtErr) and the QP goes to Error,
+    /// as one without `LOCAL_WRITE` does. Default `false`, as Linux siw
+    /// (`siw_proc_rresp` checks `LOCAL_WRITE` only); turn it on to find, on the soft
+    /// device, the applications that would fail on Chelsio hardware.
+    pub strict_read_sink: bool,
 }
 
 impl DeviceConfig {
@@ -155,6 +164,7 @@ impl DeviceConfig {
             half_open_max: crate::transport::DEFAULT_HALF_OPEN_MAX,
             engine: EngineConfig::default(),
             netns: None,
+            strict_read_sink: false,
         }
     }
 }
@@ -319,6 +329,7 @@ impl Device {
             half_open_max,
             engine,
             netns,
+            strict_read_sink,
         } = config;
         let stack_cfg = StackConfig {
             interface,
@@ -401,12 +412,10 @@ impl Device {
         };
         tracing::info!(device = %name, address = %interface.address, mtu = started.mtu, "device open");
         Ok(Device {
-            handle: Arc::new(Handle::new(
-                cmd_tx,
-                Waker::engine(wake),
-                shared,
-                started.driving,
-            )),
+            handle: Arc::new(
+                Handle::new(cmd_tx, Waker::engine(wake), shared, started.driving)
+                    .with_strict_read_sink(strict_read_sink),
+            ),
             thread: Some(thread),
             name,
             address: interface.address,

@@ -645,6 +645,9 @@ impl Qp {
         let qpn = handle.next_qpn();
         let mut init = QpInit::new(qpn, pd.inner.id, attr.cap);
         init.sq_sig_all = attr.sq_sig_all;
+        if handle.strict_read_sink {
+            init.read_sink_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        }
         let engine = QpEngine::new(
             init,
             Arc::clone(&handle.mrs),

@@ -61,6 +61,8 @@ pub(crate) struct Handle {
     next_cq: std::sync::atomic::AtomicU32,
     /// Who drives the device: its progress lock and the owner of its link.
     pub(crate) driving: Arc<super::Driving>,
+    /// [`crate::DeviceConfig::strict_read_sink`].
+    pub(crate) strict_read_sink: bool,
 }
 
 /// A post call's budget: one pass (siw caps a burst in the caller's context too).
@@ -93,7 +95,14 @@ impl Handle {
             next_qpn: std::sync::atomic::AtomicU32::new(1),
             next_cq: std::sync::atomic::AtomicU32::new(1),
             driving,
+            strict_read_sink: false,
         }
+    }
+
+    /// The same handle with [`crate::DeviceConfig::strict_read_sink`] set to `strict`.
+    pub(crate) fn with_strict_read_sink(mut self, strict: bool) -> Handle {
+        self.strict_read_sink = strict;
+        self
     }
 
     /// True if verbs calls drive the device ([`super::ProgressMode::Hybrid`]).

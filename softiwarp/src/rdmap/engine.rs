@@ -263,6 +263,12 @@ pub struct QpInit {
     /// Incoming remote operations accepted at all (`qp_access_flags`):
     /// `REMOTE_WRITE` (RDMA Write), `REMOTE_READ` (RDMA Read Request).
     pub access: AccessFlags,
+    /// What the sink MR of this QP's RDMA Reads must allow: `LOCAL_WRITE` (Linux siw,
+    /// the default), or `LOCAL_WRITE | REMOTE_WRITE` (the iWARP hardware rule,
+    /// [`crate::DeviceConfig::strict_read_sink`]). Checked when the Read starts and at
+    /// every Read Response placed; a failure completes the Read with
+    /// [`WcStatus::LocProtErr`].
+    pub read_sink_access: AccessFlags,
 }
 
 impl QpInit {
@@ -277,6 +283,7 @@ impl QpInit {
             ord: 16,
             ird: 16,
             access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            read_sink_access: AccessFlags::LOCAL_WRITE,
         }
     }
 }

@@ -39,6 +39,8 @@ pub struct Setup {
     pub spin: Option<Duration>,
     /// Who drives the devices (`None`: the default, `SOFTIWARP_PROGRESS`).
     pub progress: Option<softiwarp::ProgressMode>,
+    /// `DeviceConfig::strict_read_sink` of both devices.
+    pub strict_read_sink: bool,
 }
 
 impl Default for Setup {
@@ -52,6 +54,7 @@ impl Default for Setup {
             pcap: None,
             spin: None,
             progress: None,
+            strict_read_sink: false,
         }
     }
 }
@@ -142,6 +145,7 @@ fn device(name: &str, host: u8, lc: LinkConfig, s: &Setup) -> Device {
     if let Some(mode) = s.progress {
         cfg.engine.progress = mode;
     }
+    cfg.strict_read_sink = s.strict_read_sink;
     Device::open(cfg).expect("device")
 }
 

@@ -153,6 +153,44 @@ fn read_without_remote_read_right_terminates() {
     b.wait_state(QpState::Error);
 }
 
+/// `DeviceConfig::strict_read_sink` (the iWARP hardware rule of iw_cxgb4): an RDMA
+/// Read into an MR with `LOCAL_WRITE` but not `REMOTE_WRITE` completes with
+/// `LocProtErr` and nothing is read, and the QP goes to Error; with `REMOTE_WRITE` too
+/// the same Read succeeds. Without the option (Linux siw's rule) `LOCAL_WRITE` is enough.
+#[test]
+fn strict_read_sink_needs_remote_write() {
+    for (strict, sink_access, want) in [
+        (true, AccessFlags::LOCAL_WRITE, WcStatus::LocProtErr),
+        (
+            true,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            WcStatus::Success,
+        ),
+        (false, AccessFlags::LOCAL_WRITE, WcStatus::Success),
+    ] {
+        let (a, b) = pair(&Setup {
+            strict_read_sink: strict,
+            ..Setup::default()
+        });
+        let source = b.pd.reg_mr(4096, 0x8000, all_access()).unwrap();
+        source.write(0, &pattern(4096, 7)).unwrap();
+        let sink = a.pd.reg_mr(4096, 0x1000, sink_access).unwrap();
+        a.qp.post_send(
+            SendWr::rdma_read(1, vec![sink.sge(0, 4096)], source.iova(), source.rkey())
+                .with_flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+        let w = a.send_wcs(1);
+        assert_eq!(w[0].status, want, "strict {strict}, sink {sink_access:?}");
+        if want == WcStatus::Success {
+            assert_eq!(sink.to_vec(), pattern(4096, 7));
+        } else {
+            assert!(sink.to_vec().iter().all(|&x| x == 0), "nothing was read");
+            a.wait_state(QpState::Error);
+        }
+    }
+}
+
 #[test]
 fn write_to_an_invalidated_stag_terminates() {
     let (a, b) = pair(&Setup::default());

@@ -150,7 +150,8 @@ impl QpEngine {
     /// OpCode"; a mismatching one a DDP Tagged Buffer Error ("Invalid STag" for the
     /// STag, "Base or bounds violation" for TO and length, as siw
     /// `siw_rresp_check_ntoh`), and the Read WR completes with
-    /// [`WcStatus::BadRespErr`]. Placement needs `LOCAL_WRITE` on our sink MR; a
+    /// [`WcStatus::BadRespErr`]. Placement needs `LOCAL_WRITE` on our sink MR
+    /// ([`QpInit::read_sink_access`](super::QpInit::read_sink_access)); a
     /// failure there completes the Read WR with [`WcStatus::LocProtErr`].
     fn rx_read_response(&mut self, u: &Ulpdu<'_>, bytes: &[u8]) -> Result<(), RxError> {
         let BufferModel::Tagged { stag, to } = u.header.buffer else {
@@ -183,7 +184,7 @@ impl QpEngine {
         }
         if !data.is_empty() {
             let stag = Stag::from_raw(stag);
-            let placed = match self.place_tagged(stag, to, data, AccessFlags::LOCAL_WRITE) {
+            let placed = match self.place_tagged(stag, to, data, self.init.read_sink_access) {
                 Some(r) => r.map_err(|e| e.tagged_cause()),
                 None => Err(bad(DdpTaggedCode::InvalidStag)),
             };

@@ -327,7 +327,10 @@ impl QpEngine {
                     let Payload::Sges(sges) = &payload else {
                         return self.local_failure(Some((seq, WcStatus::LocQpOpErr)), None);
                     };
-                    if self.resolve_sges(sges, AccessFlags::LOCAL_WRITE).is_none() {
+                    if self
+                        .resolve_sges(sges, self.init.read_sink_access)
+                        .is_none()
+                    {
                         return self.local_failure(Some((seq, WcStatus::LocProtErr)), None);
                     }
                     let mut subs = Vec::new();
