@@ -950,7 +950,8 @@ const POLLER_MAX_SLEEP: Duration = Duration::from_millis(1);
 pub(crate) const LEASE: Duration = Duration::from_micros(200);
 
 /// Longest nap of the engine thread while application threads keep renewing the lease:
-/// 3.2 ms. Each time the engine wakes at a lapse and finds the lease renewed it naps
+/// 3.2 ms. Each time the engine wakes at a lapse and finds the lease renewed (within
+/// its last quarter: a thread driving without pause) it naps
 /// twice as long (200, 400, 800, 1,600, 3,200 us), and back to the lease once it drove
 /// or was woken. At one wake-up per lease (200 us) the engine's context switches
 /// delayed about one 8-byte ping-pong round trip in twenty on a shared core (p99 about
