@@ -130,6 +130,32 @@ impl Default for LocalSettings {
     }
 }
 
+impl LocalSettings {
+    /// The MPA defaults of Chelsio's iw_cxgb4 (T5/T6 iWARP hardware): revision 2 with
+    /// the IRD/ORD word (`mpa_rev` = 2), CRC asked for (`crc_enabled` = 1), no Markers
+    /// (`markers_enabled` = 0), peer-to-peer mode (`peer2peer` = 1) with a zero-length
+    /// RDMA Read as the RTR (`p2p_type` = 1, `FW_RI_INIT_P2PTYPE_READ_REQ`); module
+    /// parameters of `drivers/infiniband/hw/cxgb4/cm.c`. As responder it accepts a Read
+    /// RTR only. IRD = ORD = 1 (peer-to-peer mode needs at least 1 of each: the RTR is a
+    /// Read); the rest as [`LocalSettings::default`].
+    pub fn chelsio() -> LocalSettings {
+        LocalSettings {
+            rev: 2,
+            crc: CrcPolicy::Wanted,
+            markers_rx: false,
+            p2p: true,
+            rtr: crate::wire::RtrKinds {
+                send: false,
+                write: false,
+                read: true,
+            },
+            ird: 1,
+            ord: 1,
+            ..LocalSettings::default()
+        }
+    }
+}
+
 /// Local settings that cannot be put on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SettingsError {

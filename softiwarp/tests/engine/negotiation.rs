@@ -593,3 +593,39 @@ fn revision_3_request_gets_a_reject_reply_then_fin() {
     assert!(reply.starts_with(b"MPA ID Rep Frame"), "{reply:?}");
     assert_eq!(reply[16] & 0x20, 0, "accepted");
 }
+
+/// `LocalSettings::chelsio()` (iw_cxgb4's module defaults) on both sides: revision 2,
+/// CRC on, no Markers, peer-to-peer with a zero-length Read RTR (whose Read Response MPA
+/// consumes: Read MSN 2 next), IRD = ORD = 1, and data flows. Against Linux siw's
+/// defaults as responder (which accepts Write and Read RTRs and CRC when asked) the same;
+/// a siw-default initiator (no P2P) is accepted in client-server mode.
+#[test]
+fn chelsio_profile_against_itself_and_siw_defaults() {
+    let cases = [
+        (LocalSettings::chelsio(), LocalSettings::chelsio(), true),
+        (LocalSettings::chelsio(), LocalSettings::default(), true),
+        (LocalSettings::default(), LocalSettings::chelsio(), false),
+    ];
+    for (i, (ini, rsp, p2p)) in cases.into_iter().enumerate() {
+        let mut o = negotiate(ini, rsp, accept());
+        let a = o.a_established();
+        let b = o.b_established();
+        for (side, e) in [("initiator", &a), ("responder", &b)] {
+            assert_eq!(e.agreed.rev, 2, "case {i} {side}");
+            assert!(e.agreed.crc, "case {i} {side}: CRC");
+            assert!(
+                !e.agreed.markers_rx && !e.agreed.markers_tx,
+                "case {i} {side}"
+            );
+            assert_eq!(
+                e.agreed.rtr,
+                p2p.then_some(RtrKind::Read),
+                "case {i} {side}: RTR"
+            );
+        }
+        assert_eq!(a.initial_msn.read_tx, if p2p { 2 } else { 1 }, "case {i}");
+        assert_eq!(b.initial_msn.read_rx, if p2p { 2 } else { 1 }, "case {i}");
+        o.exchange();
+        assert_eq!(o.p.a.stack.stats().ulpdus_rx, 50, "case {i}");
+    }
+}
