@@ -29,6 +29,7 @@ fn options(name: &str, link: MemoryLink, ip: Ipv4Addr) -> DeviceOptions {
         crc: true,
         markers: false,
         mpa_rev: 2,
+        profile: Default::default(),
         pcap: None,
         engine_spin: Duration::ZERO,
         progress: softiwarp::ProgressMode::Engine,

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bench::iwperf::conn::{DeviceOptions, LinkChoice};
+use bench::iwperf::conn::{DeviceOptions, LinkChoice, MpaProfile};
 use bench::iwperf::datapath::{Progress, RunLength, ServerLimits, Tuning};
 use bench::iwperf::demo::{self, DemoConfig};
 use bench::iwperf::peer::{run_client, run_server, ClientTest};
@@ -92,6 +92,11 @@ struct MpaArgs {
     /// MPA revision (2 carries IRD/ORD; 1 is RFC 5044).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     mpa_rev: u8,
+    /// MPA defaults to start from: Linux siw's (no peer-to-peer mode), or Chelsio
+    /// iw_cxgb4's (peer-to-peer mode with a zero-length Read as the RTR); --crc,
+    /// --markers and --mpa-rev apply on top.
+    #[arg(long, value_enum, default_value = "siw")]
+    mpa_profile: MpaProfile,
     /// Engine busy-poll time after activity, in microseconds.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -352,6 +357,7 @@ fn device_options(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<DeviceOptions
         crc: m.crc == OnOff::On,
         markers: m.markers == OnOff::On,
         mpa_rev: m.mpa_rev,
+        profile: m.mpa_profile,
         pcap: l.link.pcap.clone().map(|p| (p, l.pcap_limit)),
         engine_spin: Duration::from_micros(m.spin_us),
         progress: m.progress_mode.mode(),

@@ -26,7 +26,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mpa::negotiate::CrcPolicy;
+use mpa::negotiate::{CrcPolicy, LocalSettings};
 use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, RdmaCmConfig};
 use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::link::{Link, MemoryLink, Pcap, TapLink};
@@ -66,6 +66,8 @@ pub struct DeviceOptions {
     pub markers: bool,
     /// MPA revision, 1 or 2.
     pub mpa_rev: u8,
+    /// The MPA defaults the other settings start from.
+    pub profile: MpaProfile,
     /// Capture the link to this pcap file, keeping at most this many bytes (whole
     /// records, [`netlab::capture::CappedPcap`]).
     pub pcap: Option<(PathBuf, u64)>,
@@ -75,6 +77,17 @@ pub struct DeviceOptions {
     pub progress: softiwarp::ProgressMode,
     /// TCP send and receive buffer in bytes.
     pub tcp_buffer: usize,
+}
+
+/// Whose MPA defaults the soft device starts from (`--mpa-profile`); `crc`, `markers`
+/// and `mpa_rev` of [`DeviceOptions`] apply on top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MpaProfile {
+    /// Linux siw's (`LocalSettings::default()`): no peer-to-peer mode.
+    #[default]
+    Siw,
+    /// Chelsio iw_cxgb4's (`LocalSettings::chelsio()`): peer-to-peer mode with a Read RTR.
+    Chelsio,
 }
 
 /// Opens the soft device as `opts` says (a TAP is waited for until it reports up, at
@@ -131,6 +144,10 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
         cfg.interface.mac = mac;
     }
     cfg.interface.random_seed ^= u64::from(std::process::id()) << 20;
+    cfg.mpa.settings = match opts.profile {
+        MpaProfile::Siw => LocalSettings::default(),
+        MpaProfile::Chelsio => LocalSettings::chelsio(),
+    };
     cfg.mpa.settings.rev = opts.mpa_rev;
     cfg.mpa.settings.crc = if opts.crc {
         CrcPolicy::Wanted

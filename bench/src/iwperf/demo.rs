@@ -431,6 +431,7 @@ fn device_options(
         crc: cfg.crc,
         markers: cfg.markers,
         mpa_rev: cfg.mpa_rev,
+        profile: Default::default(),
         pcap: pcap.map(|p| (p, cfg.pcap_limit)),
         engine_spin: cfg.spin,
         progress: cfg.progress,

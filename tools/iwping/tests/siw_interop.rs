@@ -635,6 +635,24 @@ fn p2p_siw_both_directions_with_write_and_read_rtr() {
             ..plain(10)
         },
     );
+    // The Chelsio iw_cxgb4 defaults (`LocalSettings::chelsio()`, iwperf's
+    // `--mpa-profile chelsio`): P2P with a Read RTR and CRC asked for; siw's p2p build
+    // answers the Read RTR and uses CRC because we asked.
+    pass(
+        &vm,
+        RunSpec {
+            label: "p2p-c-chelsio",
+            direction: Direction::OursClient,
+            pings: 10,
+            size: 64,
+            iwping_args: &["--p2p", "--rtr", "read", "--crc", "wanted"],
+        },
+        Expect {
+            rtr: Some("ReadRequest"),
+            crc: true,
+            ..plain(10)
+        },
+    );
 }
 
 #[test]
