@@ -38,6 +38,9 @@ pub enum LinkSpec {
     Tap(String),
     /// One end of an in-process [`MemoryLink`] pair.
     Memory(MemoryLink),
+    /// A UDP link (`UdpLink::open`, Ethernet frames as datagrams to a fixed peer; no
+    /// root), opened on the engine thread.
+    Udp(crate::link::UdpConfig),
     /// Any other link, built by the caller.
     Boxed(Box<dyn Link>),
 }
@@ -47,6 +50,7 @@ impl std::fmt::Debug for LinkSpec {
         match self {
             LinkSpec::Tap(n) => write!(f, "Tap({n:?})"),
             LinkSpec::Memory(m) => write!(f, "Memory({})", m.name()),
+            LinkSpec::Udp(c) => write!(f, "Udp({} -> {})", c.bind, c.peer),
             LinkSpec::Boxed(l) => write!(f, "Boxed({})", l.name()),
         }
     }
@@ -89,6 +93,15 @@ impl LinkConfig {
     pub fn memory(link: MemoryLink) -> Self {
         LinkConfig {
             spec: LinkSpec::Memory(link),
+            pcap: None,
+            faults: None,
+        }
+    }
+
+    /// A UDP link ([`crate::link::udp`]); no capture, no faults.
+    pub fn udp(cfg: crate::link::UdpConfig) -> Self {
+        LinkConfig {
+            spec: LinkSpec::Udp(cfg),
             pcap: None,
             faults: None,
         }
@@ -287,6 +300,7 @@ fn open_link(cfg: LinkConfig) -> Result<Box<dyn Link>, LinkError> {
     let mut link: Box<dyn Link> = match cfg.spec {
         LinkSpec::Tap(name) => Box::new(TapLink::open(&name)?),
         LinkSpec::Memory(m) => Box::new(m),
+        LinkSpec::Udp(c) => Box::new(crate::link::UdpLink::open(&c)?),
         LinkSpec::Boxed(l) => l,
     };
     if let Some(f) = cfg.faults {

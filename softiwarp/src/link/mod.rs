@@ -67,11 +67,13 @@ pub mod memory;
 pub mod pcap;
 pub(crate) mod rtnl;
 pub mod tap;
+pub mod udp;
 
 pub use faults::{CorruptedFrame, Direction, FaultConfig, FaultStats, Faults};
 pub use memory::{MemoryConfig, MemoryControl, MemoryLink};
 pub use pcap::{Pcap, PcapClock, PCAP_LINKTYPE_ETHERNET, PCAP_SNAPLEN};
 pub use tap::{TapLink, TapOptions, TAP_MAX_MTU};
+pub use udp::{UdpConfig, UdpLink, UDP_MAX_MTU};
 
 /// Length in bytes of an Ethernet II header (two 6-byte MACs and a 2-byte EtherType),
 /// IEEE 802.3 clause 3.1.1; TAP frames carry no preamble and no FCS.

@@ -9,3 +9,4 @@ mod device;
 mod listener;
 mod negotiation;
 mod pair;
+mod udp;
