@@ -138,6 +138,23 @@ impl Pd {
         Ok(Mr::new(mr, Arc::clone(&self.inner)))
     }
 
+    /// [`Pd::reg_user_mr`] past its unsafe step (the memory already wrapped).
+    pub(crate) fn reg_user_memory(
+        &self,
+        mem: crate::resources::UserMemory,
+        iova: u64,
+        access: AccessFlags,
+        options: MrOptions,
+    ) -> Result<Mr, VerbsError> {
+        self.inner.handle.alive()?;
+        let mr =
+            self.inner
+                .handle
+                .mrs
+                .reg_user_memory(self.inner.id, mem, iova, access, options)?;
+        Ok(Mr::new(mr, Arc::clone(&self.inner)))
+    }
+
     /// Allocates an MR of up to `max_len` bytes for fast registration (kernel
     /// `ib_alloc_mr`): invalid and without rights until a [`verbs::FastReg`] send WR
     /// ([`SendWr::fast_reg`]) registers it with a key, range and rights; a Local

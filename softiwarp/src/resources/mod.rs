@@ -11,3 +11,5 @@
 pub mod completion_queue;
 pub(crate) mod event_queue;
 pub mod stag_table;
+mod user_memory;
+pub(crate) use user_memory::UserMemory;

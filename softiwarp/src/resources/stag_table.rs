@@ -285,7 +285,71 @@ struct MrInner {
     access: AccessFlags,
     pd: PdId,
     state: MrState,
-    data: Box<[u8]>,
+    data: MrBuffer,
+}
+
+/// The bytes of an MR: a zeroed buffer the library allocated ([`MrTable::reg_mr`],
+/// [`MrTable::alloc_mr`]), or the application's own memory
+/// ([`MrTable::reg_user_mr`], reached only through [`super::user_memory`]).
+#[derive(Debug)]
+enum MrBuffer {
+    Owned(Box<[u8]>),
+    User(super::user_memory::UserMemory),
+}
+
+impl MrBuffer {
+    fn len(&self) -> usize {
+        match self {
+            MrBuffer::Owned(b) => b.len(),
+            MrBuffer::User(u) => u.len(),
+        }
+    }
+
+    /// Copies `data` to byte `off`; false (nothing copied) if it does not fit.
+    fn copy_in(&mut self, off: usize, data: &[u8]) -> bool {
+        match self {
+            MrBuffer::Owned(b) => match off.checked_add(data.len()).and_then(|e| b.get_mut(off..e))
+            {
+                Some(dst) => {
+                    dst.copy_from_slice(data);
+                    true
+                }
+                None => false,
+            },
+            MrBuffer::User(u) => u.copy_in(off, data),
+        }
+    }
+
+    /// Copies `out.len()` bytes from byte `off`; false (nothing copied) if out of range.
+    fn copy_out(&self, off: usize, out: &mut [u8]) -> bool {
+        match self {
+            MrBuffer::Owned(b) => match off.checked_add(out.len()).and_then(|e| b.get(off..e)) {
+                Some(src) => {
+                    out.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            },
+            MrBuffer::User(u) => u.copy_out(off, out),
+        }
+    }
+
+    /// Hands `len` bytes at `off` to `f` (`None` if out of range). Owned: in place;
+    /// user memory: a copy, so that no reference into the application's memory is
+    /// formed (the [`super::user_memory`] contract).
+    fn with_bytes<R>(&self, off: usize, len: usize, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+        match self {
+            MrBuffer::Owned(b) => f(off.checked_add(len).and_then(|e| b.get(off..e))),
+            MrBuffer::User(u) => {
+                let mut copy = vec![0u8; len];
+                if u.copy_out(off, &mut copy) {
+                    f(Some(&copy))
+                } else {
+                    f(None)
+                }
+            }
+        }
+    }
 }
 
 impl MrInner {
@@ -438,9 +502,7 @@ impl MemoryRegion {
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
         let mut g = self.lock();
         let range = self.buffer_range(&g, offset, data.len())?;
-        if let Some(dst) = g.data.get_mut(range) {
-            dst.copy_from_slice(data);
-        }
+        g.data.copy_in(range.start, data);
         Ok(())
     }
 
@@ -454,15 +516,16 @@ impl MemoryRegion {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
         let g = self.lock();
         let range = self.buffer_range(&g, offset, out.len())?;
-        if let Some(src) = g.data.get(range) {
-            out.copy_from_slice(src);
-        }
+        g.data.copy_out(range.start, out);
         Ok(())
     }
 
     /// A copy of the whole buffer ([`MemoryRegion::capacity`] bytes).
     pub fn to_vec(&self) -> Vec<u8> {
-        self.lock().data.to_vec()
+        let g = self.lock();
+        let mut v = vec![0u8; g.data.len()];
+        g.data.copy_out(0, &mut v);
+        v
     }
 
     fn buffer_range(
@@ -507,9 +570,7 @@ impl MemoryRegion {
     ) -> Result<(), ProtectionError> {
         let mut g = self.lock();
         let off = g.check(stag, pd, to, data.len() as u64, needed)?;
-        if let Some(dst) = g.data.get_mut(off..off + data.len()) {
-            dst.copy_from_slice(data);
-        }
+        g.data.copy_in(off, data);
         Ok(())
     }
 
@@ -517,17 +578,7 @@ impl MemoryRegion {
     /// the buffer: bytes that would fall outside it are dropped (cannot happen for a
     /// resolved range, whose buffer never shrinks). Returns false if dropped.
     pub(crate) fn store(&self, off: usize, data: &[u8]) -> bool {
-        let mut g = self.lock();
-        match off
-            .checked_add(data.len())
-            .and_then(|end| g.data.get_mut(off..end))
-        {
-            Some(dst) => {
-                dst.copy_from_slice(data);
-                true
-            }
-            None => false,
-        }
+        self.lock().data.copy_in(off, data)
     }
 
     /// Hands `len` bytes at buffer offset `off` to `f` while the lock is held (the
@@ -539,8 +590,7 @@ impl MemoryRegion {
         len: usize,
         f: impl FnOnce(Option<&[u8]>) -> R,
     ) -> R {
-        let g = self.lock();
-        f(off.checked_add(len).and_then(|end| g.data.get(off..end)))
+        self.lock().data.with_bytes(off, len, f)
     }
 }
 
@@ -818,6 +868,45 @@ impl MrTable {
         })
     }
 
+    /// [`MrTable::reg_user_mr`] past its unsafe step: registers `mem` (the
+    /// application's own memory, already wrapped under the [`super::user_memory`]
+    /// contract) at iova `iova`. Otherwise as [`MrTable::reg_mr_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`MrTable::reg_mr`].
+    pub(crate) fn reg_user_memory(
+        &self,
+        pd: PdId,
+        mem: super::user_memory::UserMemory,
+        iova: u64,
+        access: AccessFlags,
+        options: MrOptions,
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
+        access.validate_for_mr()?;
+        let length = mem.len() as u64;
+        if length > MAX_MR_LEN {
+            return Err(VerbsError::InvalidArgument { what: "length" });
+        }
+        if iova.checked_add(length).is_none() {
+            return Err(VerbsError::InvalidArgument { what: "iova" });
+        }
+        let kind = MrKind {
+            fast_reg: false,
+            remote_inv: options.remote_invalidate,
+        };
+        self.insert_buffer(pd, MrBuffer::User(mem), kind, |key, data| MrInner {
+            key,
+            fast_reg_key: None,
+            iova,
+            length,
+            access,
+            pd,
+            state: MrState::Valid,
+            data,
+        })
+    }
+
     /// Allocates an MR of up to `max_len` bytes for fast registration (kernel
     /// `ib_alloc_mr`, siw `siw_alloc_mr`): invalid, no rights, length 0, until a
     /// [`FastReg`] WR (or [`MrTable::fast_reg`]) registers it.
@@ -850,7 +939,7 @@ impl MrTable {
         pd: PdId,
         len: u64,
         kind: MrKind,
-        make: impl FnOnce(u8, Box<[u8]>) -> MrInner,
+        make: impl FnOnce(u8, MrBuffer) -> MrInner,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
         let capacity =
             usize::try_from(len).map_err(|_| VerbsError::OutOfResources { what: "memory" })?;
@@ -859,7 +948,18 @@ impl MrTable {
         buf.try_reserve_exact(capacity)
             .map_err(|_| VerbsError::OutOfResources { what: "memory" })?;
         buf.resize(capacity, 0u8);
-        let data = buf.into_boxed_slice();
+        self.insert_buffer(pd, MrBuffer::Owned(buf.into_boxed_slice()), kind, make)
+    }
+
+    /// [`MrTable::insert`] with the buffer given: `data.len()` bytes of capacity.
+    fn insert_buffer(
+        &self,
+        pd: PdId,
+        data: MrBuffer,
+        kind: MrKind,
+        make: impl FnOnce(u8, MrBuffer) -> MrInner,
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
+        let capacity = data.len();
 
         let mut t = self.write();
         if !t.pds.contains_key(&pd.0) {

@@ -10,3 +10,4 @@ mod ops;
 mod progress;
 mod random;
 mod regressions;
+mod user_memory;

@@ -1,0 +1,202 @@
+//! Memory an application registered by address (`ibv_reg_mr(pd, addr, length, access)`):
+//! the one place where the soft device touches memory it does not own.
+//!
+//! A NIC places RDMA Writes, Read Responses and Sends straight into the application's
+//! buffers and reads its send buffers straight out of them, by DMA. The soft device does
+//! the same with [`UserMemory`]: a base pointer and a length, copied into and out of with
+//! raw-pointer copies (`ptr::copy_nonoverlapping`). No Rust reference into the region is
+//! ever formed, so the application (or C code) may keep pointers to it and read or write
+//! it as it likes without aliasing a `&`/`&mut` of ours.
+//!
+//! # Contract (what [`UserMemory::new`] requires of its caller)
+//!
+//! 1. `ptr .. ptr + len` is one allocation (or mapping) of the calling process, readable
+//!    and writable, and stays so until the [`UserMemory`] is dropped: the MR that holds
+//!    it is deregistered and every WR and placement that could use it has finished
+//!    (the table drops it only then; a C caller's `ibv_dereg_mr` is that point, as in
+//!    `ibv_reg_mr(3)`: "the memory buffer must remain valid ... until deregistered").
+//! 2. `len > 0` and `ptr + len` does not wrap.
+//!
+//! What the contract does not cover, as with a NIC: the application reading a region
+//! while a Write lands in it sees old bytes, new bytes or a mix (the verbs rule is to
+//! read it after the completion, or after polling a byte the sender wrote last); a
+//! send buffer changed before its WR completed sends either. Concurrent access by the
+//! application and the device is a data race on plain bytes in the C sense; the device's
+//! side of it is a raw copy under the MR's lock, never a Rust reference, and a copy of
+//! `u8`s has no invalid values, so no Rust-level invariant can break.
+
+#![allow(unsafe_code)]
+
+use std::ptr::NonNull;
+
+/// A region of the application's own memory (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct UserMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a UserMemory is a pointer to plain bytes whose validity the creator promised
+// for the object's whole life (contract 1); every access copies under the MR's lock,
+// so moving or sharing the handle between threads adds no access the contract does not
+// already allow.
+unsafe impl Send for UserMemory {}
+// SAFETY: as for `Send`: `&UserMemory` only allows copies in and out, serialized by the
+// owner's lock.
+unsafe impl Sync for UserMemory {}
+
+impl UserMemory {
+    /// Wraps `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// The contract of the [module docs](self): `ptr .. ptr + len` is valid for reads
+    /// and writes until the returned value is dropped. Returns `None` for a null `ptr`,
+    /// `len == 0`, or a range that wraps the address space.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Option<UserMemory> {
+        let ptr = NonNull::new(ptr)?;
+        if len == 0 || (ptr.as_ptr() as usize).checked_add(len).is_none() {
+            return None;
+        }
+        Some(UserMemory { ptr, len })
+    }
+
+    /// Length of the region, in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if `off .. off + n` lies inside the region.
+    fn fits(&self, off: usize, n: usize) -> bool {
+        off.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+
+    /// Copies `data` to byte `off` of the region. Returns false (and copies nothing) if
+    /// it does not fit.
+    pub(crate) fn copy_in(&self, off: usize, data: &[u8]) -> bool {
+        if !self.fits(off, data.len()) {
+            return false;
+        }
+        // SAFETY: `off + data.len() <= len` (checked above), so the destination range is
+        // inside the region the contract keeps valid for writes; `data` is a Rust slice,
+        // which cannot overlap the region (no reference into it exists: module docs).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len());
+        }
+        true
+    }
+
+    /// Copies `out.len()` bytes from byte `off` of the region into `out`. Returns false
+    /// (and copies nothing) if the range does not fit.
+    pub(crate) fn copy_out(&self, off: usize, out: &mut [u8]) -> bool {
+        if !self.fits(off, out.len()) {
+            return false;
+        }
+        // SAFETY: the source range is inside the region (checked above), valid for
+        // reads by the contract; `out` is a distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len());
+        }
+        true
+    }
+}
+
+impl super::stag_table::MrTable {
+    /// Registers `length` bytes of the application's own memory at `addr` as an MR at
+    /// iova `iova` (`ibv_reg_mr(3)` of a C application, whose `addr` is usually the
+    /// iova too): placement writes straight into that memory and sends read straight
+    /// from it, with raw copies (the [module docs](self)). Otherwise as
+    /// [`MrTable::reg_mr_with`](super::stag_table::MrTable::reg_mr_with).
+    ///
+    /// # Safety
+    ///
+    /// `addr .. addr + length` must be readable and writable memory of this process
+    /// that stays valid until the returned MR and every clone of it are dropped (after
+    /// `dereg_mr`, once no WR that named it is outstanding): the contract of the
+    /// [module docs](self).
+    ///
+    /// # Errors
+    ///
+    /// As `reg_mr`; [`VerbsError::InvalidArgument`](verbs::VerbsError::InvalidArgument)
+    /// `"addr"` for a null address, a length of 0 or a range that wraps.
+    pub unsafe fn reg_user_mr(
+        &self,
+        pd: super::stag_table::PdId,
+        addr: *mut u8,
+        length: usize,
+        iova: u64,
+        access: verbs::AccessFlags,
+        options: super::stag_table::MrOptions,
+    ) -> Result<std::sync::Arc<super::stag_table::MemoryRegion>, verbs::VerbsError> {
+        // SAFETY: forwarded from this function's own contract.
+        let mem = unsafe { UserMemory::new(addr, length) }
+            .ok_or(verbs::VerbsError::InvalidArgument { what: "addr" })?;
+        self.reg_user_memory(pd, mem, iova, access, options)
+    }
+}
+
+impl crate::api::verbs_objects::Pd {
+    /// Registers `len` bytes of the application's own memory at `addr` as an MR at
+    /// iova `iova` (`ibv_reg_mr(3)` as a NIC implements it: what the peer writes lands
+    /// in that memory, what a Send or a Read Response carries is read from it). A C
+    /// application's `ibv_reg_mr(pd, addr, len, access)` is this call with
+    /// `iova = addr`.
+    ///
+    /// # Safety
+    ///
+    /// `addr .. addr + len` must be readable and writable memory of this process that
+    /// stays valid until the returned [`Mr`](crate::Mr) is deregistered and dropped and
+    /// no WR that named it is outstanding (the contract of the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// As [`Pd::reg_mr_with`](crate::Pd::reg_mr_with);
+    /// [`VerbsError::InvalidArgument`](verbs::VerbsError::InvalidArgument) `"addr"` for a
+    /// null `addr`, `len` 0, or a range that wraps.
+    pub unsafe fn reg_user_mr(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: verbs::AccessFlags,
+        options: super::stag_table::MrOptions,
+    ) -> Result<crate::Mr, verbs::VerbsError> {
+        // SAFETY: forwarded from this function's own contract.
+        let mem = unsafe { UserMemory::new(addr, len) }
+            .ok_or(verbs::VerbsError::InvalidArgument { what: "addr" })?;
+        self.reg_user_memory(mem, iova, access, options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_stay_inside_the_region() {
+        let mut backing = vec![0u8; 64];
+        // SAFETY: `backing` outlives `m` (its last use is the block below, before
+        // `backing` is read) and is not otherwise used while `m` is in use.
+        let m = unsafe { UserMemory::new(backing.as_mut_ptr(), 64) }.unwrap();
+        assert!(m.copy_in(60, &[1, 2, 3, 4]));
+        assert!(!m.copy_in(61, &[1, 2, 3, 4]), "one byte past the end");
+        assert!(!m.copy_in(usize::MAX, &[1]), "offset overflow");
+        let mut out = [0u8; 6];
+        assert!(m.copy_out(58, &mut out));
+        assert_eq!(out, [0, 0, 1, 2, 3, 4]);
+        assert!(!m.copy_out(59, &mut out));
+        assert_eq!(m.len(), 64);
+        assert_eq!(&backing[60..], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn null_empty_and_wrapping_regions_are_refused() {
+        let mut b = [0u8; 4];
+        // SAFETY: none of these is ever accessed: `new` refuses them all.
+        unsafe {
+            assert!(UserMemory::new(std::ptr::null_mut(), 4).is_none());
+            assert!(UserMemory::new(b.as_mut_ptr(), 0).is_none());
+            assert!(UserMemory::new(usize::MAX as *mut u8, 2).is_none());
+        }
+    }
+}
