@@ -134,12 +134,13 @@
 //!
 //! | folder | owns | may touch |
 //! |---|---|---|
-//! | [`link`] | whole Ethernet frames: a TAP ([`link::TapLink`]) or an in-process pair ([`link::MemoryLink`]), stackable middlewares ([`link::Pcap`], [`link::Faults`]), link failure as events ([`link::LinkEvent`]), rtnetlink | nothing of ours |
+//! | [`link`] | whole Ethernet frames: a TAP ([`link::TapLink`]), an in-process pair ([`link::MemoryLink`]) or UDP datagrams to a fixed peer ([`link::UdpLink`]), stackable middlewares ([`link::Pcap`], [`link::Faults`]), link failure as events ([`link::LinkEvent`]), rtnetlink | nothing of ours |
 //! | [`transport`] | sans-IO, no threads, no clock: the [`transport::Stack`] (smoltcp interface, TCP sockets, listeners with a backlog, an upper layer per connection), [`transport::smoltcp_glue`] (smoltcp's `Device` over any link), [`transport::mpa_conn`] (one connection's MPA endpoint, RFC 5044/6581), [`transport::stream`] (the stream upper: bounded ULPDU queues), [`transport::neighbor`] (ARP on request) | `link` |
-//! | [`resources`] | state shared by application threads and the engine: the STag table and MRs ([`resources::stag_table`], siw_mem.c), completion queues ([`resources::completion_queue`], siw_cq.c), the event queues and [`DeviceEnd`] | `link` |
+//! | [`resources`] | state shared by application threads and the engine: the STag table and MRs ([`resources::stag_table`], siw_mem.c; MRs over the application's own memory through [`resources::user_memory`], the crate's second `unsafe` module), completion queues ([`resources::completion_queue`], siw_cq.c), the event queues and [`DeviceEnd`] | `link` |
 //! | [`rdmap`] | sans-IO, no threads: the per-QP RDMAP/DDP engine ([`rdmap::engine::QpEngine`] with its `tx`/`rx` paths, siw_qp.c, siw_qp_tx.c, siw_qp_rx.c) and the QP as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP receive buffer, header + MR slice framed with the CRC in one pass) | `resources`, `transport` |
 //! | `engine/` (private) | the engine thread (the NIC's firmware): its commands, the handle every device object holds, [`DeviceError`], [`DeviceEvent`], [`EngineConfig`] | `rdmap`, `resources`, `transport`, `link` |
 //! | `api/` (private; re-exported here) | the public surface, siw_verbs.c's role: [`Device`] (open, listen, connect, accept/reject, ULPDUs, close; binding QPs to connections) and the verbs objects [`Pd`], [`Mr`], [`Cq`], [`Qp`] (checked on the caller's thread, handed to the engine) | every folder above |
+//! | [`spec`] | a device described in one line (`SOFTIWARP_DEVICE`: `name`, `link=tap:IF` or `udp:ADDR:PORT`, `peer`, `ip`, `mac`, `mtu`, `crc`, `mpa_rev`, `p2p`) parsed into a [`DeviceConfig`], errors naming the key | the crate's public surface |
 //! | [`cm`] | the device under the connection managers, siw_cm.c's role: [`cm::iwcm::SoftProvider`] (`iw_cm::Provider`, with its provider thread) and [`cm::rdmacm::SoftDevice`] (`rdma_cm::CmDevice`) | the crate's public surface (root, `link`, `transport`); `iw-cm`, `rdma-cm` |
 //!
 //! [`rdmap`] and [`resources`] are public for
@@ -158,6 +159,7 @@ mod engine;
 pub mod link;
 pub mod rdmap;
 pub mod resources;
+pub mod spec;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;

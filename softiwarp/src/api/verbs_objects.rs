@@ -138,10 +138,19 @@ impl Pd {
         Ok(Mr::new(mr, Arc::clone(&self.inner)))
     }
 
-    /// [`Pd::reg_user_mr`] past its unsafe step (the memory already wrapped).
-    pub(crate) fn reg_user_memory(
+    /// Registers `mem`, the application's own memory, as an MR at iova `iova`
+    /// (`ibv_reg_mr(3)` as a NIC implements it: what the peer writes lands in that
+    /// memory, what a Send or a Read Response carries is read from it). `mem` comes
+    /// from the unsafe [`UserMemory::new`](crate::resources::user_memory::UserMemory::new),
+    /// whose contract keeps the memory valid for the MR's life. A C application's
+    /// `ibv_reg_mr(pd, addr, len, access)` is this call with `iova = addr`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pd::reg_mr`].
+    pub fn reg_user_mr(
         &self,
-        mem: crate::resources::UserMemory,
+        mem: crate::resources::user_memory::UserMemory,
         iova: u64,
         access: AccessFlags,
         options: MrOptions,

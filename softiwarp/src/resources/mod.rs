@@ -11,5 +11,4 @@
 pub mod completion_queue;
 pub(crate) mod event_queue;
 pub mod stag_table;
-mod user_memory;
-pub(crate) use user_memory::UserMemory;
+pub mod user_memory;

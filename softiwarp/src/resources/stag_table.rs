@@ -290,7 +290,7 @@ struct MrInner {
 
 /// The bytes of an MR: a zeroed buffer the library allocated ([`MrTable::reg_mr`],
 /// [`MrTable::alloc_mr`]), or the application's own memory
-/// ([`MrTable::reg_user_mr`], reached only through [`super::user_memory`]).
+/// ([`MrTable::reg_user_memory`], reached only through [`super::user_memory`]).
 #[derive(Debug)]
 enum MrBuffer {
     Owned(Box<[u8]>),
@@ -868,14 +868,15 @@ impl MrTable {
         })
     }
 
-    /// [`MrTable::reg_user_mr`] past its unsafe step: registers `mem` (the
-    /// application's own memory, already wrapped under the [`super::user_memory`]
-    /// contract) at iova `iova`. Otherwise as [`MrTable::reg_mr_with`].
+    /// Registers `mem`, the application's own memory (wrapped by the unsafe
+    /// [`UserMemory::new`](super::user_memory::UserMemory::new) under its contract), as
+    /// an MR at iova `iova` with `access` in `pd`: placement writes straight into that
+    /// memory and sends read from it. Otherwise as [`MrTable::reg_mr_with`].
     ///
     /// # Errors
     ///
     /// As [`MrTable::reg_mr`].
-    pub(crate) fn reg_user_memory(
+    pub fn reg_user_memory(
         &self,
         pd: PdId,
         mem: super::user_memory::UserMemory,

@@ -31,7 +31,7 @@ use std::ptr::NonNull;
 
 /// A region of the application's own memory (see the [module docs](self)).
 #[derive(Debug)]
-pub(crate) struct UserMemory {
+pub struct UserMemory {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -46,14 +46,19 @@ unsafe impl Send for UserMemory {}
 unsafe impl Sync for UserMemory {}
 
 impl UserMemory {
-    /// Wraps `len` bytes at `ptr`.
+    /// Wraps `len` bytes of this process's memory at `ptr`, to be registered as an MR
+    /// with [`Pd::reg_user_mr`](crate::Pd::reg_user_mr) (or
+    /// [`MrTable::reg_user_memory`](super::stag_table::MrTable::reg_user_memory)): the
+    /// one unsafe step of registering application memory; the registration itself is
+    /// safe. A C application's `ibv_reg_mr(pd, addr, len, access)` is this with
+    /// `ptr = addr`, then `reg_user_mr` with `iova = addr`.
     ///
     /// # Safety
     ///
     /// The contract of the [module docs](self): `ptr .. ptr + len` is valid for reads
     /// and writes until the returned value is dropped. Returns `None` for a null `ptr`,
     /// `len == 0`, or a range that wraps the address space.
-    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Option<UserMemory> {
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Option<UserMemory> {
         let ptr = NonNull::new(ptr)?;
         if len == 0 || (ptr.as_ptr() as usize).checked_add(len).is_none() {
             return None;
@@ -62,7 +67,8 @@ impl UserMemory {
     }
 
     /// Length of the region, in bytes.
-    pub(crate) fn len(&self) -> usize {
+    #[allow(clippy::len_without_is_empty)] // never empty: `new` refuses 0
+    pub fn len(&self) -> usize {
         self.len
     }
 
@@ -98,73 +104,6 @@ impl UserMemory {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len());
         }
         true
-    }
-}
-
-impl super::stag_table::MrTable {
-    /// Registers `length` bytes of the application's own memory at `addr` as an MR at
-    /// iova `iova` (`ibv_reg_mr(3)` of a C application, whose `addr` is usually the
-    /// iova too): placement writes straight into that memory and sends read straight
-    /// from it, with raw copies (the [module docs](self)). Otherwise as
-    /// [`MrTable::reg_mr_with`](super::stag_table::MrTable::reg_mr_with).
-    ///
-    /// # Safety
-    ///
-    /// `addr .. addr + length` must be readable and writable memory of this process
-    /// that stays valid until the returned MR and every clone of it are dropped (after
-    /// `dereg_mr`, once no WR that named it is outstanding): the contract of the
-    /// [module docs](self).
-    ///
-    /// # Errors
-    ///
-    /// As `reg_mr`; [`VerbsError::InvalidArgument`](verbs::VerbsError::InvalidArgument)
-    /// `"addr"` for a null address, a length of 0 or a range that wraps.
-    pub unsafe fn reg_user_mr(
-        &self,
-        pd: super::stag_table::PdId,
-        addr: *mut u8,
-        length: usize,
-        iova: u64,
-        access: verbs::AccessFlags,
-        options: super::stag_table::MrOptions,
-    ) -> Result<std::sync::Arc<super::stag_table::MemoryRegion>, verbs::VerbsError> {
-        // SAFETY: forwarded from this function's own contract.
-        let mem = unsafe { UserMemory::new(addr, length) }
-            .ok_or(verbs::VerbsError::InvalidArgument { what: "addr" })?;
-        self.reg_user_memory(pd, mem, iova, access, options)
-    }
-}
-
-impl crate::api::verbs_objects::Pd {
-    /// Registers `len` bytes of the application's own memory at `addr` as an MR at
-    /// iova `iova` (`ibv_reg_mr(3)` as a NIC implements it: what the peer writes lands
-    /// in that memory, what a Send or a Read Response carries is read from it). A C
-    /// application's `ibv_reg_mr(pd, addr, len, access)` is this call with
-    /// `iova = addr`.
-    ///
-    /// # Safety
-    ///
-    /// `addr .. addr + len` must be readable and writable memory of this process that
-    /// stays valid until the returned [`Mr`](crate::Mr) is deregistered and dropped and
-    /// no WR that named it is outstanding (the contract of the [module docs](self)).
-    ///
-    /// # Errors
-    ///
-    /// As [`Pd::reg_mr_with`](crate::Pd::reg_mr_with);
-    /// [`VerbsError::InvalidArgument`](verbs::VerbsError::InvalidArgument) `"addr"` for a
-    /// null `addr`, `len` 0, or a range that wraps.
-    pub unsafe fn reg_user_mr(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: verbs::AccessFlags,
-        options: super::stag_table::MrOptions,
-    ) -> Result<crate::Mr, verbs::VerbsError> {
-        // SAFETY: forwarded from this function's own contract.
-        let mem = unsafe { UserMemory::new(addr, len) }
-            .ok_or(verbs::VerbsError::InvalidArgument { what: "addr" })?;
-        self.reg_user_memory(mem, iova, access, options)
     }
 }
 

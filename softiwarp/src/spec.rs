@@ -1,0 +1,429 @@
+//! A soft device described in one line of text: the `SOFTIWARP_DEVICE` environment
+//! variable of programs that cannot take options of ours (an unmodified rdma-core
+//! application under libsoftiwarp), and any tool that wants the same syntax.
+//!
+//! The line is comma-separated `key=value` pairs (issue 18):
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `name` | the device name (`ibv_get_device_name`), 1..=63 bytes of `[A-Za-z0-9_.-]` | `softiwarp0` |
+//! | `link` | `tap:IFNAME`, or `udp:BIND_ADDR:PORT` (the UDP link's local end) | required |
+//! | `peer` | the UDP link's other end, `ADDR:PORT` | required with `udp:`, refused with `tap:` |
+//! | `ip` | the device's IPv4 address and prefix, `ADDR/PREFIX` | required |
+//! | `mac` | `xx:xx:xx:xx:xx:xx` | `02:00:` + the address's four bytes |
+//! | `mtu` | IP MTU in bytes (UDP link only; a TAP's MTU is the interface's) | 1500 |
+//! | `crc` | `on` (ask for MPA CRC) or `off` (use it when the peer asks) | `on` |
+//! | `mpa_rev` | `1` or `2` | `2` |
+//! | `p2p` | `on` (MPA peer-to-peer mode with a Read RTR, as iw_cxgb4) or `off` | `off` |
+//!
+//! [`DeviceSpec::parse`] names the key and the problem in its error
+//! ([`SpecError`]), so a caller can print one line and go on without a device.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use mpa::negotiate::{CrcPolicy, LocalSettings};
+
+use crate::link::UdpConfig;
+use crate::{DeviceConfig, LinkConfig};
+
+/// Default device name: `softiwarp0`.
+pub const DEFAULT_NAME: &str = "softiwarp0";
+
+/// Which link a [`DeviceSpec`] names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A TAP interface by name (`link=tap:IFNAME`).
+    Tap(String),
+    /// A UDP link from `bind` to `peer` (`link=udp:BIND:PORT,peer=ADDR:PORT`).
+    Udp {
+        /// Local address and port.
+        bind: SocketAddr,
+        /// The other end.
+        peer: SocketAddr,
+    },
+}
+
+/// A parsed `SOFTIWARP_DEVICE` line (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// Device name.
+    pub name: String,
+    /// The link.
+    pub link: LinkKind,
+    /// IPv4 address.
+    pub ip: Ipv4Addr,
+    /// Prefix length, 0..=32.
+    pub prefix: u8,
+    /// MAC address, if given.
+    pub mac: Option<[u8; 6]>,
+    /// IP MTU in bytes (UDP link).
+    pub mtu: usize,
+    /// Ask for MPA CRC.
+    pub crc: bool,
+    /// MPA revision, 1 or 2.
+    pub mpa_rev: u8,
+    /// MPA peer-to-peer mode with a Read RTR.
+    pub p2p: bool,
+}
+
+/// Why a `SOFTIWARP_DEVICE` line was refused: the key, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("SOFTIWARP_DEVICE: {key}: {problem}")]
+pub struct SpecError {
+    /// The key at fault (`link`, `ip`, ...; `SOFTIWARP_DEVICE` for the line as a whole).
+    pub key: String,
+    /// What is wrong, in words.
+    pub problem: String,
+}
+
+/// The `link` value before `peer` and `mtu` are checked against it.
+enum RawLink {
+    Tap(String),
+    Udp(SocketAddr),
+}
+
+fn err(key: &str, problem: impl Into<String>) -> SpecError {
+    SpecError {
+        key: key.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+fn on_off(key: &str, v: &str) -> Result<bool, SpecError> {
+    match v {
+        "on" | "1" | "true" | "yes" => Ok(true),
+        "off" | "0" | "false" | "no" => Ok(false),
+        _ => Err(err(key, format!("{v:?} is not on or off"))),
+    }
+}
+
+fn parse_mac(v: &str) -> Result<[u8; 6], SpecError> {
+    let bad = || {
+        err(
+            "mac",
+            format!("{v:?} is not six hex bytes like 02:00:0a:00:00:01"),
+        )
+    };
+    let parts: Vec<&str> = v.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(parts) {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *m = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 == 1 {
+        return Err(err("mac", format!("{v} is a multicast address")));
+    }
+    Ok(mac)
+}
+
+impl DeviceSpec {
+    /// Parses a line of comma-separated `key=value` pairs (the [module docs](self)).
+    ///
+    /// Errors: [`SpecError`] naming the first key that is missing, unknown, repeated or
+    /// malformed.
+    pub fn parse(line: &str) -> Result<DeviceSpec, SpecError> {
+        let mut name = None;
+        let (mut link, mut peer, mut ip, mut mac, mut mtu) = (None, None, None, None, None);
+        let (mut crc, mut mpa_rev, mut p2p) = (None, None, None);
+        for pair in line.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| err(pair, "not a key=value pair"))?;
+            let (key, value) = (key.trim(), value.trim());
+            let slot_taken = |taken: bool| {
+                if taken {
+                    Err(err(key, "given twice"))
+                } else {
+                    Ok(())
+                }
+            };
+            match key {
+                "name" => {
+                    slot_taken(name.is_some())?;
+                    let ok = (1..=63).contains(&value.len())
+                        && value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+                    if !ok {
+                        return Err(err(key, format!("{value:?} is not 1-63 of [A-Za-z0-9_.-]")));
+                    }
+                    name = Some(value.to_owned());
+                }
+                "link" => {
+                    slot_taken(link.is_some())?;
+                    link = Some(if let Some(ifname) = value.strip_prefix("tap:") {
+                        if ifname.is_empty() || ifname.len() > 15 {
+                            return Err(err(key, format!("TAP name {ifname:?} is not 1-15 bytes")));
+                        }
+                        RawLink::Tap(ifname.to_owned())
+                    } else if let Some(addr) = value.strip_prefix("udp:") {
+                        RawLink::Udp(
+                            addr.parse::<SocketAddr>()
+                                .map_err(|_| err(key, format!("{addr:?} is not ADDR:PORT")))?,
+                        )
+                    } else {
+                        return Err(err(
+                            key,
+                            format!("{value:?} is neither tap:IFNAME nor udp:ADDR:PORT"),
+                        ));
+                    });
+                }
+                "peer" => {
+                    slot_taken(peer.is_some())?;
+                    peer = Some(
+                        value
+                            .parse::<SocketAddr>()
+                            .map_err(|_| err(key, format!("{value:?} is not ADDR:PORT")))?,
+                    );
+                }
+                "ip" => {
+                    slot_taken(ip.is_some())?;
+                    let bad = || {
+                        err(
+                            key,
+                            format!("{value:?} is not ADDR/PREFIX like 10.0.0.1/24"),
+                        )
+                    };
+                    let (a, p) = value.split_once('/').ok_or_else(bad)?;
+                    let a: Ipv4Addr = a.parse().map_err(|_| bad())?;
+                    let p: u8 = p.parse().map_err(|_| bad())?;
+                    if p > 32 {
+                        return Err(bad());
+                    }
+                    ip = Some((a, p));
+                }
+                "mac" => {
+                    slot_taken(mac.is_some())?;
+                    mac = Some(parse_mac(value)?);
+                }
+                "mtu" => {
+                    slot_taken(mtu.is_some())?;
+                    let m: usize = value
+                        .parse()
+                        .map_err(|_| err(key, format!("{value:?} is not a number")))?;
+                    if !(576..=crate::link::UDP_MAX_MTU).contains(&m) {
+                        return Err(err(
+                            key,
+                            format!("{m} is outside 576..={}", crate::link::UDP_MAX_MTU),
+                        ));
+                    }
+                    mtu = Some(m);
+                }
+                "crc" => {
+                    slot_taken(crc.is_some())?;
+                    crc = Some(on_off(key, value)?);
+                }
+                "mpa_rev" => {
+                    slot_taken(mpa_rev.is_some())?;
+                    mpa_rev = Some(match value {
+                        "1" => 1,
+                        "2" => 2,
+                        _ => return Err(err(key, format!("{value:?} is neither 1 nor 2"))),
+                    });
+                }
+                "p2p" => {
+                    slot_taken(p2p.is_some())?;
+                    p2p = Some(on_off(key, value)?);
+                }
+                _ => {
+                    return Err(err(
+                        key,
+                        "unknown key (known: name, link, peer, ip, mac, mtu, crc, mpa_rev, p2p)",
+                    ))
+                }
+            }
+        }
+        let link = match link.ok_or_else(|| err("link", "missing (tap:IFNAME or udp:ADDR:PORT)"))? {
+            RawLink::Tap(ifname) => {
+                if peer.is_some() {
+                    return Err(err("peer", "only for a udp: link"));
+                }
+                if mtu.is_some() {
+                    return Err(err(
+                        "mtu",
+                        "only for a udp: link (a TAP has its interface's MTU)",
+                    ));
+                }
+                LinkKind::Tap(ifname)
+            }
+            RawLink::Udp(bind) => {
+                let peer = peer
+                    .ok_or_else(|| err("peer", "missing (the UDP link's other end, ADDR:PORT)"))?;
+                if bind.is_ipv4() != peer.is_ipv4() {
+                    return Err(err(
+                        "peer",
+                        format!("{peer} and {bind} are of different families"),
+                    ));
+                }
+                LinkKind::Udp { bind, peer }
+            }
+        };
+        let (ip, prefix) = ip.ok_or_else(|| err("ip", "missing (ADDR/PREFIX)"))?;
+        if mpa_rev == Some(1) && p2p == Some(true) {
+            return Err(err("p2p", "needs mpa_rev=2"));
+        }
+        Ok(DeviceSpec {
+            name: name.unwrap_or_else(|| DEFAULT_NAME.to_owned()),
+            link,
+            ip,
+            prefix,
+            mac,
+            mtu: mtu.unwrap_or(1500),
+            crc: crc.unwrap_or(true),
+            mpa_rev: mpa_rev.unwrap_or(2),
+            p2p: p2p.unwrap_or(false),
+        })
+    }
+
+    /// The [`DeviceConfig`] this line describes (defaults for everything it does not
+    /// say). With `p2p=on` the MPA settings start from [`LocalSettings::chelsio`].
+    pub fn to_config(&self) -> DeviceConfig {
+        let link = match &self.link {
+            LinkKind::Tap(ifname) => LinkConfig::tap(ifname),
+            LinkKind::Udp { bind, peer } => LinkConfig::udp(UdpConfig {
+                bind: *bind,
+                peer: *peer,
+                mtu: self.mtu,
+            }),
+        };
+        let mut cfg = DeviceConfig::new(&self.name, link, self.ip, self.prefix);
+        if let Some(mac) = self.mac {
+            cfg.interface.mac = mac;
+        }
+        let mut settings = if self.p2p {
+            LocalSettings::chelsio()
+        } else {
+            LocalSettings::default()
+        };
+        settings.rev = self.mpa_rev;
+        settings.crc = if self.crc {
+            CrcPolicy::Wanted
+        } else {
+            CrcPolicy::IfPeerAsks
+        };
+        cfg.mpa.settings = settings;
+        cfg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_udp_line_parses_to_every_field() {
+        let s = DeviceSpec::parse(
+            "name=sw1, link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.5.0.1/24,\
+             mac=02:aa:00:00:00:01,mtu=9000,crc=off,mpa_rev=2,p2p=on",
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            DeviceSpec {
+                name: "sw1".into(),
+                link: LinkKind::Udp {
+                    bind: "127.0.0.1:7000".parse().unwrap(),
+                    peer: "127.0.0.1:7001".parse().unwrap(),
+                },
+                ip: Ipv4Addr::new(10, 5, 0, 1),
+                prefix: 24,
+                mac: Some([2, 0xaa, 0, 0, 0, 1]),
+                mtu: 9000,
+                crc: false,
+                mpa_rev: 2,
+                p2p: true,
+            }
+        );
+        let cfg = s.to_config();
+        assert_eq!(cfg.name, "sw1");
+        assert_eq!(cfg.interface.mac, [2, 0xaa, 0, 0, 0, 1]);
+        assert!(cfg.mpa.settings.p2p);
+        assert_eq!(cfg.mpa.settings.crc, CrcPolicy::IfPeerAsks);
+        assert!(matches!(cfg.link.spec, crate::LinkSpec::Udp(ref u) if u.mtu == 9000));
+    }
+
+    #[test]
+    fn a_tap_line_takes_the_defaults() {
+        let s = DeviceSpec::parse("link=tap:swtap0,ip=10.0.0.2/16").unwrap();
+        assert_eq!(s.name, DEFAULT_NAME);
+        assert_eq!(s.link, LinkKind::Tap("swtap0".into()));
+        assert_eq!(
+            (s.ip, s.prefix, s.mac, s.mtu),
+            (Ipv4Addr::new(10, 0, 0, 2), 16, None, 1500)
+        );
+        assert_eq!((s.crc, s.mpa_rev, s.p2p), (true, 2, false));
+        let cfg = s.to_config();
+        assert_eq!(cfg.interface.mac, [2, 0, 10, 0, 0, 2]);
+        assert_eq!(cfg.mpa.settings.crc, CrcPolicy::Wanted);
+    }
+
+    #[test]
+    fn each_problem_names_its_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("ip=10.0.0.1/24", "link", "missing"),
+            ("link=tap:t0", "ip", "missing"),
+            ("link=udp:127.0.0.1:1,ip=10.0.0.1/24", "peer", "missing"),
+            (
+                "link=tap:t0,peer=1.2.3.4:5,ip=10.0.0.1/24",
+                "peer",
+                "only for a udp",
+            ),
+            (
+                "link=tap:t0,mtu=9000,ip=10.0.0.1/24",
+                "mtu",
+                "only for a udp",
+            ),
+            ("link=eth:x,ip=10.0.0.1/24", "link", "neither"),
+            (
+                "link=udp:nowhere,peer=1.2.3.4:5,ip=10.0.0.1/24",
+                "link",
+                "not ADDR:PORT",
+            ),
+            ("link=tap:t0,ip=10.0.0.1", "ip", "ADDR/PREFIX"),
+            ("link=tap:t0,ip=10.0.0.1/33", "ip", "ADDR/PREFIX"),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,mac=01:00:00:00:00:01",
+                "mac",
+                "multicast",
+            ),
+            ("link=tap:t0,ip=10.0.0.1/24,mac=zz", "mac", "six hex bytes"),
+            ("link=tap:t0,ip=10.0.0.1/24,crc=maybe", "crc", "on or off"),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,mpa_rev=3",
+                "mpa_rev",
+                "neither 1 nor 2",
+            ),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,mpa_rev=1,p2p=on",
+                "p2p",
+                "mpa_rev=2",
+            ),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,colour=blue",
+                "colour",
+                "unknown key",
+            ),
+            ("link=tap:t0,ip=10.0.0.1/24,ip=10.0.0.2/24", "ip", "twice"),
+            ("link=tap:t0,ip=10.0.0.1/24,name=a b", "name", "not 1-63"),
+            ("link=tap:t0,ip=10.0.0.1/24,oops", "oops", "key=value"),
+            (
+                "link=udp:127.0.0.1:1,peer=127.0.0.1:2,ip=10.0.0.1/24,mtu=70000",
+                "mtu",
+                "outside",
+            ),
+        ];
+        for (line, key, problem) in cases {
+            let e = DeviceSpec::parse(line).unwrap_err();
+            assert_eq!(e.key, *key, "{line}: {e}");
+            assert!(e.problem.contains(problem), "{line}: {e}");
+            assert!(e
+                .to_string()
+                .starts_with(&format!("SOFTIWARP_DEVICE: {key}: ")));
+        }
+    }
+}
