@@ -37,28 +37,54 @@ impl<L: Link> Stack<L> {
     }
 
     /// Arms listening sockets (and closes surplus ones still in LISTEN): none while the
-    /// backlog is full (a SYN is then refused); else up to the backlog's free room, at
-    /// most [`super::MAX_ARMED`], whether or not the half-open pool is full (a
-    /// connection one takes may push the oldest half-open one out, see
-    /// [`Stack::sweep_half_open`]).
+    /// backlog is full (a SYN is then refused); else sockets in LISTEN up to the
+    /// backlog's free room, at most [`super::MAX_ARMED`], whether or not the half-open
+    /// pool is full (a connection one takes may push the oldest half-open one out, see
+    /// [`Stack::sweep_half_open`]). Sockets a SYN took (SYN-RECEIVED) do not count
+    /// against that: they are bounded apart, by the half-open pool's size, and when
+    /// more are waiting for the handshake's last ACK the oldest is dropped (counted in
+    /// [`super::StackStats::syn_received_dropped`]), so a SYN flood that never completes
+    /// a handshake cannot leave the listener without a socket in LISTEN.
     pub(super) fn rearm(&mut self) {
         let mss = self.mss();
         for l in self.listeners.values_mut() {
             let target = (l.backlog - l.pending.min(l.backlog)).min(super::MAX_ARMED);
-            while l.armed.len() < target {
+            let state = |sockets: &SocketSet<'static>, h| sockets.get::<tcp::Socket>(h).state();
+            // Oldest first: `armed` keeps the order sockets were armed in.
+            let mut syn_received = l
+                .armed
+                .iter()
+                .filter(|&&h| state(&self.sockets, h) == tcp::State::SynReceived)
+                .count();
+            let mut i = 0;
+            while syn_received > l.half_open_max && i < l.armed.len() {
+                let h = l.armed[i];
+                if state(&self.sockets, h) == tcp::State::SynReceived {
+                    l.armed.remove(i);
+                    self.sockets.remove(h);
+                    syn_received -= 1;
+                    self.stats.syn_received_dropped += 1;
+                } else {
+                    i += 1;
+                }
+            }
+            let mut listening = l.armed.len() - syn_received;
+            while listening < target {
                 match self.cfg.tcp.socket_for_mss(mss) {
                     Ok(s) => Self::arm(&mut self.sockets, l, s),
                     Err(_) => break,
                 }
+                listening += 1;
             }
             // Surplus sockets still in LISTEN go (one in SYN-RECEIVED is a connection
             // under way and stays), so a full backlog refuses the next SYN.
             let mut i = 0;
-            while l.armed.len() > target && i < l.armed.len() {
+            while listening > target && i < l.armed.len() {
                 let h = l.armed[i];
-                if self.sockets.get::<tcp::Socket>(h).state() == tcp::State::Listen {
-                    l.armed.swap_remove(i);
+                if state(&self.sockets, h) == tcp::State::Listen {
+                    l.armed.remove(i);
                     self.sockets.remove(h);
+                    listening -= 1;
                 } else {
                     i += 1;
                 }
@@ -159,11 +185,11 @@ impl<L: Link> Stack<L> {
                 match s.state() {
                     tcp::State::Listen | tcp::State::SynReceived => i += 1,
                     tcp::State::Closed => {
-                        l.armed.swap_remove(i);
+                        l.armed.remove(i);
                         self.sockets.remove(h);
                     }
                     _ => {
-                        l.armed.swap_remove(i);
+                        l.armed.remove(i);
                         match (s.local_endpoint(), s.remote_endpoint()) {
                             (Some(local), Some(remote)) => {
                                 born.push((lid, h, v4(local), v4(remote), l.settings.clone()));

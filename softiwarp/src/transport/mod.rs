@@ -112,11 +112,15 @@
 //! a RST (no socket accepts the segment, so `process_tcp` replies with `rst_reply`): the
 //! initiator sees the connection refused. Linux instead drops the SYN while its accept
 //! queue is full, so the client retries; here the refusal is immediate and visible.
-//! Otherwise up to `backlog - requests` sockets are armed, at most [`MAX_ARMED`] (8),
-//! whether or not the half-open pool is full: enough that a client opening several
+//! Otherwise up to `backlog - requests` sockets are in LISTEN, at most [`MAX_ARMED`]
+//! (8), whether or not the half-open pool is full: enough that a client opening several
 //! connections at once is not refused, few enough that smoltcp's per-poll scans of the
 //! socket set stay cheap. A burst of more SYNs than that within one poll gets RSTs for
-//! the excess. [`Stack::listener_stats`] gives the counts.
+//! the excess. A socket a SYN took (SYN-RECEIVED) is replaced at the next poll; those
+//! waiting for the handshake's last ACK are bounded by `half_open_max` apart, the
+//! oldest dropped beyond it ([`StackStats::syn_received_dropped`]), so SYNs that never
+//! complete a handshake cannot take every listening socket (smoltcp has no SYN
+//! cookies). [`Stack::listener_stats`] gives the counts.
 //!
 //! Memory: a socket's receive and send buffers ([`TcpConfig::rx_buffer`],
 //! [`TcpConfig::tx_buffer`]) are allocated zeroed when it is armed and keep their size
@@ -250,6 +254,10 @@ pub struct StackStats {
     /// Half-open connections (MPA Request not yet valid) reset because their
     /// listener's half-open pool was full ([`StackConfig::half_open_max`]), oldest first.
     pub half_open_dropped: u64,
+    /// Sockets a SYN took that were dropped before the handshake completed because
+    /// more than `half_open_max` were waiting for its last ACK (a SYN flood; see
+    /// "Listeners and the backlog").
+    pub syn_received_dropped: u64,
     /// FPDUs written behind another full-sized one before it was on the wire (several
     /// per connection round; see "One FPDU per TCP segment" in the module docs).
     pub fpdus_batched: u64,

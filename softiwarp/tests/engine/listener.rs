@@ -327,3 +327,99 @@ fn a_large_backlog_arms_at_most_max_armed_sockets() {
     let st = p.b.stack.listener_stats(lid).unwrap();
     assert_eq!((st.armed, st.half_open), (8, 1), "{st:?}");
 }
+
+/// A TCP SYN from `10.77.0.99:sport` (an address nobody answers ARP for, so the
+/// listener's SYN-ACK never leaves and its socket stays in SYN-RECEIVED) to `PORT` on
+/// host 2, as a whole Ethernet frame.
+fn spoofed_syn(sport: u16) -> Vec<u8> {
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::{
+        EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpProtocol, Ipv4Address,
+        Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+    };
+    let (src, dst) = (
+        Ipv4Address::new(10, 77, 0, 99),
+        Ipv4Address::new(10, 77, 0, 2),
+    );
+    let tcp = TcpRepr {
+        src_port: sport,
+        dst_port: PORT,
+        control: TcpControl::Syn,
+        seq_number: TcpSeqNumber(1000 + i32::from(sport)),
+        ack_number: None,
+        window_len: 65535,
+        window_scale: None,
+        max_seg_size: Some(1460),
+        sack_permitted: false,
+        sack_ranges: [None, None, None],
+        timestamp: None,
+        payload: &[],
+    };
+    let ip = Ipv4Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: IpProtocol::Tcp,
+        payload_len: tcp.buffer_len(),
+        hop_limit: 64,
+    };
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress([0x02, 0, 0, 0, 9, 9]),
+        // The listener's MAC (`support::stack::iface(2)`).
+        dst_addr: EthernetAddress([0x02, 0, 0, 0, 1, 2]),
+        ethertype: EthernetProtocol::Ipv4,
+    };
+    let mut buf = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
+    let caps = ChecksumCapabilities::default();
+    let mut frame = EthernetFrame::new_unchecked(&mut buf);
+    eth.emit(&mut frame);
+    let mut packet = Ipv4Packet::new_unchecked(frame.payload_mut());
+    ip.emit(&mut packet, &caps);
+    let mut segment = TcpPacket::new_unchecked(packet.payload_mut());
+    tcp.emit(&mut segment, &src.into(), &dst.into(), &caps);
+    buf
+}
+
+/// A SYN flood that never completes a handshake (spoofed sources) against a listener
+/// with a half-open pool of 4: the sockets the SYNs took are bounded by the pool's
+/// size (the oldest dropped beyond it, counted), the listener always keeps `MAX_ARMED`
+/// sockets in LISTEN, and a real client that connects during the flood gets in. Without
+/// the separate bound, 8 spoofed SYNs left no socket in LISTEN and the client's SYN was
+/// answered with a RST until smoltcp timed them out.
+#[test]
+fn a_syn_flood_cannot_take_every_listening_socket() {
+    use softiwarp::link::Link;
+    let (la, lb) = links(1500);
+    let mut p = Pair::new(
+        RawHost::new(la, 1),
+        Side::new(lb, 2, |c| c.half_open_max = 4),
+    );
+    let lid = p.b.stack.listen(PORT, 16, None).unwrap();
+    p.run_for(Duration::from_millis(10));
+    for round in 0..5u16 {
+        for i in 0..8u16 {
+            p.a.host
+                .dev
+                .link_mut()
+                .send(&spoofed_syn(20_000 + round * 8 + i))
+                .unwrap();
+        }
+        p.run_for(Duration::from_millis(5));
+        let st = p.b.stack.listener_stats(lid).unwrap();
+        // At most 4 in SYN-RECEIVED plus 8 in LISTEN.
+        assert!(st.armed <= 4 + 8, "round {round}: {st:?}");
+        assert!(st.armed >= 8, "round {round}: {st:?}");
+    }
+    // 40 spoofed SYNs, at most 4 kept waiting: at least 36 dropped.
+    assert!(
+        p.b.stack.stats().syn_received_dropped >= 36,
+        "{:?}",
+        p.b.stack.stats()
+    );
+    let h = raw_socket(&mut p);
+    open(&mut p, h, 43_100);
+    assert_eq!(
+        state(&mut p, h),
+        tcp::State::Established,
+        "the real client got in"
+    );
+}
