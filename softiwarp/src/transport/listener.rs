@@ -92,6 +92,27 @@ impl<L: Link> Stack<L> {
         }
     }
 
+    /// Sets the [`SynGate`](super::seg_tracker::SynGate)'s budgets for the next poll:
+    /// per listener with room in its backlog, its sockets in LISTEN. A listener whose
+    /// backlog is full gets no entry: its SYNs are refused at once, as the module docs
+    /// say.
+    pub(super) fn set_syn_budget(&mut self) {
+        let sockets = &self.sockets;
+        let budget = self
+            .listeners
+            .values()
+            .filter(|l| l.pending < l.backlog)
+            .map(|l| {
+                let listening = l
+                    .armed
+                    .iter()
+                    .filter(|&&h| sockets.get::<tcp::Socket>(h).state() == tcp::State::Listen)
+                    .count();
+                (l.port, listening)
+            });
+        self.dev.gate.set_budget(budget);
+    }
+
     /// Keeps each listener's half-open pool: connections whose Request came in (they
     /// moved to the backlog, or were rejected when it was full: `Conn::on_mpa_event`)
     /// and ones that failed or closed leave, and while more than

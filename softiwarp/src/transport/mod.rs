@@ -115,8 +115,11 @@
 //! Otherwise up to `backlog - requests` sockets are in LISTEN, at most [`MAX_ARMED`]
 //! (8), whether or not the half-open pool is full: enough that a client opening several
 //! connections at once is not refused, few enough that smoltcp's per-poll scans of the
-//! socket set stay cheap. A burst of more SYNs than that within one poll gets RSTs for
-//! the excess. A socket a SYN took (SYN-RECEIVED) is replaced at the next poll; those
+//! socket set stay cheap. A burst of more SYNs than that within one poll is not
+//! refused: the SYNs beyond the sockets in LISTEN are held (`seg_tracker::SynGate`, at
+//! most 1,024) and handed to smoltcp in the next polls, right after the re-arm, oldest
+//! first ([`StackStats::syns_held`]). A socket a SYN took (SYN-RECEIVED) is replaced at
+//! the next poll; those
 //! waiting for the handshake's last ACK are bounded by `half_open_max` apart, the
 //! oldest dropped beyond it ([`StackStats::syn_received_dropped`]), so SYNs that never
 //! complete a handshake cannot take every listening socket (smoltcp has no SYN
@@ -258,6 +261,13 @@ pub struct StackStats {
     /// more than `half_open_max` were waiting for its last ACK (a SYN flood; see
     /// "Listeners and the backlog").
     pub syn_received_dropped: u64,
+    /// SYNs to a listening port held for a later poll because every socket in LISTEN
+    /// there was taken in this one (a burst of connections; see "Listeners and the
+    /// backlog").
+    pub syns_held: u64,
+    /// SYNs dropped because [`seg_tracker::SYN_GATE_MAX`] were held already (their
+    /// senders retransmit them).
+    pub syns_dropped: u64,
     /// FPDUs written behind another full-sized one before it was on the wire (several
     /// per connection round; see "One FPDU per TCP segment" in the module docs).
     pub fpdus_batched: u64,
@@ -397,6 +407,7 @@ impl<L: Link> Stack<L> {
         let mut dev = TrackedDevice {
             inner: LinkDevice::new(link),
             tracker: RefCell::new(SegTracker::default()),
+            gate: Default::default(),
         };
         let iface = build_interface(&config.interface, &mut dev.inner, now)?;
         let next_port = EPHEMERAL_FIRST + (config.interface.random_seed % 16384) as u16;
@@ -459,7 +470,11 @@ impl<L: Link> Stack<L> {
 
     /// Counters of the stack.
     pub fn stats(&self) -> StackStats {
-        self.stats
+        StackStats {
+            syns_held: self.dev.gate.held,
+            syns_dropped: self.dev.gate.dropped,
+            ..self.stats
+        }
     }
 
     /// Whether the last [`Stack::poll`] did anything (frames moved, bytes moved, events):
@@ -832,6 +847,7 @@ impl<L: Link> Stack<L> {
         }
         let before = self.dev.inner.stats();
         let rx_before = self.stats.stream_rx_bytes;
+        self.set_syn_budget();
         self.iface.poll(now, &mut self.dev, &mut self.sockets);
         let arp_next = self.poll_neighbors(now);
         self.harvest(now);
@@ -880,7 +896,9 @@ impl<L: Link> Stack<L> {
         if self.dev.inner.stats() != before {
             self.progress = true;
         }
-        if more {
+        // SYNs held for want of a socket in LISTEN go at the next poll, at once.
+        self.set_syn_budget();
+        if more || self.dev.gate.ready() {
             return Some(now);
         }
         let mut next = self.iface.poll_at(now, &self.sockets);

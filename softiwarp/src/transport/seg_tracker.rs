@@ -3,6 +3,7 @@
 //! [`SegTracker`], and the Ethernet/IPv4/TCP parsing it needs.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use rustc_hash::FxHashMap;
@@ -374,14 +375,139 @@ impl SegTracker {
     }
 }
 
-/// The smoltcp device: a [`LinkDevice`] whose tokens show each frame to the tracker.
+/// Most SYNs held back by the [`SynGate`]; beyond, a SYN is dropped (its sender
+/// retransmits it, RFC 9293 3.8.1).
+pub(super) const SYN_GATE_MAX: usize = 1024;
+
+/// SYNs to a listening port beyond the sockets in LISTEN there, held for the next poll
+/// instead of being refused. A listener keeps only a few sockets in LISTEN
+/// ([`super::MAX_ARMED`], so that smoltcp's scans of the socket set stay cheap) and
+/// re-arms once a poll; smoltcp answers a SYN that finds no socket in LISTEN with a
+/// RST, so a burst of connections (64 at once from one `iwperf client --qps 64`) would
+/// be refused. The gate counts the SYNs each poll lets through per port (its budget,
+/// set before the poll from the sockets in LISTEN) and defers the rest, oldest first,
+/// to the polls after the re-arm. A port without budget entry (no listener, or one
+/// whose backlog is full) is not gated: smoltcp refuses as before.
+#[derive(Debug, Default)]
+pub(super) struct SynGate {
+    /// (port, SYNs this poll may still let through).
+    budget: Vec<(u16, usize)>,
+    /// Held SYN frames with their destination port, oldest first.
+    deferred: VecDeque<(u16, Vec<u8>)>,
+    /// SYNs dropped because [`SYN_GATE_MAX`] were held.
+    pub(super) dropped: u64,
+    /// SYNs held so far.
+    pub(super) held: u64,
+}
+
+impl SynGate {
+    /// Sets this poll's budgets: `(port, sockets in LISTEN)` for every listener with
+    /// room in its backlog.
+    pub(super) fn set_budget(&mut self, budget: impl Iterator<Item = (u16, usize)>) {
+        self.budget.clear();
+        self.budget.extend(budget);
+    }
+
+    /// True if held SYNs wait and one of them could go now: its port has budget, or
+    /// is not gated any more (its listener closed or its backlog filled: smoltcp then
+    /// refuses it, as it would have at once).
+    pub(super) fn ready(&self) -> bool {
+        self.deferred.iter().any(|(port, _)| self.may_go(*port))
+    }
+
+    fn may_go(&self, port: u16) -> bool {
+        self.budget_of(port).is_none_or(|b| b > 0)
+    }
+
+    fn budget_of(&self, port: u16) -> Option<usize> {
+        self.budget
+            .iter()
+            .find(|(p, _)| *p == port)
+            .map(|(_, b)| *b)
+    }
+
+    /// Takes one SYN of `port`'s budget; false if it has none left. Ports without an
+    /// entry are not gated (true).
+    fn take(&mut self, port: u16) -> bool {
+        match self.budget.iter_mut().find(|(p, _)| *p == port) {
+            None => true,
+            Some((_, 0)) => false,
+            Some((_, b)) => {
+                *b -= 1;
+                true
+            }
+        }
+    }
+
+    /// The destination port of a SYN without ACK (a connection request) in `frame`.
+    fn syn_port(frame: &[u8]) -> Option<u16> {
+        // Every received frame comes here: look at the TCP flags first (Ethernet type
+        // IPv4, protocol TCP, SYN set and ACK clear), parse only a connection request.
+        if frame.get(12..14) != Some(&[0x08, 0x00]) || frame.get(23) != Some(&6) {
+            return None;
+        }
+        let ihl = usize::from(frame.get(14)? & 0x0f) * 4;
+        if frame.get(14 + ihl + 13)? & 0x12 != 0x02 {
+            return None;
+        }
+        let seg = parse_seg(frame, false)?;
+        (seg.syn && !seg.ack).then_some(seg.dst_port)
+    }
+
+    /// Decides on a received frame: false to pass it on, true if it was held (or
+    /// dropped beyond [`SYN_GATE_MAX`]).
+    fn hold(&mut self, frame: &[u8]) -> bool {
+        if self.budget.is_empty() {
+            return false;
+        }
+        let Some(port) = Self::syn_port(frame) else {
+            return false;
+        };
+        if self.budget_of(port).is_none() {
+            return false;
+        }
+        // Held SYNs of this port go first: a new one waits behind them.
+        let queued = self.deferred.iter().any(|(p, _)| *p == port);
+        if !queued && self.take(port) {
+            return false;
+        }
+        if self.deferred.len() >= SYN_GATE_MAX {
+            self.dropped += 1;
+        } else {
+            self.deferred.push_back((port, frame.to_vec()));
+            self.held += 1;
+        }
+        true
+    }
+
+    /// The oldest held SYN that may go now (taking one of its port's budget).
+    fn release(&mut self) -> Option<Vec<u8>> {
+        let i = self
+            .deferred
+            .iter()
+            .position(|(port, _)| self.may_go(*port))?;
+        let (port, frame) = self.deferred.remove(i)?;
+        self.take(port);
+        Some(frame)
+    }
+}
+
+/// The smoltcp device: a [`LinkDevice`] whose tokens show each frame to the tracker,
+/// behind the [`SynGate`].
 pub(super) struct TrackedDevice<L> {
     pub(super) inner: LinkDevice<L>,
     pub(super) tracker: RefCell<SegTracker>,
+    pub(super) gate: SynGate,
+}
+
+/// A received frame: read from the link just now, or a SYN the gate held.
+pub(super) enum RxFrame<'a> {
+    Link(LinkRxToken<'a>),
+    Held(Vec<u8>),
 }
 
 pub(super) struct TrackedRx<'a> {
-    pub(super) inner: LinkRxToken<'a>,
+    pub(super) inner: RxFrame<'a>,
     pub(super) tracker: &'a RefCell<SegTracker>,
 }
 
@@ -396,10 +522,16 @@ impl RxToken for TrackedRx<'_> {
         F: FnOnce(&[u8]) -> R,
     {
         let tracker = self.tracker;
-        self.inner.consume(|frame| {
-            tracker.borrow_mut().on_rx(frame);
-            f(frame)
-        })
+        match self.inner {
+            RxFrame::Link(rx) => rx.consume(|frame| {
+                tracker.borrow_mut().on_rx(frame);
+                f(frame)
+            }),
+            RxFrame::Held(frame) => {
+                tracker.borrow_mut().on_rx(&frame);
+                f(&frame)
+            }
+        }
     }
 }
 
@@ -428,12 +560,40 @@ impl<L: Link> Device for TrackedDevice<L> {
         Self: 'a;
 
     fn receive(&mut self, timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
-        let tracker = &self.tracker;
-        let (rx, tx) = self.inner.receive(timestamp)?;
-        Some((
-            TrackedRx { inner: rx, tracker },
-            TrackedTx { inner: tx, tracker },
-        ))
+        let TrackedDevice {
+            inner,
+            tracker,
+            gate,
+        } = self;
+        if gate.ready() {
+            // A held SYN first; it needs a transmit token (the link is up) to answer.
+            if let Some(tx) = inner.transmit(timestamp) {
+                if let Some(frame) = gate.release() {
+                    return Some((
+                        TrackedRx {
+                            inner: RxFrame::Held(frame),
+                            tracker,
+                        },
+                        TrackedTx { inner: tx, tracker },
+                    ));
+                }
+            }
+            return None;
+        }
+        loop {
+            let n = inner.fill_rx()?;
+            if gate.hold(inner.rx_frame(n)) {
+                continue;
+            }
+            let (rx, tx) = inner.tokens(n);
+            return Some((
+                TrackedRx {
+                    inner: RxFrame::Link(rx),
+                    tracker,
+                },
+                TrackedTx { inner: tx, tracker },
+            ));
+        }
     }
 
     fn transmit(&mut self, timestamp: Instant) -> Option<Self::TxToken<'_>> {
@@ -450,6 +610,46 @@ impl<L: Link> Device for TrackedDevice<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_syn_gate_holds_beyond_the_budget_and_releases_oldest_first() {
+        let syn = |sport| frame(sport, 7174, 1, 0x02, Some(1460), &[]);
+        let ack = frame(40_000, 7174, 1, 0x10, None, b"data");
+        let mut g = SynGate::default();
+        g.set_budget([(7174, 2)].into_iter());
+        assert!(!g.hold(&syn(1)) && !g.hold(&syn(2)), "two pass");
+        assert!(g.hold(&syn(3)) && g.hold(&syn(4)), "then held");
+        assert!(!g.hold(&ack), "not a SYN: never held");
+        assert!(
+            !g.hold(&frame(5, 9999, 1, 0x02, None, &[])),
+            "no listener: not gated"
+        );
+        assert!(!g.ready(), "no budget left");
+        assert_eq!(g.held, 2);
+        // The next poll: budget 1, and a new SYN waits behind the held ones.
+        g.set_budget([(7174, 1)].into_iter());
+        assert!(g.hold(&syn(5)));
+        assert!(g.ready());
+        assert_eq!(g.release(), Some(syn(3)));
+        assert!(!g.ready());
+        assert_eq!(g.release(), None);
+        // The listener went away (no entry): the rest go at once, for smoltcp to refuse.
+        g.set_budget(std::iter::empty());
+        assert_eq!(
+            (g.release(), g.release(), g.release()),
+            (Some(syn(4)), Some(syn(5)), None)
+        );
+    }
+
+    #[test]
+    fn the_syn_gate_drops_beyond_its_bound() {
+        let mut g = SynGate::default();
+        g.set_budget([(7174, 0)].into_iter());
+        for i in 0..SYN_GATE_MAX + 3 {
+            assert!(g.hold(&frame(i as u16, 7174, 1, 0x02, None, &[])));
+        }
+        assert_eq!((g.held, g.dropped), (SYN_GATE_MAX as u64, 3));
+    }
 
     /// An Ethernet/IPv4/TCP frame from 10.0.0.1:`sport` to 10.0.0.2:`dport` with
     /// correct checksums, an MSS option when `mss` is given, and `payload`.

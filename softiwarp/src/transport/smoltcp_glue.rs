@@ -117,6 +117,51 @@ impl<L: Link> LinkDevice<L> {
     pub fn stats(&self) -> DeviceStats {
         self.stats
     }
+
+    /// Reads the next frame into the receive buffer and returns its length in bytes
+    /// (`None`: nothing pending, or a receive error, counted). The first half of
+    /// `receive`, for a wrapper that looks at the frame ([`LinkDevice::rx_frame`])
+    /// before it hands out the tokens ([`LinkDevice::tokens`]).
+    pub(crate) fn fill_rx(&mut self) -> Option<usize> {
+        match self.link.recv(&mut self.rx_buf) {
+            Ok(Some(n)) => {
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += n as u64;
+                Some(n)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.stats.rx_errors += 1;
+                tracing::trace!(link = self.link.name(), error = %e, "receive failed");
+                None
+            }
+        }
+    }
+
+    /// The `n`-byte frame [`LinkDevice::fill_rx`] read.
+    pub(crate) fn rx_frame(&self, n: usize) -> &[u8] {
+        &self.rx_buf[..n]
+    }
+
+    /// The tokens of the `n`-byte frame [`LinkDevice::fill_rx`] read.
+    pub(crate) fn tokens(&mut self, n: usize) -> (LinkRxToken<'_>, LinkTxToken<'_, L>) {
+        let LinkDevice {
+            link,
+            rx_buf,
+            tx_buf,
+            stats,
+        } = self;
+        (
+            LinkRxToken {
+                frame: &rx_buf[..n],
+            },
+            LinkTxToken {
+                link,
+                buf: tx_buf,
+                stats,
+            },
+        )
+    }
 }
 
 /// Receive token: the frame just read, borrowed from the device's receive buffer.
@@ -178,34 +223,8 @@ impl<L: Link> Device for LinkDevice<L> {
         Self: 'a;
 
     fn receive(&mut self, _timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
-        let LinkDevice {
-            link,
-            rx_buf,
-            tx_buf,
-            stats,
-        } = self;
-        match link.recv(rx_buf) {
-            Ok(Some(n)) => {
-                stats.rx_frames += 1;
-                stats.rx_bytes += n as u64;
-                Some((
-                    LinkRxToken {
-                        frame: &rx_buf[..n],
-                    },
-                    LinkTxToken {
-                        link,
-                        buf: tx_buf,
-                        stats,
-                    },
-                ))
-            }
-            Ok(None) => None,
-            Err(e) => {
-                stats.rx_errors += 1;
-                tracing::trace!(link = link.name(), error = %e, "receive failed");
-                None
-            }
-        }
+        let n = self.fill_rx()?;
+        Some(self.tokens(n))
     }
 
     fn transmit(&mut self, _timestamp: Instant) -> Option<Self::TxToken<'_>> {

@@ -529,8 +529,12 @@ fn full_sized_fpdus_leave_whole_at_a_large_mtu() {
     );
 }
 
+/// Backlog 2: three connections at once all get TCP (the third SYN is held for the
+/// next poll, when the backlog still has room), but the third Request finds the
+/// backlog full and gets the reject Reply; a connection opened while the backlog is
+/// full is refused (no socket in LISTEN); deciding a request frees a place again.
 #[test]
-fn backlog_full_refuses_then_rearms() {
+fn backlog_full_rejects_or_refuses_then_rearms() {
     let mut p = mem_pair(1500);
     p.b.stack.listen(PORT, 2, None).unwrap();
     let now = p.now;
@@ -542,6 +546,17 @@ fn backlog_full_refuses_then_rearms() {
     }));
     assert_eq!(
         p.a.final_of(c[2]),
+        Some(ConnEvent::Failed(ConnError::Rejected {
+            private_data: Vec::new()
+        }))
+    );
+    assert_eq!(p.b.stack.stats().backlog_rejects, 1);
+    assert_eq!(p.b.stack.stats().syns_held, 1);
+    let now = p.now;
+    let (full, _) = p.a.connect(2, PORT, params(b"", 1, 1), now).unwrap();
+    assert!(p.run_until(Duration::from_secs(5), |p| p.a.final_of(full).is_some()));
+    assert_eq!(
+        p.a.final_of(full),
         Some(ConnEvent::Failed(ConnError::Refused))
     );
     // Deciding one frees a place in the backlog.
