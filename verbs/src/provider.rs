@@ -87,6 +87,19 @@ impl ProviderError {
         }
     }
 
+    /// The same failure, naming `call` instead (a caller's more precise label, e.g.
+    /// `"ibv_post_send (RDMA Read)"`).
+    pub fn in_call(self, call: &'static str) -> ProviderError {
+        match self {
+            ProviderError::Verbs { source, .. } => ProviderError::Verbs { call, source },
+            ProviderError::Call { errno, message, .. } => ProviderError::Call {
+                call,
+                errno,
+                message,
+            },
+        }
+    }
+
     /// The call that failed.
     pub fn call_name(&self) -> &'static str {
         match self {
@@ -582,9 +595,17 @@ mod tests {
         assert_eq!(e.call_name(), "ibv_post_send");
         assert_eq!(e.errno(), 19);
         assert!(e.to_string().starts_with("ibv_post_send: "), "{e}");
+        let e = e.in_call("ibv_post_send (RDMA Read)");
+        assert_eq!(
+            (e.call_name(), e.errno()),
+            ("ibv_post_send (RDMA Read)", 19)
+        );
         let e = ProviderError::call("rdma_listen", 98, "address in use");
         assert_eq!(e.errno(), 98);
         assert_eq!(e.to_string(), "rdma_listen: address in use");
+        let e = e.in_call("rdma_listen (server)");
+        assert_eq!(e.to_string(), "rdma_listen (server): address in use");
+        assert_eq!(e.errno(), 98);
     }
 
     struct Buf(Vec<u8>);
