@@ -489,7 +489,14 @@ mod tests {
 
     /// Two hosts on a memory link, each with its own RDMA CM.
     fn pair() -> (SoftRdmaCm, SoftRdmaCm) {
+        let (s, c, _) = pair_with_control();
+        (s, c)
+    }
+
+    /// [`pair`], with the control of the client's link end.
+    fn pair_with_control() -> (SoftRdmaCm, SoftRdmaCm, crate::link::MemoryControl) {
         let (l1, l2) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let control = l1.control();
         let host = |name: &str, link, ip| {
             let dev =
                 crate::Device::open(DeviceConfig::new(name, LinkConfig::memory(link), ip, 24))
@@ -503,7 +510,7 @@ mod tests {
                 .unwrap();
             cm
         };
-        (host("psrv", l2, SERVER), host("pcli", l1, CLIENT))
+        (host("psrv", l2, SERVER), host("pcli", l1, CLIENT), control)
     }
 
     /// The next event, which must be `want`.
@@ -744,5 +751,72 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(kind_to_neutral(k).librdmacm_name(), k.librdmacm_name());
         }
+    }
+
+    /// Cutting the client's link under a live connection, seen through the boundary:
+    /// exactly one `DeviceRemoval`, for the connected id, nothing after it, and every
+    /// posted receive completes flushed, in order; then the QP, the event and the id are
+    /// dropped in the order the boundary documents.
+    #[test]
+    fn a_cut_link_is_one_device_removal_and_flushes_every_receive() {
+        let (scm, ccm, cut) = pair_with_control();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let server = std::thread::spawn(move || {
+            let p = SoftCm::new(&scm);
+            let l = p.create_id().unwrap();
+            l.bind_addr(SocketAddr::from((SERVER, 7003))).unwrap();
+            l.listen(1).unwrap();
+            let id = expect(&p, CmEventKind::ConnectRequest)
+                .take_new_id()
+                .unwrap();
+            let dev = id.device().unwrap();
+            let (pd, cq) = (dev.alloc_pd().unwrap(), dev.create_cq(8).unwrap());
+            let _qp = id.create_qp(&pd, &cq, &cq, CAP, false).unwrap();
+            id.accept(&ConnParam::new(1, 1)).unwrap();
+            expect(&p, CmEventKind::Established);
+            ready_tx.send(()).unwrap();
+            let _ = done_rx.recv_timeout(STEP);
+        });
+        let p = SoftCm::new(&ccm);
+        std::thread::sleep(Duration::from_millis(300));
+        let id = p.create_id().unwrap();
+        id.resolve_addr(None, SocketAddr::from((SERVER, 7003)), STEP)
+            .unwrap();
+        expect(&p, CmEventKind::AddrResolved);
+        id.resolve_route(STEP).unwrap();
+        expect(&p, CmEventKind::RouteResolved);
+        let dev = id.device().unwrap();
+        let (pd, cq) = (dev.alloc_pd().unwrap(), dev.create_cq(8).unwrap());
+        let qp = id.create_qp(&pd, &cq, &cq, CAP, false).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        for wr_id in 1..=3 {
+            qp.post_recv(RecvWr::new(wr_id, vec![mr.sge(0, 64).unwrap()]))
+                .unwrap();
+        }
+        id.connect(&ConnParam::new(1, 1)).unwrap();
+        expect(&p, CmEventKind::Established);
+        ready_rx.recv_timeout(STEP).unwrap();
+        cut.remove();
+        let ev = expect(&p, CmEventKind::DeviceRemoval);
+        assert_eq!(ev.id_key(), id.key());
+        assert!(
+            p.get_event(Duration::from_millis(500)).unwrap().is_none(),
+            "nothing after DeviceRemoval"
+        );
+        let mut flushed = Vec::new();
+        while flushed.len() < 3 {
+            let wc = completion(&cq);
+            assert_eq!(wc.status, WcStatus::WrFlushErr, "{wc:?}");
+            flushed.push(wc.wr_id);
+        }
+        assert_eq!(flushed, [1, 2, 3]);
+        assert!(cq.poll(8).unwrap().is_empty(), "each WR completes once");
+        drop(qp);
+        drop(ev);
+        drop(id);
+        assert!(dev.alloc_pd().is_err(), "the device is gone");
+        done_tx.send(()).unwrap();
+        server.join().unwrap();
     }
 }
