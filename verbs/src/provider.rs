@@ -520,6 +520,12 @@ pub trait CmEvent: Send {
     /// The peer's connection parameters and private data (connect request,
     /// established, rejected), zero and empty otherwise.
     fn conn_param(&self) -> ConnParam;
+
+    /// The peer's private data (a copy; empty if none): that of
+    /// [`CmEvent::conn_param`].
+    fn private_data(&self) -> Vec<u8> {
+        self.conn_param().private_data
+    }
 }
 
 /// One RDMA CM event channel and the object types of its backend: the entry point of
