@@ -675,11 +675,11 @@ mod tests {
             assert_eq!(req.private_data(), b"hi");
             let new = req.take_new_id().unwrap();
             new.reject(b"busy").unwrap();
-            // Kept until the client saw the reject: destroyed at once, the soft device
-            // may abort the connection before the reject Reply's private data is read
-            // (seen: Rejected with no private data).
-            let _ = seen_rx.recv_timeout(STEP);
             drop(new);
+            // The server's CM (and with it its device) lives until the client saw the
+            // reject: ending this thread at once drops them, which can abort the
+            // connection before the reject Reply's private data is read.
+            let _ = seen_rx.recv_timeout(STEP);
         });
         std::thread::sleep(Duration::from_millis(300));
         let p = SoftCm::new(&ccm);
