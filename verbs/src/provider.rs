@@ -531,17 +531,31 @@ pub trait CmEvent: Send {
 /// One RDMA CM event channel and the object types of its backend: the entry point of
 /// application code generic over the backend.
 ///
-/// ```ignore
-/// fn client<P: Provider>(p: &P, dst: SocketAddr) -> Result<(), ProviderError> {
+/// ```
+/// use std::net::SocketAddr;
+/// use std::time::Duration;
+/// use verbs::provider::*;
+/// use verbs::QpCap;
+///
+/// /// Connects to `dst` on whichever backend `p` is (compiled, not run, here); the
+/// /// caller keeps the objects while the connection lives, and waits for ESTABLISHED.
+/// fn client<P: Provider>(
+///     p: &P,
+///     dst: SocketAddr,
+/// ) -> Result<(P::Qp, P::Cq, P::Pd, P::Id), ProviderError> {
+///     let step = Duration::from_secs(2);
 ///     let id = p.create_id()?;
-///     id.resolve_addr(None, dst, Duration::from_secs(2))?;
-///     // ... get_event -> AddrResolved, resolve_route -> RouteResolved
-///     let dev = id.device().unwrap();
+///     id.resolve_addr(None, dst, step)?;
+///     assert!(p.get_event(step)?.is_some_and(|e| e.kind() == CmEventKind::AddrResolved));
+///     id.resolve_route(step)?;
+///     assert!(p.get_event(step)?.is_some_and(|e| e.kind() == CmEventKind::RouteResolved));
+///     let dev = id.device().expect("resolved: the id has a device");
 ///     let (pd, cq) = (dev.alloc_pd()?, dev.create_cq(16)?);
+///     let cap = QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
 ///     let qp = id.create_qp(&pd, &cq, &cq, cap, false)?;
 ///     let (ord, ird) = dev.caps()?.clamp_ord_ird(8, 8);
 ///     id.connect(&ConnParam::new(ird.into(), ord.into()))?;
-///     Ok(())
+///     Ok((qp, cq, pd, id))
 /// }
 /// ```
 pub trait Provider: Send + Sync {
