@@ -375,6 +375,12 @@ impl CmId {
         self.shared.raw.disconnect().map_err(cm("rdma_disconnect"))
     }
 
+    /// A key naming this id among the live ids of the process (the address
+    /// of its `struct rdma_cm_id`; clones share it).
+    pub fn key(&self) -> u64 {
+        self.shared.raw.addr() as u64
+    }
+
     /// The local address (`rdma_get_local_addr`), once bound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.shared.raw.local_addr()

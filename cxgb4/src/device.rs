@@ -144,7 +144,7 @@ impl Context {
     }
 
     /// The device's capabilities (`ibv_query_device(3)`, completed with the
-    /// driver facts of [`DeviceCaps::from_device_attr`]).
+    /// driver facts of [`crate::caps::from_device_attr`]).
     ///
     /// # Errors
     ///
@@ -154,7 +154,7 @@ impl Context {
             .raw
             .query_device()
             .map_err(|e| verbs_error("ibv_query_device", e))?;
-        Ok(DeviceCaps::from_device_attr(&attr))
+        Ok(crate::caps::from_device_attr(&attr))
     }
 
     /// The largest message of port `port` (1-based), bytes

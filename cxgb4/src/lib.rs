@@ -13,11 +13,12 @@
 //! |---|---|
 //! | [`ffi`] | `#[repr(C)]` layouts of rdma-core 44, the loader, owned raw handles: the only `unsafe` of the crate (its docs hold the **Contract**) |
 //! | [`device`] | the device list, [`Context`] (open by name), [`DeviceCaps`] of a device |
-//! | [`caps`] | [`DeviceCaps`]: limits and features as data; the Chelsio T5/T6 facts |
+//! | [`caps`] | [`DeviceCaps`] (now `verbs::DeviceCaps`, re-exported) of an `ibv_query_device` result ([`caps::from_device_attr`]) |
 //! | [`pd`] | [`Pd`], [`Mr`] over a buffer the MR owns |
 //! | [`cq`] | [`CompChannel`], [`Cq`]: poll into [`verbs::WorkCompletion`], arm, events |
 //! | [`qp`] | [`Qp`]: `post_send` / `post_recv` of [`verbs::SendWr`] / [`verbs::RecvWr`] |
 //! | [`cm`] | [`EventChannel`], [`CmId`], [`CmEvent`] (acks on drop), [`ConnParam`] |
+//! | [`provider`] | the provider-neutral traits of [`verbs::provider`] over these objects ([`provider::WaitCq`], [`provider::Event`]) |
 //! | [`translate`] | the pure tables between `verbs` values and rdma-core numbers |
 //! | [`error`] | [`Error`]: load failure, unknown device name, verbs / CM errno |
 //!
@@ -93,6 +94,7 @@ pub mod device;
 pub mod error;
 pub mod ffi;
 pub mod pd;
+pub mod provider;
 pub mod qp;
 pub mod translate;
 
@@ -103,5 +105,6 @@ pub use device::{devices, release_cached_devices, Context, DeviceInfo, Transport
 pub use error::{Error, Result};
 pub use ffi::{LoadError, RdmaCore};
 pub use pd::{Mr, Pd};
+pub use provider::{Event, WaitCq};
 pub use qp::Qp;
 pub use translate::CmEventKind;

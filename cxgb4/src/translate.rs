@@ -16,7 +16,6 @@
 
 use crate::ffi::handles::{RawAsyncEvent, SendPayload};
 use crate::ffi::types::{IbvAtomicWr, IbvRdmaWr, IbvSendWr, IbvSendWrWr, IbvSge, IbvWc};
-use core::fmt;
 use core::ptr;
 use verbs::{
     errno, AccessFlags, AsyncEvent, AsyncEventType, Payload, RecvWr, SendOp, SendWr, Sge, Stag,
@@ -320,110 +319,9 @@ pub fn async_event_from_ibv(ev: &RawAsyncEvent) -> Option<AsyncEvent> {
     })
 }
 
-/// `enum rdma_cm_event_type`, named as rdma_cm names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum CmEventKind {
-    /// `RDMA_CM_EVENT_ADDR_RESOLVED` (0).
-    AddrResolved = 0,
-    /// `RDMA_CM_EVENT_ADDR_ERROR` (1).
-    AddrError = 1,
-    /// `RDMA_CM_EVENT_ROUTE_RESOLVED` (2).
-    RouteResolved = 2,
-    /// `RDMA_CM_EVENT_ROUTE_ERROR` (3).
-    RouteError = 3,
-    /// `RDMA_CM_EVENT_CONNECT_REQUEST` (4): the event carries a new id.
-    ConnectRequest = 4,
-    /// `RDMA_CM_EVENT_CONNECT_RESPONSE` (5).
-    ConnectResponse = 5,
-    /// `RDMA_CM_EVENT_CONNECT_ERROR` (6).
-    ConnectError = 6,
-    /// `RDMA_CM_EVENT_UNREACHABLE` (7).
-    Unreachable = 7,
-    /// `RDMA_CM_EVENT_REJECTED` (8).
-    Rejected = 8,
-    /// `RDMA_CM_EVENT_ESTABLISHED` (9).
-    Established = 9,
-    /// `RDMA_CM_EVENT_DISCONNECTED` (10).
-    Disconnected = 10,
-    /// `RDMA_CM_EVENT_DEVICE_REMOVAL` (11): destroy the QP, ack, destroy
-    /// the id (notes section 3).
-    DeviceRemoval = 11,
-    /// `RDMA_CM_EVENT_MULTICAST_JOIN` (12).
-    MulticastJoin = 12,
-    /// `RDMA_CM_EVENT_MULTICAST_ERROR` (13).
-    MulticastError = 13,
-    /// `RDMA_CM_EVENT_ADDR_CHANGE` (14).
-    AddrChange = 14,
-    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT` (15).
-    TimewaitExit = 15,
-}
-
-impl CmEventKind {
-    /// Every kind, in numeric order.
-    pub const ALL: [CmEventKind; 16] = [
-        CmEventKind::AddrResolved,
-        CmEventKind::AddrError,
-        CmEventKind::RouteResolved,
-        CmEventKind::RouteError,
-        CmEventKind::ConnectRequest,
-        CmEventKind::ConnectResponse,
-        CmEventKind::ConnectError,
-        CmEventKind::Unreachable,
-        CmEventKind::Rejected,
-        CmEventKind::Established,
-        CmEventKind::Disconnected,
-        CmEventKind::DeviceRemoval,
-        CmEventKind::MulticastJoin,
-        CmEventKind::MulticastError,
-        CmEventKind::AddrChange,
-        CmEventKind::TimewaitExit,
-    ];
-
-    /// The kind of an `enum rdma_cm_event_type` value; `None` above 15.
-    pub const fn from_raw(value: u32) -> Option<CmEventKind> {
-        if (value as usize) < CmEventKind::ALL.len() {
-            Some(CmEventKind::ALL[value as usize])
-        } else {
-            None
-        }
-    }
-
-    /// The numeric value.
-    pub const fn to_raw(self) -> u32 {
-        self as u32
-    }
-
-    /// The C name, which is also what `rdma_event_str(3)` returns, e.g.
-    /// `"RDMA_CM_EVENT_DEVICE_REMOVAL"`.
-    pub const fn rdma_name(self) -> &'static str {
-        match self {
-            CmEventKind::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
-            CmEventKind::AddrError => "RDMA_CM_EVENT_ADDR_ERROR",
-            CmEventKind::RouteResolved => "RDMA_CM_EVENT_ROUTE_RESOLVED",
-            CmEventKind::RouteError => "RDMA_CM_EVENT_ROUTE_ERROR",
-            CmEventKind::ConnectRequest => "RDMA_CM_EVENT_CONNECT_REQUEST",
-            CmEventKind::ConnectResponse => "RDMA_CM_EVENT_CONNECT_RESPONSE",
-            CmEventKind::ConnectError => "RDMA_CM_EVENT_CONNECT_ERROR",
-            CmEventKind::Unreachable => "RDMA_CM_EVENT_UNREACHABLE",
-            CmEventKind::Rejected => "RDMA_CM_EVENT_REJECTED",
-            CmEventKind::Established => "RDMA_CM_EVENT_ESTABLISHED",
-            CmEventKind::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
-            CmEventKind::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
-            CmEventKind::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
-            CmEventKind::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
-            CmEventKind::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
-            CmEventKind::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
-        }
-    }
-}
-
-/// Formats as `rdma_event_str(3)`.
-impl fmt::Display for CmEventKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.rdma_name())
-    }
-}
+/// `enum rdma_cm_event_type`, named as rdma_cm names them: the provider-neutral
+/// kind of [`verbs::provider`], whose numbers are librdmacm's.
+pub use verbs::provider::CmEventKind;
 
 #[cfg(test)]
 mod tests {

@@ -185,6 +185,18 @@ impl SiwVm {
     /// Errors: [`SiwVmError::NotRoot`]; [`SiwVmError::NoScript`]; [`SiwVmError::Script`]
     /// when `netns-up` or `start` fails (what was made is removed).
     pub fn start(variant: Variant) -> Result<SiwVm, SiwVmError> {
+        SiwVm::start_with_files(variant, &[])
+    }
+
+    /// [`SiwVm::start`], with host files copied into the guest: each `(src, dst)` puts
+    /// the host file `src` at the guest path `dst` (the script's `--add src:dst`), e.g. a
+    /// host-built binary to run there (same glibc; rdma-core is in the guest).
+    ///
+    /// Errors: as [`SiwVm::start`] (a missing `src` fails the script's `start`).
+    pub fn start_with_files(
+        variant: Variant,
+        files: &[(PathBuf, String)],
+    ) -> Result<SiwVm, SiwVmError> {
         if !crate::netns::is_root() {
             return Err(SiwVmError::NotRoot);
         }
@@ -230,7 +242,13 @@ impl SiwVm {
         let t0 = Instant::now();
         let cidr = format!("{VM_IP}/{PREFIX_LEN}");
         let name = vm.name.clone();
-        vm.script(&["start", "--variant", variant.name(), &name, &vm_tap, &cidr])?;
+        let mut args: Vec<String> = vec!["start".into(), "--variant".into(), variant.name().into()];
+        for (src, dst) in files {
+            args.push("--add".into());
+            args.push(format!("{}:{dst}", src.display()));
+        }
+        args.extend([name, vm_tap, cidr]);
+        vm.script(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         vm.boot = t0.elapsed();
         Ok(vm)
     }
@@ -304,6 +322,29 @@ impl SiwVm {
             return Err(SiwVmError::Timeout(cmd.to_owned(), timeout));
         }
         Ok((rc, String::from_utf8_lossy(&out.stdout).into_owned()))
+    }
+
+    /// Waits up to `timeout` until a kernel TCP socket of the guest listens on
+    /// `0.0.0.0:port` (`/proc/net/tcp`, state LISTEN): what a kernel rping or an rdma-core
+    /// server on siw shows once `rdma_listen` returned. Short guest commands, retried: one
+    /// lost on the control port (seen once in a while under load) costs seconds, not the
+    /// run.
+    ///
+    /// Errors: [`SiwVmError::Timeout`] when it never listens; [`SiwVmError::Io`].
+    pub fn wait_listening(&self, port: u16, timeout: Duration) -> Result<(), SiwVmError> {
+        let probe = format!("grep -q ':{port:04X} 00000000:0000 0A' /proc/net/tcp");
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.exec(&probe, Duration::from_secs(5)) {
+                Ok((0, _)) => return Ok(()),
+                Ok(_) | Err(SiwVmError::Timeout(..)) => {}
+                Err(e) => return Err(e),
+            }
+            if Instant::now() >= deadline {
+                return Err(SiwVmError::Timeout(probe, timeout));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Starts `cmd` in the background in the guest; its output and exit status go to a

@@ -20,6 +20,8 @@
 //! | [`qp`] | [`QpState`], [`check_transition`], [`QpType`], [`QpCap`], [`QpAttr`], [`QpAttrMask`] | `enum ibv_qp_state`, `ibv_qp_type`, `struct ibv_qp_cap`, `ibv_qp_attr`, `enum ibv_qp_attr_mask` |
 //! | [`error`] | [`VerbsError`] and its [`errno`](VerbsError::errno) | the errno a verb returns |
 //! | [`event`] | [`AsyncEvent`], [`AsyncEventType`] | `struct ibv_async_event`, `enum ibv_event_type` |
+//! | [`caps`] | [`DeviceCaps`]: a device's limits and features as data (the Chelsio T5/T6 facts) | `struct ibv_device_attr` |
+//! | [`provider`] | the object traits both backends implement (device, PD, MR, CQ, QP) and the RDMA CM in event-channel style | libibverbs' objects, librdmacm's `rdma_*` calls |
 //!
 //! Units: every length, offset and size in this crate is in bytes (octets);
 //! addresses are I/O virtual addresses (iova) of registered memory, which for
@@ -70,9 +72,10 @@
 //! 5. **No callbacks.** Completions are queued on the CQ and taken by polling;
 //!    the backend never runs user code to deliver them (design.md §5).
 //!
-//! The traits a backend implements (PD/MR/CQ/QP objects and the post/poll
-//! calls) are added with the soft device; this crate holds the values they
-//! exchange.
+//! The traits a backend implements (PD/MR/CQ/QP objects, the post/poll
+//! calls and the RDMA CM) are in [`provider`]: the soft device (`softiwarp`)
+//! and rdma-core (`cxgb4`) implement them, and a tool written against them
+//! runs on either.
 //!
 //! # Example
 //!
@@ -112,14 +115,17 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod caps;
 pub mod error;
 pub mod event;
+pub mod provider;
 pub mod qp;
 pub mod stag;
 pub mod wc;
 pub mod wr;
 
 pub use access::{AccessFlags, AccessFlagsError};
+pub use caps::DeviceCaps;
 pub use error::{errno, ObjectKind, VerbsError, WorkQueue};
 pub use event::{AsyncEvent, AsyncEventType};
 pub use qp::{check_transition, QpAttr, QpAttrMask, QpCap, QpState, QpTransitionError, QpType};

@@ -100,8 +100,58 @@ pub fn set_nonblocking(fd: i32, on: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Waits up to `timeout` for `fd` to be readable (`poll(2)` with `POLLIN`):
+/// `Ok(true)` when it is (or has an error or hang-up to report, which the next
+/// read returns), `Ok(false)` on timeout. A timeout above `i32::MAX`
+/// milliseconds waits that long; an interrupted wait (`EINTR`) reads as a
+/// timeout, so the caller looks again.
+///
+/// # Errors
+///
+/// The OS error of `poll` (`EBADF` never: a closed fd reports `POLLNVAL`,
+/// read as readable).
+pub fn wait_readable(fd: i32, timeout: std::time::Duration) -> std::io::Result<bool> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid, initialised pollfd that lives across the
+    // call; poll writes only its `revents`.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EINTR) {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(n > 0)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn wait_readable_sees_a_pipe_become_readable() {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is a valid two-int array for pipe(2) to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (r, w) = (fds[0], fds[1]);
+        assert!(!super::wait_readable(r, Duration::from_millis(20)).unwrap());
+        // SAFETY: writes one byte from a live local to the pipe's write end.
+        assert_eq!(unsafe { libc::write(w, [1u8].as_ptr().cast(), 1) }, 1);
+        assert!(super::wait_readable(r, Duration::from_millis(20)).unwrap());
+        // SAFETY: closes the two fds this test opened, once.
+        unsafe {
+            libc::close(r);
+            libc::close(w);
+        }
+    }
+
     #[test]
     fn nonblocking_flag_on_a_pipe() {
         let mut fds = [0i32; 2];

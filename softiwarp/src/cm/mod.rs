@@ -2,7 +2,8 @@
 //! implements `iw_cm::Provider` over a [`Device`](crate::Device), with its provider
 //! thread; [`rdmacm::SoftDevice`] implements `rdma_cm::CmDevice` over a device and its
 //! provider, with its link watcher ([`rdmacm::SoftRdmaCm`] is the RDMA CM over soft
-//! devices).
+//! devices); [`provider::SoftCm`] and its objects put the soft device behind the
+//! provider-neutral boundary of `verbs::provider`.
 //!
 //! **Room.** The only folder that names `iw-cm` and `rdma-cm`: it implements their traits,
 //! and their cores never name this crate. It uses the device through the crate's public
@@ -10,4 +11,5 @@
 //! threads only enqueue towards the CMs and never run a CM callback.
 
 pub mod iwcm;
+pub mod provider;
 pub mod rdmacm;

@@ -1,13 +1,17 @@
-//! `iwping`: rping (rdma-core's `librdmacm/examples/rping.c`) on the soft iWARP device.
+//! `iwping`: rping (rdma-core's `librdmacm/examples/rping.c`) on either backend: the soft
+//! iWARP device or a kernel RDMA device through rdma-core.
 //!
-//! Its room: the tool and its engine. It touches softiwarp, rdma-cm, verbs, mpa (the MPA
-//! options of the command line) and netlab (link options, signals, logging); nothing
-//! depends on it.
+//! Its room: the tool and its engine. It touches softiwarp and cxgb4 (the two backends,
+//! in the binary), verbs (the provider-neutral boundary the engine is written against),
+//! rdma-cm, mpa (the MPA options of the command line) and netlab (link options, signals,
+//! logging); nothing depends on it.
 //!
-//! The engine ([`run`]): rping's client and server ([`crate::rping`]) on softiwarp's
-//! public RDMA CM ([`softiwarp::cm::rdmacm::SoftRdmaCm`]) and verbs objects, with rping's options
-//! and output. The binary (`src/main.rs`) opens the soft device on a TAP and calls
-//! [`run`]; tests call [`run`] on devices over memory links.
+//! The engine ([`run`]): rping's client and server ([`crate::rping`]), written once
+//! against [`verbs::provider::Provider`]: an RDMA CM event channel and the verbs objects
+//! of its ids' devices. The binary (`src/main.rs`) runs it on the soft device over a TAP
+//! (`softiwarp::cm::provider::SoftCm`) or, with `--device NAME`, on an rdma-core device
+//! (`cxgb4::EventChannel`: siw0, cxgb4_0); tests run it on soft devices over memory
+//! links.
 //!
 //! What the two roles do, call by call (librdmacm's names):
 //!
@@ -15,17 +19,20 @@
 //!   ROUTE_RESOLVED, PD/CQ/QP on the id's device (`id->verbs`), four MRs (receive and
 //!   send buffers of [`INFO_LEN`] bytes, the source and the sink of `size` bytes, the
 //!   latter two with remote read and write access), one receive posted,
-//!   `rdma_connect` (responder_resources = initiator_depth = 1, as rping) -> ESTABLISHED;
-//!   then the pings ([`crate::rping`]), then `rdma_disconnect` and a wait for
-//!   DISCONNECTED (so the FIN is out before the process, and the engine, ends).
+//!   `rdma_connect` (responder_resources = initiator_depth = 1, as rping, clamped to the
+//!   device's [`verbs::DeviceCaps`]) -> ESTABLISHED; then the pings ([`crate::rping`]),
+//!   then `rdma_disconnect` and a wait for DISCONNECTED (so the FIN is out before the
+//!   process, and the engine, ends).
 //! - **server**: `rdma_bind_addr`, `rdma_listen` (backlog 3) -> CONNECT_REQUEST; PD/CQ/QP,
 //!   three MRs (receive, send, the `size`-byte buffer), one receive, `rdma_accept` with the
-//!   request's own resources mirrored (what librdmacm's `rdma_accept(id, NULL)` does) ->
-//!   ESTABLISHED; then pings until DISCONNECTED, which ends a successful run.
+//!   request's own resources mirrored (what librdmacm's `rdma_accept(id, NULL)` does),
+//!   clamped to the device -> ESTABLISHED; then pings until DISCONNECTED, which ends a
+//!   successful run.
 //!
-//! Memory regions are registered at I/O virtual addresses of our choosing ([`IOVA_BASE`]),
-//! and the address advertised in [`RdmaInfo::buf`] is the MR's iova: the TO the peer puts
-//! in its RDMA Read Request or Write is the address it was given, as with any verbs peer.
+//! The address advertised in [`RdmaInfo::buf`] is the MR's iova (the backend chooses it:
+//! the soft device from `softiwarp::cm::provider::IOVA_BASE`, rdma-core the buffer's
+//! address): the TO the peer puts in its RDMA Read Request or Write is the address it was
+//! given, as with any verbs peer.
 //!
 //! Beyond rping: the server checks the data it read against the ping pattern with `-V`
 //! (rping's server checks nothing), and both sides clear the buffer they receive into
@@ -37,24 +44,16 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use rdma_cm::{CmError, CmId, CmIdRef, ConnParam, EventChannel, EventKind};
-use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
-use softiwarp::CqError;
-use softiwarp::{Cq, Mr, Pd, QpInitAttr};
+use verbs::provider::{
+    CmEvent, CmEventKind, CmId, CompletionQueue, ConnParam, Device, MemoryRegion, ProtectionDomain,
+    Provider, ProviderError, QueuePair,
+};
 use verbs::{
-    AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendWr, Stag, VerbsError, WcOpcode, WcStatus,
+    AccessFlags, DeviceCaps, QpCap, RecvWr, SendFlags, SendWr, Stag, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
 use crate::rping::{BogusMessage, RdmaInfo, INFO_LEN, SQ_DEPTH};
-
-/// The QP handle rdma-cm gives for the soft device.
-type SoftQp = rdma_cm::QpOf<SoftDevice>;
-
-/// I/O virtual address of the first MR; the others follow at 1 MiB steps (receive,
-/// send, RDMA buffer, client source buffer). A user-space-looking address, so a peer
-/// that mixes up TO and offset shows at once.
-pub const IOVA_BASE: u64 = 0x0000_7f3a_5c00_0000;
 
 /// Which side of rping to play.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,10 +87,15 @@ pub struct PingOptions {
     /// `-d`: rping's debug lines on the output (`rdma_listen`, `ESTABLISHED`, ...).
     pub debug: bool,
     /// Our IRD and ORD (`responder_resources`, `initiator_depth`) for `rdma_connect` /
-    /// `rdma_accept`. `None`: rping's choice (client 1 and 1; server the request's own
-    /// values mirrored, as `rdma_accept(id, NULL)`; with an MPA rev 1 peer that is 0 and
-    /// 0, so no RDMA Read is allowed).
+    /// `rdma_accept`, clamped to the device's limits ([`DeviceCaps::max_ird`],
+    /// [`DeviceCaps::max_ord`]). `None`: rping's choice (client 1 and 1; server the
+    /// request's own values mirrored, as `rdma_accept(id, NULL)`; with an MPA rev 1 peer
+    /// that is 0 and 0, so no RDMA Read is allowed).
     pub ird_ord: Option<(u16, u16)>,
+    /// The device the connection must be on (`--device`): after address resolution
+    /// (client) or at the connect request (server), an id on another device fails the
+    /// run with [`IwpingError::WrongDevice`]. `None`: any.
+    pub device: Option<String>,
     /// How long any one step may take (address resolution, a completion, an event)
     /// before the run fails; the server waits this long for the connection too.
     pub step_timeout: Duration,
@@ -109,6 +113,7 @@ impl Default for PingOptions {
             validate: false,
             debug: false,
             ird_ord: None,
+            device: None,
             step_timeout: Duration::from_secs(60),
         }
     }
@@ -135,32 +140,14 @@ pub enum IwpingError {
     /// Bad options.
     #[error("invalid options: {0}")]
     Options(String),
-    /// An rdma_cm call failed.
-    #[error("{op}: {source}")]
-    Cm {
-        /// The call (`rdma_resolve_addr`, ...).
-        op: &'static str,
-        /// Why.
-        #[source]
-        source: CmError,
-    },
-    /// A verbs call failed.
-    #[error("{op}: {source}")]
-    Verbs {
-        /// The call (`ibv_post_send`, ...).
-        op: &'static str,
-        /// Why.
-        #[source]
-        source: VerbsError,
-    },
-    /// Polling the CQ failed (overrun).
-    #[error("ibv_poll_cq: {0}")]
-    Cq(#[from] CqError),
+    /// A verbs or rdma_cm call failed (the error names the call).
+    #[error(transparent)]
+    Call(#[from] ProviderError),
     /// An event other than the one waited for (rping: `cma event %s, error %d`).
     #[error("cma event {kind}, error {status} (waiting for {waiting_for})")]
     Event {
         /// The event.
-        kind: EventKind,
+        kind: CmEventKind,
         /// Its status (0 or a negative errno).
         status: i32,
         /// What was expected.
@@ -169,6 +156,14 @@ pub enum IwpingError {
     /// The id's device is gone (`id->verbs` is NULL).
     #[error("the rdma_cm id has no device")]
     NoDevice,
+    /// The connection is on another device than `--device` named.
+    #[error("the connection is on device {found}, not {want}")]
+    WrongDevice {
+        /// `--device`.
+        want: String,
+        /// The id's device.
+        found: String,
+    },
     /// Nothing happened in time.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, &'static str),
@@ -184,7 +179,8 @@ pub enum IwpingError {
         status: WcStatus,
         /// What it was.
         opcode: WcOpcode,
-        /// The soft device's Terminate code (`Layer|EType|ErrCode`), if any.
+        /// The device's vendor error (the soft device: its Terminate code,
+        /// `Layer|EType|ErrCode`), if any.
         vendor_err: u32,
     },
     /// A completion that does not belong at this point of the exchange.
@@ -230,13 +226,8 @@ pub enum IwpingError {
 /// How often blocking waits look at [`netlab::signals::interrupted`].
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
-fn cm(op: &'static str) -> impl FnOnce(CmError) -> IwpingError {
-    move |source| IwpingError::Cm { op, source }
-}
-
-fn vb(op: &'static str) -> impl FnOnce(VerbsError) -> IwpingError {
-    move |source| IwpingError::Verbs { op, source }
-}
+/// How long one CQ wait sleeps before the loop looks at the CM channel again.
+const CQ_NAP: Duration = Duration::from_millis(10);
 
 impl PingOptions {
     /// Checks the options as rping does.
@@ -258,21 +249,29 @@ impl PingOptions {
     }
 }
 
-/// Runs one rping session as `opts` says on `cm` (which must hold the device to use),
-/// writing rping's output lines to `out`.
+/// Our IRD and ORD for `rdma_connect` / `rdma_accept`: `ird_ord` limited to the
+/// device's IRD and ORD (iw_cxgb4 refuses more than 32 with `EINVAL`).
+pub fn clamp_ird_ord(caps: &DeviceCaps, (ird, ord): (u16, u16)) -> (u16, u16) {
+    let c = |v: u16, max: u32| u16::try_from(u32::from(v).min(max)).unwrap_or(v);
+    (c(ird, caps.max_ird), c(ord, caps.max_ord))
+}
+
+/// Runs one rping session as `opts` says on the event channel `p` (of the soft device's
+/// RDMA CM, `softiwarp::cm::provider::SoftCm`, or of rdma-core,
+/// `cxgb4::EventChannel`), writing rping's output lines to `out`. One code path for
+/// both backends.
 ///
 /// Errors: see [`IwpingError`]; the run stops at the first one (the connection and every
 /// object are released on the way out).
-pub fn run(
-    cm: &SoftRdmaCm,
+pub fn run<P: Provider>(
+    p: &P,
     opts: &PingOptions,
     out: &mut dyn Write,
 ) -> Result<PingSummary, IwpingError> {
     opts.check()?;
-    let channel = cm.create_event_channel();
     match opts.role {
-        Role::Client => run_client(cm, &channel, opts, out),
-        Role::Server => run_server(cm, &channel, opts, out),
+        Role::Client => run_client(p, opts, out),
+        Role::Server => run_server(p, opts, out),
     }
 }
 
@@ -283,14 +282,14 @@ fn debug(opts: &PingOptions, out: &mut dyn Write, line: std::fmt::Arguments<'_>)
     }
 }
 
-/// Waits for the next event on `channel`, which must be `want`; returns its peer
-/// ORD/IRD and, for a ConnectRequest, the new id.
-fn expect_event(
-    channel: &EventChannel<SoftDevice>,
-    want: EventKind,
+/// Waits for the next event on `p`, which must be `want`; returns its
+/// `responder_resources` and `initiator_depth` and, for a ConnectRequest, the new id.
+fn expect_event<P: Provider>(
+    p: &P,
+    want: CmEventKind,
     timeout: Duration,
     waiting_for: &'static str,
-) -> Result<(u16, u16, Option<CmId<SoftDevice>>), IwpingError> {
+) -> Result<(u16, u16, Option<P::Id>), IwpingError> {
     let deadline = Instant::now() + timeout;
     let mut ev = loop {
         if netlab::signals::interrupted() {
@@ -300,33 +299,36 @@ fn expect_event(
         if left.is_zero() {
             return Err(IwpingError::Timeout(timeout, waiting_for));
         }
-        if let Ok(ev) = channel.get_event_timeout(left.min(SIGNAL_CHECK)) {
+        if let Some(ev) = p.get_event(left.min(SIGNAL_CHECK))? {
             break ev;
         }
     };
-    if ev.kind != want {
+    if ev.kind() != want {
         return Err(IwpingError::Event {
-            kind: ev.kind,
-            status: ev.status,
+            kind: ev.kind(),
+            status: ev.status(),
             waiting_for,
         });
     }
-    let res = (ev.responder_resources, ev.initiator_depth);
+    let param = ev.conn_param();
     let new_id = ev.take_new_id();
-    Ok((res.0, res.1, new_id))
+    Ok((param.responder_resources, param.initiator_depth, new_id))
 }
 
-/// The verbs objects of one connection.
-struct Session {
-    cq: Cq,
-    qp: SoftQp,
-    recv: Mr,
-    send: Mr,
+/// The verbs objects of one connection (dropped in this order: the QP before the MRs
+/// its WRs name).
+struct Session<P: Provider> {
+    cq: P::Cq,
+    qp: P::Qp,
+    recv: P::Mr,
+    send: P::Mr,
     /// Server: where the Read lands and the Write comes from. Client: the sink.
-    rdma: Mr,
+    rdma: P::Mr,
     /// Client only: the source.
-    start: Option<Mr>,
-    _pd: Pd,
+    start: Option<P::Mr>,
+    _pd: P::Pd,
+    /// The device's limits.
+    caps: DeviceCaps,
 }
 
 /// What the wait loop found.
@@ -335,14 +337,29 @@ enum Step {
     Disconnected,
 }
 
-impl Session {
-    fn new(id: &CmIdRef<SoftDevice>, opts: &PingOptions) -> Result<Session, IwpingError> {
+/// An SGE over `[0, len)` of `mr`.
+fn sge<M: MemoryRegion>(mr: &M, len: u32) -> Result<verbs::Sge, IwpingError> {
+    mr.sge(0, len).ok_or(IwpingError::TooLarge {
+        peer: len,
+        ours: mr.len(),
+    })
+}
+
+impl<P: Provider> Session<P> {
+    fn new(id: &P::Id, opts: &PingOptions) -> Result<Session<P>, IwpingError> {
         let dev = id.device().ok_or(IwpingError::NoDevice)?;
-        let device = dev.device();
-        let pd = device.alloc_pd().map_err(vb("ibv_alloc_pd"))?;
-        let cq = device
-            .create_cq(2 * SQ_DEPTH as usize)
-            .map_err(vb("ibv_create_cq"))?;
+        if let Some(want) = &opts.device {
+            let found = dev.name();
+            if &found != want {
+                return Err(IwpingError::WrongDevice {
+                    want: want.clone(),
+                    found,
+                });
+            }
+        }
+        let caps = dev.caps()?;
+        let pd = dev.alloc_pd()?;
+        let cq = dev.create_cq(2 * SQ_DEPTH)?;
         let cap = QpCap {
             max_send_wr: SQ_DEPTH,
             max_recv_wr: 2,
@@ -350,41 +367,18 @@ impl Session {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let qp = id
-            .create_qp(
-                &pd,
-                QpInitAttr {
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    cap,
-                    sq_sig_all: false,
-                },
-            )
-            .map_err(cm("rdma_create_qp"))?;
-        // librdmacm's rdma_create_qp leaves the QP in INIT (cma_init_conn_qp), so a
-        // receive can be posted before connecting, as rping does. Move it there if the
-        // CM left it in RESET.
-        if qp.state() == QpState::Reset {
-            qp.modify_state(QpState::Init)
-                .map_err(vb("ibv_modify_qp (INIT)"))?;
-        }
+        // rdma_create_qp leaves the QP ready for receives (INIT), so one can be posted
+        // before connecting, as rping does.
+        let qp = id.create_qp(&pd, &cq, &cq, cap, false)?;
+        // REMOTE_WRITE on the RDMA buffers: also what an RDMA Read sink needs on
+        // iw_cxgb4 (DeviceCaps::read_sink_needs_remote_write).
         let remote =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-        let step = 1u64 << 20;
-        let recv = pd
-            .reg_mr(INFO_LEN as u64, IOVA_BASE, AccessFlags::LOCAL_WRITE)
-            .map_err(vb("ibv_reg_mr"))?;
-        let send = pd
-            .reg_mr(INFO_LEN as u64, IOVA_BASE + step, AccessFlags::empty())
-            .map_err(vb("ibv_reg_mr"))?;
-        let rdma = pd
-            .reg_mr(opts.size as u64, IOVA_BASE + 2 * step, remote)
-            .map_err(vb("ibv_reg_mr"))?;
+        let recv = pd.reg_mr(INFO_LEN, AccessFlags::LOCAL_WRITE)?;
+        let send = pd.reg_mr(INFO_LEN, AccessFlags::empty())?;
+        let rdma = pd.reg_mr(opts.size, remote)?;
         let start = match opts.role {
-            Role::Client => Some(
-                pd.reg_mr(opts.size as u64, IOVA_BASE + 3 * step, remote)
-                    .map_err(vb("ibv_reg_mr"))?,
-            ),
+            Role::Client => Some(pd.reg_mr(opts.size, remote)?),
             Role::Server => None,
         };
         Ok(Session {
@@ -395,32 +389,27 @@ impl Session {
             rdma,
             start,
             _pd: pd,
+            caps,
         })
     }
 
     fn post_recv(&self) -> Result<(), IwpingError> {
-        self.qp
-            .post_recv(RecvWr::new(1, vec![self.recv.sge(0, INFO_LEN as u32)]))
-            .map_err(vb("ibv_post_recv"))
+        let wr = RecvWr::new(1, vec![sge(&self.recv, INFO_LEN as u32)?]);
+        Ok(self.qp.post_recv(wr)?)
     }
 
     /// Sends the 16-byte send buffer, holding `info`.
-    fn send_info(&self, info: &RdmaInfo) -> Result<(), IwpingError> {
-        self.send
-            .write(0, &info.encode())
-            .map_err(vb("send buffer"))?;
-        self.qp
-            .post_send(
-                SendWr::send(2, vec![self.send.sge(0, INFO_LEN as u32)])
-                    .with_flags(SendFlags::SIGNALED),
-            )
-            .map_err(vb("ibv_post_send"))
+    fn send_info(&mut self, info: &RdmaInfo) -> Result<(), IwpingError> {
+        self.send.write(0, &info.encode())?;
+        let wr = SendWr::send(2, vec![sge(&self.send, INFO_LEN as u32)?])
+            .with_flags(SendFlags::SIGNALED);
+        Ok(self.qp.post_send(wr)?)
     }
 
     /// The next completion (flushed ones skipped, as rping does) or DISCONNECTED.
     fn next(
         &self,
-        channel: &EventChannel<SoftDevice>,
+        p: &P,
         timeout: Duration,
         waiting_for: &'static str,
         opts: &PingOptions,
@@ -445,14 +434,14 @@ impl Session {
                     }
                 }
             }
-            if let Some(ev) = channel.try_get_event() {
-                debug(opts, out, format_args!("cma_event type {}", ev.kind));
-                match ev.kind {
-                    EventKind::Disconnected => return Ok(Step::Disconnected),
+            if let Some(ev) = p.get_event(Duration::ZERO)? {
+                debug(opts, out, format_args!("cma_event type {}", ev.kind()));
+                match ev.kind() {
+                    CmEventKind::Disconnected => return Ok(Step::Disconnected),
                     kind => {
                         return Err(IwpingError::Event {
                             kind,
-                            status: ev.status,
+                            status: ev.status(),
                             waiting_for,
                         })
                     }
@@ -462,8 +451,7 @@ impl Session {
             if now >= deadline {
                 return Err(IwpingError::Timeout(timeout, waiting_for));
             }
-            self.cq
-                .wait((deadline - now).min(Duration::from_millis(10)));
+            self.cq.wait((deadline - now).min(CQ_NAP))?;
         }
     }
 
@@ -471,14 +459,14 @@ impl Session {
     /// only in its debug output). `Ok(None)`: DISCONNECTED came first.
     fn wait_for(
         &self,
-        channel: &EventChannel<SoftDevice>,
+        p: &P,
         want: WcOpcode,
         waiting_for: &'static str,
         opts: &PingOptions,
         out: &mut dyn Write,
     ) -> Result<Option<WorkCompletion>, IwpingError> {
         loop {
-            match self.next(channel, opts.step_timeout, waiting_for, opts, out)? {
+            match self.next(p, opts.step_timeout, waiting_for, opts, out)? {
                 Step::Disconnected => return Ok(None),
                 Step::Wc(wc) if wc.opcode == want => return Ok(Some(wc)),
                 Step::Wc(wc) if wc.opcode == WcOpcode::Send => {
@@ -492,16 +480,16 @@ impl Session {
     /// Waits for a received message, checks its length, reposts the receive.
     fn recv_msg(
         &self,
-        channel: &EventChannel<SoftDevice>,
+        p: &P,
         waiting_for: &'static str,
         opts: &PingOptions,
         out: &mut dyn Write,
     ) -> Result<Option<RdmaInfo>, IwpingError> {
-        let Some(wc) = self.wait_for(channel, WcOpcode::Recv, waiting_for, opts, out)? else {
+        let Some(wc) = self.wait_for(p, WcOpcode::Recv, waiting_for, opts, out)? else {
             return Ok(None);
         };
         let mut b = [0u8; INFO_LEN];
-        self.recv.read(0, &mut b).map_err(vb("receive buffer"))?;
+        self.recv.read(0, &mut b)?;
         let info = RdmaInfo::decode(&b[..(wc.byte_len as usize).min(INFO_LEN)]);
         if wc.byte_len as usize != INFO_LEN {
             return Err(BogusMessage(wc.byte_len as usize).into());
@@ -510,7 +498,7 @@ impl Session {
         Ok(Some(info?))
     }
 
-    fn info_of(mr: &Mr, size: usize) -> RdmaInfo {
+    fn info_of(mr: &P::Mr, size: usize) -> RdmaInfo {
         RdmaInfo {
             buf: mr.iova(),
             rkey: u32::from(mr.rkey()),
@@ -527,9 +515,8 @@ fn first_difference(got: &[u8], want: &[u8]) -> Option<(usize, u8, u8)> {
         .map(|(i, (g, w))| (i, *g, *w))
 }
 
-fn run_client(
-    cm_: &SoftRdmaCm,
-    channel: &EventChannel<SoftDevice>,
+fn run_client<P: Provider>(
+    p: &P,
     opts: &PingOptions,
     out: &mut dyn Write,
 ) -> Result<PingSummary, IwpingError> {
@@ -537,20 +524,18 @@ fn run_client(
         .addr
         .ok_or_else(|| IwpingError::Options("the client needs -a ADDR".into()))?;
     let dst = SocketAddr::V4(SocketAddrV4::new(addr, opts.port));
-    let id = cm_.create_id_with_channel(channel);
-    id.resolve_addr(None, dst, Duration::from_millis(2000))
-        .map_err(cm("rdma_resolve_addr"))?;
+    let id = p.create_id()?;
+    id.resolve_addr(None, dst, Duration::from_millis(2000))?;
     expect_event(
-        channel,
-        EventKind::AddrResolved,
+        p,
+        CmEventKind::AddrResolved,
         opts.step_timeout,
         "ADDR_RESOLVED",
     )?;
-    id.resolve_route(Duration::from_millis(2000))
-        .map_err(cm("rdma_resolve_route"))?;
+    id.resolve_route(Duration::from_millis(2000))?;
     expect_event(
-        channel,
-        EventKind::RouteResolved,
+        p,
+        CmEventKind::RouteResolved,
         opts.step_timeout,
         "ROUTE_RESOLVED",
     )?;
@@ -559,20 +544,13 @@ fn run_client(
         out,
         format_args!("rdma_resolve_addr - rdma_resolve_route successful"),
     );
-    let s = Session::new(&id, opts)?;
+    let mut s = Session::<P>::new(&id, opts)?;
     s.post_recv()?;
-    let (ird, ord) = opts.ird_ord.unwrap_or((1, 1));
-    id.connect(&ConnParam {
-        private_data: Vec::new(),
-        responder_resources: ird,
-        initiator_depth: ord,
-        retry_count: 7,
-        rnr_retry_count: 7,
-    })
-    .map_err(cm("rdma_connect"))?;
+    let (ird, ord) = clamp_ird_ord(&s.caps, opts.ird_ord.unwrap_or((1, 1)));
+    id.connect(&ConnParam::new(ird, ord))?;
     let (ord, ird, _) = expect_event(
-        channel,
-        EventKind::Established,
+        p,
+        CmEventKind::Established,
         opts.step_timeout,
         "ESTABLISHED",
     )?;
@@ -581,7 +559,6 @@ fn run_client(
         out,
         format_args!("rdma_connect successful (peer ORD {ord}, IRD {ird})"),
     );
-    let start = s.start.as_ref().ok_or(IwpingError::NoDevice)?;
     let mut summary = PingSummary {
         pings: 0,
         peer: id.peer_addr(),
@@ -591,24 +568,25 @@ fn run_client(
     let mut ping = 0u64;
     while opts.count == 0 || ping < opts.count {
         let data = rping::ping_data(ping, opts.size);
-        start.write(0, &data).map_err(vb("source buffer"))?;
-        s.rdma
-            .write(0, &vec![0u8; opts.size])
-            .map_err(vb("sink buffer"))?;
-        s.send_info(&Session::info_of(start, opts.size))?;
-        if s.recv_msg(channel, "the go-ahead after the RDMA Read", opts, out)?
+        let start = s.start.as_mut().ok_or(IwpingError::NoDevice)?;
+        start.write(0, &data)?;
+        let start_info = Session::<P>::info_of(start, opts.size);
+        s.rdma.write(0, &vec![0u8; opts.size])?;
+        s.send_info(&start_info)?;
+        if s.recv_msg(p, "the go-ahead after the RDMA Read", opts, out)?
             .is_none()
         {
             return Err(IwpingError::Disconnected(ping));
         }
-        s.send_info(&Session::info_of(&s.rdma, opts.size))?;
-        if s.recv_msg(channel, "the go-ahead after the RDMA Write", opts, out)?
+        let sink_info = Session::<P>::info_of(&s.rdma, opts.size);
+        s.send_info(&sink_info)?;
+        if s.recv_msg(p, "the go-ahead after the RDMA Write", opts, out)?
             .is_none()
         {
             return Err(IwpingError::Disconnected(ping));
         }
         let mut sink = vec![0u8; opts.size];
-        s.rdma.read(0, &mut sink).map_err(vb("sink buffer"))?;
+        s.rdma.read(0, &mut sink)?;
         if opts.validate {
             if let Some((offset, got, want)) = first_difference(&sink, &data) {
                 return Err(IwpingError::DataMismatch {
@@ -626,41 +604,36 @@ fn run_client(
         ping += 1;
         summary.pings = ping;
     }
-    id.disconnect().map_err(cm("rdma_disconnect"))?;
+    id.disconnect()?;
     // Wait for the close, so the FIN leaves before the device does; Send completions
     // and flushes may come first.
     loop {
-        match s.next(channel, opts.step_timeout, "DISCONNECTED", opts, out)? {
+        match s.next(p, opts.step_timeout, "DISCONNECTED", opts, out)? {
             Step::Disconnected => break,
             Step::Wc(_) => continue,
         }
     }
     summary.disconnected = true;
+    // rdma_destroy_qp, then rdma_destroy_id.
     drop(s);
-    id.destroy().map_err(|e| IwpingError::Cm {
-        op: "rdma_destroy_id",
-        source: e.error,
-    })?;
+    drop(id);
     Ok(summary)
 }
 
-fn run_server(
-    cm_: &SoftRdmaCm,
-    channel: &EventChannel<SoftDevice>,
+fn run_server<P: Provider>(
+    p: &P,
     opts: &PingOptions,
     out: &mut dyn Write,
 ) -> Result<PingSummary, IwpingError> {
-    let listener = cm_.create_id_with_channel(channel);
+    let listener = p.create_id()?;
     let bind = SocketAddrV4::new(opts.addr.unwrap_or(Ipv4Addr::UNSPECIFIED), opts.port);
-    listener
-        .bind_addr(SocketAddr::V4(bind))
-        .map_err(cm("rdma_bind_addr"))?;
+    listener.bind_addr(SocketAddr::V4(bind))?;
     debug(opts, out, format_args!("rdma_bind_addr successful"));
-    listener.listen(3).map_err(cm("rdma_listen"))?;
+    listener.listen(3)?;
     debug(opts, out, format_args!("rdma_listen"));
     let (ord, ird, child) = expect_event(
-        channel,
-        EventKind::ConnectRequest,
+        p,
+        CmEventKind::ConnectRequest,
         opts.step_timeout,
         "CONNECT_REQUEST",
     )?;
@@ -668,29 +641,21 @@ fn run_server(
     debug(
         opts,
         out,
-        format_args!("child cma {} (peer ORD {ord}, IRD {ird})", child.serial()),
+        format_args!("child cma {:#x} (peer ORD {ord}, IRD {ird})", child.key()),
     );
-    let s = Session::new(&child, opts)?;
+    let mut s = Session::<P>::new(&child, opts)?;
     s.post_recv()?;
     // rdma_accept(id, NULL): our IRD = the peer's ORD, our ORD = the peer's IRD.
-    let (our_ird, our_ord) = opts.ird_ord.unwrap_or((ord, ird));
+    let (our_ird, our_ord) = clamp_ird_ord(&s.caps, opts.ird_ord.unwrap_or((ord, ird)));
     debug(
         opts,
         out,
         format_args!("rdma_accept (IRD {our_ird}, ORD {our_ord})"),
     );
-    child
-        .accept(&ConnParam {
-            private_data: Vec::new(),
-            responder_resources: our_ird,
-            initiator_depth: our_ord,
-            retry_count: 7,
-            rnr_retry_count: 7,
-        })
-        .map_err(cm("rdma_accept"))?;
+    child.accept(&ConnParam::new(our_ird, our_ord))?;
     expect_event(
-        channel,
-        EventKind::Established,
+        p,
+        CmEventKind::Established,
         opts.step_timeout,
         "ESTABLISHED",
     )?;
@@ -708,7 +673,7 @@ fn run_server(
     };
     let mut ping = 0u64;
     loop {
-        let Some(source) = s.recv_msg(channel, "the client's source buffer", opts, out)? else {
+        let Some(source) = s.recv_msg(p, "the client's source buffer", opts, out)? else {
             summary.disconnected = true;
             break;
         };
@@ -726,26 +691,24 @@ fn run_server(
                 ours: opts.size,
             });
         }
-        s.rdma
-            .write(0, &vec![0u8; opts.size])
-            .map_err(vb("RDMA buffer"))?;
+        s.rdma.write(0, &vec![0u8; opts.size])?;
         s.qp.post_send(
             SendWr::rdma_read(
                 3,
-                vec![s.rdma.sge(0, source.size)],
+                vec![sge(&s.rdma, source.size)?],
                 source.buf,
                 Stag::from_raw(source.rkey),
             )
             .with_flags(SendFlags::SIGNALED),
         )
-        .map_err(vb("ibv_post_send (RDMA Read)"))?;
-        if s.wait_for(channel, WcOpcode::RdmaRead, "the RDMA Read", opts, out)?
+        .map_err(|e| e.in_call("ibv_post_send (RDMA Read)"))?;
+        if s.wait_for(p, WcOpcode::RdmaRead, "the RDMA Read", opts, out)?
             .is_none()
         {
             return Err(IwpingError::Disconnected(ping));
         }
         let mut data = vec![0u8; source.size as usize];
-        s.rdma.read(0, &mut data).map_err(vb("RDMA buffer"))?;
+        s.rdma.read(0, &mut data)?;
         if opts.verbose {
             writeln!(out, "{}", rping::server_line(&data))?;
             out.flush()?;
@@ -762,7 +725,7 @@ fn run_server(
             }
         }
         s.send_info(&go_ahead)?;
-        let Some(sink) = s.recv_msg(channel, "the client's sink buffer", opts, out)? else {
+        let Some(sink) = s.recv_msg(p, "the client's sink buffer", opts, out)? else {
             return Err(IwpingError::Disconnected(ping));
         };
         // strlen(rdma_buf) + 1, as rping.
@@ -776,14 +739,14 @@ fn run_server(
         s.qp.post_send(
             SendWr::rdma_write(
                 3,
-                vec![s.rdma.sge(0, len as u32)],
+                vec![sge(&s.rdma, len as u32)?],
                 sink.buf,
                 Stag::from_raw(sink.rkey),
             )
             .with_flags(SendFlags::SIGNALED),
         )
-        .map_err(vb("ibv_post_send (RDMA Write)"))?;
-        if s.wait_for(channel, WcOpcode::RdmaWrite, "the RDMA Write", opts, out)?
+        .map_err(|e| e.in_call("ibv_post_send (RDMA Write)"))?;
+        if s.wait_for(p, WcOpcode::RdmaWrite, "the RDMA Write", opts, out)?
             .is_none()
         {
             return Err(IwpingError::Disconnected(ping));
@@ -794,7 +757,7 @@ fn run_server(
         if opts.count != 0 && ping >= opts.count {
             // Wait for the client's disconnect, as rping's server does.
             loop {
-                match s.next(channel, opts.step_timeout, "DISCONNECTED", opts, out)? {
+                match s.next(p, opts.step_timeout, "DISCONNECTED", opts, out)? {
                     Step::Disconnected => break,
                     Step::Wc(wc) if wc.opcode == WcOpcode::Send => continue,
                     Step::Wc(wc) => return Err(IwpingError::Unexpected(wc.opcode, "DISCONNECTED")),
@@ -807,8 +770,8 @@ fn run_server(
     // rping_disconnect: the peer closed already; our side of the close may still be due.
     let _ = child.disconnect();
     drop(s);
-    let _ = child.destroy();
-    let _ = listener.destroy();
+    drop(child);
+    drop(listener);
     Ok(summary)
 }
 
@@ -816,6 +779,8 @@ fn run_server(
 mod tests {
     use super::*;
     use rdma_cm::RdmaCmConfig;
+    use softiwarp::cm::provider::SoftCm;
+    use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
     use softiwarp::link::{MemoryConfig, MemoryLink};
     use softiwarp::{Device, DeviceConfig, LinkConfig};
     use std::sync::Arc;
@@ -863,14 +828,22 @@ mod tests {
         let (scm, ccm) = pair();
         let server = std::thread::spawn(move || {
             let mut out = Vec::new();
-            let r = run(&scm, &opts(Role::Server, count, size), &mut out);
+            let r = run(
+                &SoftCm::new(&scm),
+                &opts(Role::Server, count, size),
+                &mut out,
+            );
             (r, String::from_utf8_lossy(&out).into_owned())
         });
         // The listener is up within milliseconds; a client that came too early would
         // be refused, so give it a moment.
         std::thread::sleep(Duration::from_millis(300));
         let mut out = Vec::new();
-        let c = run(&ccm, &opts(Role::Client, count, size), &mut out);
+        let c = run(
+            &SoftCm::new(&ccm),
+            &opts(Role::Client, count, size),
+            &mut out,
+        );
         let client = (c, String::from_utf8_lossy(&out).into_owned());
         (server.join().unwrap(), client)
     }
@@ -925,5 +898,50 @@ mod tests {
         o.addr = None;
         o.size = rping::MAX_SIZE;
         o.check().unwrap();
+    }
+
+    #[test]
+    fn ird_ord_are_clamped_to_the_device() {
+        let t5 = verbs::DeviceCaps::CHELSIO_T5;
+        assert_eq!(clamp_ird_ord(&t5, (128, 64)), (32, 32));
+        assert_eq!(clamp_ird_ord(&t5, (1, 0)), (1, 0));
+        let soft = verbs::DeviceCaps {
+            max_ord: 0x3fff,
+            max_ird: 0x3fff,
+            ..t5
+        };
+        assert_eq!(clamp_ird_ord(&soft, (300, 0x3fff)), (300, 0x3fff));
+        let siw = verbs::DeviceCaps {
+            max_ord: 128,
+            max_ird: 16,
+            ..t5
+        };
+        assert_eq!(clamp_ird_ord(&siw, (200, 200)), (16, 128));
+    }
+
+    #[test]
+    fn a_connection_on_another_device_than_named_fails_the_run() {
+        let (scm, ccm) = pair();
+        let server = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let o = PingOptions {
+                step_timeout: Duration::from_secs(5),
+                ..opts(Role::Server, 1, 64)
+            };
+            run(&SoftCm::new(&scm), &o, &mut out)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let o = PingOptions {
+            device: Some("siw0".into()),
+            ..opts(Role::Client, 1, 64)
+        };
+        let e = run(&SoftCm::new(&ccm), &o, &mut Vec::new()).unwrap_err();
+        assert!(
+            matches!(&e, IwpingError::WrongDevice { want, found } if want == "siw0" && found == "cli"),
+            "{e}"
+        );
+        assert_eq!(e.to_string(), "the connection is on device cli, not siw0");
+        // The server never gets its connection.
+        assert!(server.join().unwrap().is_err());
     }
 }

@@ -1,16 +1,20 @@
-//! `iwping`: rping (rdma-core's `librdmacm/examples/rping.c`) on the soft iWARP device,
-//! through softiwarp's RDMA CM and verbs objects only. It speaks rping's protocol, so
-//! either side can be a real rping (e.g. on Linux's kernel siw).
+//! `iwping`: rping (rdma-core's `librdmacm/examples/rping.c`) on the soft iWARP device
+//! over a TAP, or with `--device NAME` on a kernel RDMA device through rdma-core (`siw0`,
+//! `cxgb4_0`). One engine ([`iwping::run`]) for both: everything past device selection is
+//! the same code. It speaks rping's protocol, so either side can be a real rping (e.g. on
+//! Linux's kernel siw).
 //!
 //! ```text
 //! iwping --tap TAP --ip 10.77.0.9/24 -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
 //! iwping --tap TAP --ip 10.77.0.9/24 -c [-vVd] [-S size] [-C count] -a addr [-p port]
 //!        [--mac M] [--pcap FILE] [--crc if-peer-asks|wanted|required] [--mpa-rev 1|2] [--p2p]
+//! iwping --device siw0 -s|-c [-vVd] [-S size] [-C count] [-a addr] [-p port] [--ird-ord I,O]
 //! ```
 //!
 //! Output as rping's: `ping data: rdma-ping-N: ...` (client, `-v`), `server ping data:
 //! ...` (server, `-v`), rping's debug lines with `-d`. Exit status 0 on success, 1 on
-//! failure (the reason on stderr). Logs: `RUST_LOG` (default `warn`).
+//! failure (the reason on stderr), 3 when `--device` names no device or rdma-core is not
+//! installed (one line on stderr), 130 on a signal. Logs: `RUST_LOG` (default `warn`).
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
@@ -23,6 +27,7 @@ use iwping::{run, PingOptions, Role};
 use mpa::negotiate::CrcPolicy;
 use mpa::wire::RtrKinds;
 use rdma_cm::RdmaCmConfig;
+use softiwarp::cm::provider::SoftCm;
 use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::{Device, DeviceConfig, LinkConfig};
 
@@ -94,10 +99,23 @@ struct Cli {
     /// Debug lines.
     #[arg(short = 'd')]
     debug: bool,
-    /// `--tap --ip --mac --pcap` (the MAC defaults to 02:00 + the four address bytes;
-    /// the capture has every frame of the device).
-    #[command(flatten)]
-    link: netlab::LinkArgs,
+    /// An rdma-core device to run on (siw0, cxgb4_0) in place of the soft device on
+    /// `--tap`/`--ip`.
+    #[arg(long, conflicts_with_all = ["tap", "ip", "mac", "pcap"])]
+    device: Option<String>,
+    /// The soft device: the TAP interface to open (in this process's namespace).
+    #[arg(long, required_unless_present = "device")]
+    tap: Option<String>,
+    /// The soft device: this side's IPv4 address and prefix length, e.g. 10.234.0.1/24.
+    #[arg(long, required_unless_present = "device")]
+    ip: Option<String>,
+    /// The soft device: its MAC address, six hex octets (default 02:00 + the four
+    /// address bytes).
+    #[arg(long)]
+    mac: Option<String>,
+    /// The soft device: capture every frame of its link to a pcap file.
+    #[arg(long)]
+    pcap: Option<std::path::PathBuf>,
     /// MPA CRC policy.
     #[arg(long, value_enum, default_value = "if-peer-asks")]
     crc: Crc,
@@ -136,7 +154,17 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
-    match ping(&cli) {
+    let result = match &cli.device {
+        Some(name) => match open_rdma_core(name) {
+            Ok(channel) => ping_on(&channel, &cli, Some(name.clone())),
+            Err(line) => {
+                eprintln!("iwping: {line}");
+                return ExitCode::from(3);
+            }
+        },
+        None => ping(&cli),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("iwping: {e}");
@@ -149,9 +177,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
-    let (ip, prefix_len) = cli.link.cidr()?;
-    let opts = PingOptions {
+/// rdma-core's event channel, once the device `name` is known to exist; the error is
+/// the one line to print before exiting with status 3 (`rdma-core (libibverbs.so.1) not
+/// found`, `no RDMA device named 'X' (found: ...)`), or the failure to make the channel.
+fn open_rdma_core(name: &str) -> Result<cxgb4::EventChannel, String> {
+    let core = Arc::new(cxgb4::RdmaCore::load().map_err(|e| e.to_string())?);
+    drop(cxgb4::Context::open(&core, name).map_err(|e| e.to_string())?);
+    cxgb4::EventChannel::new(&core).map_err(|e| format!("rdma_create_event_channel: {e}"))
+}
+
+/// rping's options of the command line.
+fn options(cli: &Cli, device: Option<String>) -> PingOptions {
+    PingOptions {
         role: if cli.server {
             Role::Server
         } else {
@@ -165,16 +202,41 @@ fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         validate: cli.validate,
         debug: cli.debug,
         ird_ord: cli.ird_ord,
+        device,
         step_timeout: Duration::from_secs(cli.timeout.max(1)),
+    }
+}
+
+/// Runs rping on an rdma-core device's event channel.
+fn ping_on(
+    channel: &cxgb4::EventChannel,
+    cli: &Cli,
+    device: Option<String>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let opts = options(cli, device);
+    let summary = run(channel, &opts, &mut std::io::stdout())?;
+    tracing::info!(?summary, "done");
+    Ok(())
+}
+
+/// Runs rping on the soft device over `--tap`.
+fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let link_args = netlab::LinkArgs {
+        tap: cli.tap.clone().unwrap_or_default(),
+        ip: cli.ip.clone().unwrap_or_default(),
+        mac: cli.mac.clone(),
+        pcap: cli.pcap.clone(),
     };
+    let (ip, prefix_len) = link_args.cidr()?;
+    let opts = options(cli, None);
     opts.check()?;
-    let mut link = LinkConfig::tap(&cli.link.tap);
-    if let Some(p) = &cli.link.pcap {
+    let mut link = LinkConfig::tap(&link_args.tap);
+    if let Some(p) = &link_args.pcap {
         link = link.with_pcap(p);
     }
     let name = "iwping";
     let mut config = DeviceConfig::new(name, link, ip, prefix_len);
-    if let Some(m) = cli.link.mac()? {
+    if let Some(m) = link_args.mac()? {
         config.interface.mac = m;
     }
     // A fresh TCP port and ISN each run: a peer may still hold the last run's connection.
@@ -217,7 +279,7 @@ fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     })?;
     cm.add_device(SoftDevice::new(device.clone())?)?;
     let mut out = std::io::stdout();
-    let result = run(&cm, &opts, &mut out);
+    let result = run(&SoftCm::new(&cm), &opts, &mut out);
     // Release the device from the CM (its iWARP CM and provider let go of it), so the
     // engine can be stopped and the capture closed.
     match cm.remove_device(name) {

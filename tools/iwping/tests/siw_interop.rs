@@ -144,26 +144,11 @@ fn run(vm: &SiwVm, spec: &RunSpec<'_>) -> RunOutcome {
             let tag = format!("srv-{}", spec.label);
             vm.spawn(&tag, &format!("rping -s -a 0.0.0.0 {}", common.join(" ")))
                 .expect("start kernel rping -s");
-            // rping listens on a kernel TCP socket: 0.0.0.0:7174 (0x1C06), state LISTEN
-            // (0A). Short guest commands, retried: one lost on the control port (seen
-            // once in a while under load) costs seconds, not the run.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                match vm.exec(
-                    "grep -q ':1C06 00000000:0000 0A' /proc/net/tcp",
-                    Duration::from_secs(5),
-                ) {
-                    Ok((0, _)) => break,
-                    Ok(_) | Err(netlab::siwvm::SiwVmError::Timeout(..)) => {}
-                    Err(e) => panic!("guest exec: {e}"),
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "kernel rping -s never listened\n{}",
-                    vm.console()
-                );
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            // rping listens on a kernel TCP socket: 0.0.0.0:7174.
+            vm.wait_listening(7174, Duration::from_secs(60))
+                .unwrap_or_else(|e| {
+                    panic!("kernel rping -s never listened: {e}\n{}", vm.console())
+                });
             let client = iwping(vm, "iwping-c", &pcap.0)
                 .args(["-c", "-a", &VM_IP.to_string()])
                 .args(common.iter())
