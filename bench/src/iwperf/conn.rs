@@ -277,7 +277,7 @@ fn clamp_depth(caps: Option<DeviceCaps>, want: u16) -> u16 {
     match caps {
         Some(c) => {
             let (ord, ird) = c.clamp_ord_ird(u32::from(want), u32::from(want));
-            u16::try_from(ord.min(ird)).unwrap_or(want)
+            u16::from(ord.min(ird))
         }
         None => want,
     }
@@ -404,6 +404,15 @@ fn cm_err(what: &str) -> impl Fn(ProviderError) -> IwperfError + '_ {
     move |e| IwperfError::Connection(format!("{what}: {e}"))
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// How long the pump waits for an event before it looks whether to stop.
 const PUMP_WAIT: Duration = Duration::from_millis(20);
 
@@ -453,15 +462,14 @@ impl<'p, P: Provider> CmSide<'p, P> {
             if let Err(e) = &pumped {
                 tracing::warn!(error = %e, "no CM event thread: events are not seen");
             }
-            let side = CmSide {
+            // The pump stops when `f` returns or unwinds (the scope waits for it).
+            let _stop = StopOnDrop(&stop);
+            f(CmSide {
                 p,
                 status: status.clone(),
                 rx,
                 listener: None,
-            };
-            let r = f(side);
-            stop.store(true, Ordering::Release);
-            r
+            })
         })
     }
 
@@ -766,5 +774,57 @@ impl<'p, P: Provider> CmSide<'p, P> {
         while let Ok(ev) = self.rx.try_recv() {
             drop(ev.new_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softiwarp::cm::provider::SoftCm;
+    use softiwarp::link::MemoryConfig;
+
+    #[test]
+    fn ord_ird_are_clamped_to_the_device_and_to_max_rd_atomic() {
+        let t5 = DeviceCaps::CHELSIO_T5;
+        assert_eq!(clamp_depth(None, 40), MAX_RD_ATOMIC);
+        assert_eq!(clamp_depth(None, 4), 4);
+        assert_eq!(clamp_depth(Some(t5), 40), MAX_RD_ATOMIC.min(32));
+        let small = DeviceCaps {
+            max_ord: 8,
+            max_ird: 2,
+            ..t5
+        };
+        assert_eq!(clamp_depth(Some(small), 16), 2);
+        assert_eq!(clamp_depth(Some(small), 0), 0);
+    }
+
+    #[test]
+    fn the_pump_stops_when_the_side_returns_or_panics() {
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = Device::open(DeviceConfig::new(
+            "cmrun",
+            LinkConfig::memory(a),
+            Ipv4Addr::new(10, 9, 4, 1),
+            24,
+        ))
+        .unwrap();
+        let cm = soft_cm(Arc::new(dev)).unwrap();
+        let p = SoftCm::new(&cm);
+        // A listener on the device's address; nothing else happens.
+        let n = CmSide::run(&p, |mut side| {
+            side.listen(SocketAddrV4::new(Ipv4Addr::new(10, 9, 4, 1), 7300), 4)
+                .unwrap();
+            let established = side.status().established();
+            side.close(Vec::new());
+            established
+        });
+        assert_eq!(n, 0);
+        // A panic inside: run unwinds (the pump thread stops) instead of hanging.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            CmSide::run(&p, |_side| panic!("data path bug"))
+        }));
+        assert!(r.is_err());
+        drop(p);
+        assert_eq!(close_soft_cm(cm), 0);
     }
 }
