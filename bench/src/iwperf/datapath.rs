@@ -64,6 +64,10 @@ const CTRL_SLOT: usize = 64;
 pub const LAT_RECVS: u32 = 16;
 /// Largest message sent inline (copied into the WR instead of read from the MR).
 pub const MAX_INLINE: u32 = 256;
+/// Inline data asked for when the device does not say what it takes
+/// (`DeviceCaps::max_inline` 0: rdma-core reports no figure but iw_cxgb4's; kernel siw
+/// takes 80 bytes): enough for the control messages ([`CTRL_LEN`] + 1 bytes).
+pub const UNKNOWN_INLINE: u32 = 64;
 /// Largest RDMA Read depth asked for (ORD/IRD), as perftest's default.
 pub const MAX_RD_ATOMIC: u16 = 16;
 
@@ -340,11 +344,14 @@ impl<P: Provider> Side<P> {
         self.cq.as_ref().expect("CQ made with the first QP")
     }
 
-    /// The largest message sent inline: [`MAX_INLINE`], or less if the device takes
-    /// less.
+    /// The inline data asked for at QP creation: [`MAX_INLINE`], or less if the device
+    /// takes less, or [`UNKNOWN_INLINE`] when it does not say.
     fn max_inline(&self) -> u32 {
-        self.caps
-            .map_or(MAX_INLINE, |c| MAX_INLINE.min(c.max_inline))
+        match self.caps.map(|c| c.max_inline) {
+            None => MAX_INLINE,
+            Some(0) => UNKNOWN_INLINE,
+            Some(n) => MAX_INLINE.min(n),
+        }
     }
 
     fn pos_of(&self, qp_num: u32) -> Option<usize> {
@@ -1392,7 +1399,7 @@ fn client_lat_loop<P: Provider>(
     let cq = cq.as_ref().expect("CQ made with the first QP");
     let q = &mut qps[0];
     let size = q.params.size;
-    let inline = size <= max_inline;
+    let inline = size <= max_inline.min(q.qp.cap().max_inline_data);
     let start = Instant::now();
     let (iters, until) = match length {
         RunLength::Iters(n) => (n.max(1), None),
@@ -1516,7 +1523,7 @@ pub fn server_latency<P: Provider>(
     // Disconnects of connections retired before the test started do not count.
     let disconnected_before = status.disconnected();
     let size = q.params.size;
-    let inline = size <= max_inline;
+    let inline = size <= max_inline.min(q.qp.cap().max_inline_data);
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
     let mut idle = Idle::new(tuning.lat_spin, Duration::ZERO);
     let remote_in = q.params.client_mr.iova + u64::from(size);
