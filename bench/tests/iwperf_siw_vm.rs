@@ -208,8 +208,43 @@ fn client_args(op: &str) -> Vec<&str> {
     ]
 }
 
-/// The rdma-core server in the VM, our soft client on the host.
-fn rdma_core_server_soft_client(lab: &Lab, op: &str) -> f64 {
+/// Round trips of a latency run.
+const LAT_ITERS: u64 = 200;
+
+fn lat_args(op: &str) -> Vec<&str> {
+    vec![
+        "--lat", "--op", op, "--size", "8", "--iters", "200", "--json",
+    ]
+}
+
+/// A latency client's report: every round trip done, a typical time; returns it (us).
+fn check_lat_client(report: &serde_json::Value, op: &str, what: &str) -> f64 {
+    assert_eq!(report["exit_code"], 0, "{what}: {report}");
+    let l = &report["latency"];
+    assert_eq!(l["op"], op, "{what}: {l}");
+    assert_eq!(l["iterations"], LAT_ITERS, "{what}: {l}");
+    assert_eq!(l["partial"], false, "{what}: {l}");
+    let t = l["t_typical"].as_f64().unwrap();
+    assert!(t > 0.0 && t <= l["t_max"].as_f64().unwrap(), "{what}: {l}");
+    t
+}
+
+/// A latency server's summary: Sends and Writes are answered once per round trip.
+fn check_lat_server(summary: &serde_json::Value, op: &str, what: &str) {
+    assert_eq!(summary["exit_code"], 0, "{what}: {summary}");
+    assert_eq!(summary["connections"], 1, "{what}: {summary}");
+    if op != "read" {
+        assert_eq!(summary["answered"], LAT_ITERS, "{what}: {summary}");
+    }
+}
+
+/// The rdma-core server in the VM, our soft client on the host with `client`'s
+/// options; (the client's report, the server's summary).
+fn rdma_core_server_soft_client(
+    lab: &Lab,
+    op: &str,
+    client: &[&str],
+) -> (serde_json::Value, serde_json::Value) {
     let what = format!("{op}: server --device siw0 in the VM, soft client");
     let log = format!("/tmp/iwps-{op}.log");
     let cmd = format!(
@@ -232,7 +267,7 @@ fn rdma_core_server_soft_client(lab: &Lab, op: &str) -> f64 {
         std::thread::sleep(Duration::from_millis(500));
     }
     let mut args = vec!["client", "--peer", VM_IP];
-    args.extend(client_args(op));
+    args.extend(client);
     let out = lab
         .host_iwperf(&args)
         .stdin(Stdio::null())
@@ -247,7 +282,7 @@ fn rdma_core_server_soft_client(lab: &Lab, op: &str) -> f64 {
         String::from_utf8_lossy(&out.stderr),
         server_log()
     );
-    let gbps = check_client(&json_of(&text), op, &what);
+    let report = json_of(&text);
     let deadline = Instant::now() + Duration::from_secs(60);
     let text = loop {
         let text = server_log();
@@ -257,12 +292,16 @@ fn rdma_core_server_soft_client(lab: &Lab, op: &str) -> f64 {
         std::thread::sleep(Duration::from_millis(500));
     };
     assert!(text.contains("RC=0"), "{what}: server:\n{text}");
-    check_server(&json_of(&text), op, &what);
-    gbps
+    (report, json_of(&text))
 }
 
-/// Our soft server on the host, the rdma-core client in the VM.
-fn soft_server_rdma_core_client(lab: &Lab, op: &str) -> f64 {
+/// Our soft server on the host, the rdma-core client in the VM with `client`'s
+/// options; (the client's report, the server's summary).
+fn soft_server_rdma_core_client(
+    lab: &Lab,
+    op: &str,
+    client: &[&str],
+) -> (serde_json::Value, serde_json::Value) {
     let what = format!("{op}: soft server, client --device siw0 in the VM");
     let mut server = lab
         .host_iwperf(&["server", "--timeout", "120", "--json"])
@@ -279,7 +318,7 @@ fn soft_server_rdma_core_client(lab: &Lab, op: &str) -> f64 {
     assert!(ready, "{what}: the server did not get ready");
     let cmd = format!(
         "{GUEST_IWPERF} client --device siw0 --peer {HOST_IP} {}",
-        client_args(op).join(" ")
+        client.join(" ")
     );
     let (rc, out) = lab.exec(&cmd, Duration::from_secs(150));
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -294,31 +333,46 @@ fn soft_server_rdma_core_client(lab: &Lab, op: &str) -> f64 {
         "{what}: client in the VM:\n{out}\nserver: {status:?}\n{}\n{err}",
         rest.join("\n")
     );
-    let gbps = check_client(&json_of(&out), op, &what);
     assert!(status.success(), "{what}: server {status:?}\n{err}");
-    check_server(&json_of(&rest.join("\n")), op, &what);
-    gbps
+    (json_of(&out), json_of(&rest.join("\n")))
 }
 
 #[test]
 fn iwperf_on_kernel_siw_and_on_the_soft_device_both_directions() {
     let test = "iwperf_on_kernel_siw_and_on_the_soft_device_both_directions";
     let Some(lab) = lab_or_skip(test) else { return };
+    let to_vm = "server --device siw0 (VM) <- soft client (host)";
+    let from_vm = "soft server (host) <- client --device siw0 (VM)";
     let mut rows = Vec::new();
-    for op in ["write", "read", "send"] {
-        let g = rdma_core_server_soft_client(&lab, op);
-        rows.push(format!(
-            "| {op:5} | server --device siw0 (VM) <- soft client (host) | {g:.3} |"
-        ));
+    for (sides, in_vm_server) in [(to_vm, true), (from_vm, false)] {
+        let run = |op: &str, client: &[&str]| {
+            if in_vm_server {
+                rdma_core_server_soft_client(&lab, op, client)
+            } else {
+                soft_server_rdma_core_client(&lab, op, client)
+            }
+        };
+        for op in ["write", "read", "send"] {
+            let what = format!("{op}: {sides}");
+            let (report, summary) = run(op, &client_args(op));
+            let g = check_client(&report, op, &what);
+            check_server(&summary, op, &what);
+            rows.push(format!(
+                "| {op:5} | 64 KiB bandwidth | {sides} | {g:.3} Gbit/s |"
+            ));
+        }
+        for op in ["send", "write"] {
+            let what = format!("{op} latency: {sides}");
+            let (report, summary) = run(op, &lat_args(op));
+            let t = check_lat_client(&report, op, &what);
+            check_lat_server(&summary, op, &what);
+            rows.push(format!("| {op:5} | 8 B latency | {sides} | {t:.1} us |"));
+        }
     }
-    for op in ["write", "read", "send"] {
-        let g = soft_server_rdma_core_client(&lab, op);
-        rows.push(format!(
-            "| {op:5} | soft server (host) <- client --device siw0 (VM) | {g:.3} |"
-        ));
-    }
-    println!("64 KiB, {ITERS} messages, --verify; Gbit/s as the client measured (under emulation: the VM's speed)");
-    println!("| op    | sides | Gbit/s |\n|---|---|---:|");
+    println!(
+        "{ITERS} messages (--verify) / {LAT_ITERS} round trips; as the client measured (under emulation: the VM's speed)"
+    );
+    println!("| op | test | sides | result |\n|---|---|---|---:|");
     for r in rows {
         println!("{r}");
     }
