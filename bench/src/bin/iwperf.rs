@@ -137,8 +137,8 @@ struct SideArgs {
     /// libibverbs and librdmacm are loaded at run time.
     #[arg(long)]
     device: Option<String>,
-    /// Server with --device: listen on this address (default: the device's IPv4
-    /// address).
+    /// With --device: the local address (the server listens on it, the client connects
+    /// from it); default: the device's IPv4 address.
     #[arg(long, requires = "device")]
     bind: Option<Ipv4Addr>,
     /// Set the TAP's MTU first (`ip link set TAP mtu N`).

@@ -369,6 +369,8 @@ pub struct CmSide<'p, P: Provider> {
     status: Arc<CmStatus>,
     rx: Receiver<Ev<P>>,
     listener: Option<P::Id>,
+    /// Client: the local address to connect from ([`CmSide::set_source`]).
+    source: Option<Ipv4Addr>,
 }
 
 impl<P: Provider> std::fmt::Debug for CmSide<'_, P> {
@@ -469,8 +471,15 @@ impl<'p, P: Provider> CmSide<'p, P> {
                 status: status.clone(),
                 rx,
                 listener: None,
+                source: None,
             })
         })
+    }
+
+    /// Client: connect from `ip` (`rdma_resolve_addr` with it as the source), which
+    /// picks the device whose address it is; without it the route to the server picks.
+    pub fn set_source(&mut self, ip: Ipv4Addr) {
+        self.source = Some(ip);
     }
 
     /// The counters of the connection events.
@@ -662,7 +671,10 @@ impl<'p, P: Provider> CmSide<'p, P> {
         let mut ids: Vec<Pending<P>> = Vec::new();
         for p in params {
             let id = self.create_id()?;
-            id.resolve_addr(None, SocketAddr::V4(server), resolve)
+            let src = self
+                .source
+                .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, 0)));
+            id.resolve_addr(src, SocketAddr::V4(server), resolve)
                 .map_err(cm_err("resolve_addr"))?;
             ids.push((id, *p, None, false));
         }

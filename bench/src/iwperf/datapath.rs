@@ -68,6 +68,9 @@ pub const MAX_INLINE: u32 = 256;
 /// (`DeviceCaps::max_inline` 0: rdma-core reports no figure but iw_cxgb4's; kernel siw
 /// takes 80 bytes): enough for the control messages ([`CTRL_LEN`] + 1 bytes).
 pub const UNKNOWN_INLINE: u32 = 64;
+/// How long a latency client waits for one answer before it gives up (a message the
+/// peer never took: the run ends with [`IwperfError::Connection`] instead of hanging).
+pub const LAT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest RDMA Read depth asked for (ORD/IRD), as perftest's default.
 pub const MAX_RD_ATOMIC: u16 = 16;
 
@@ -1452,6 +1455,12 @@ fn client_lat_loop<P: Provider>(
                 return Err(IwperfError::DeviceRemoved(
                     "DeviceRemoval during the run".into(),
                 ));
+            }
+            if t0.elapsed() > LAT_ANSWER_TIMEOUT {
+                return Err(IwperfError::Connection(format!(
+                    "no answer to round trip {i} in {} s",
+                    LAT_ANSWER_TIMEOUT.as_secs()
+                )));
             }
             let mut answered = false;
             for wc in poll_ok(cq, &mut wcs, status)? {

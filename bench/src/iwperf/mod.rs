@@ -1,19 +1,23 @@
 //! `iwperf`: perftest for the soft iWARP device, and the demo that runs it between two
-//! network namespaces beside a raw smoltcp TCP baseline.
+//! network namespaces beside a raw smoltcp TCP baseline. The same code runs on an
+//! rdma-core device (`--device siw0`, `--device cxgb4_0`): everything past opening
+//! the device is generic over `verbs::provider::Provider`.
 //!
-//! The layers (only [`conn`] talks to rdma-cm; only [`datapath`] posts and polls):
+//! The layers (only [`conn`] talks to the RDMA CM; only [`datapath`] posts and polls):
 //!
 //! - [`wire`]: what the peers tell each other (test parameters in the MPA Request's
 //!   private data, the server's memory region in the Reply's, control messages).
-//! - [`conn`]: opening the soft device and everything rdma-cm: listen / accept on the
-//!   server, resolve / connect on the client, the connection events (a `DeviceRemoval`
-//!   on any id ends the run), disconnect and destroy. Uses the public
-//!   `softiwarp::cm::rdmacm::SoftDevice` and `rdma_cm::RdmaCm` APIs only.
+//! - [`conn`]: opening the soft device and everything RDMA CM, over a provider's event
+//!   channel: listen / accept on the server, resolve / connect on the client, the
+//!   connection events (a `DeviceRemoval` on any id ends the run), disconnect and
+//!   destroy.
 //! - [`datapath`]: the verbs side: PD, CQ, MRs, the bandwidth loops (Write, Read, Send
 //!   with receive credits) and the ping-pong latency loops, `--verify` patterned data.
 //! - [`report`]: perftest's tables, latency statistics, the demo's table and JSON.
 //! - [`peer`]: one whole side (server or client) as the `iwperf server` / `iwperf
-//!   client` commands and the demo run it: device, connections, run, teardown.
+//!   client` commands and the demo run it: device ([`peer::Backend`]), connections,
+//!   run, teardown.
+//! - [`netdev`]: an rdma-core device's IPv4 address (its interface's).
 //! - [`demo`]: `iwperf demo`: two namespaces with a TAP each (or, without root, an
 //!   in-memory link in one process), the raw TCP baseline, Write, Read, Send and the
 //!   latency row, one table.

@@ -31,7 +31,9 @@ pub enum Backend {
     RdmaCore {
         /// The device name.
         device: String,
-        /// Server: the address to listen on; `None`: the device's own IPv4 address.
+        /// The local address: the server listens on it, the client connects from it;
+        /// `None`: the device's own IPv4 address (the client then lets the route pick
+        /// if the device has none).
         bind: Option<Ipv4Addr>,
     },
 }
@@ -420,7 +422,7 @@ pub fn run_client(
                     Err(e) => Some(e),
                     Ok(cm) => {
                         let p = SoftCm::new(&cm);
-                        let err = drive(&p, test, tuning, progress, &mut report);
+                        let err = drive(&p, None, test, tuning, progress, &mut report);
                         drop(p);
                         report.ids_leaked = close_soft_cm(cm);
                         close_device(device);
@@ -428,9 +430,12 @@ pub fn run_client(
                     }
                 },
             },
-            Backend::RdmaCore { device, .. } => match open_rdma_core(&device) {
+            Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
                 Err(e) => Some(e),
-                Ok(d) => drive(&d.channel, test, tuning, progress, &mut report),
+                Ok(d) => {
+                    let src = bind.or(d.addr);
+                    drive(&d.channel, src, test, tuning, progress, &mut report)
+                }
             },
         }
     };
@@ -446,16 +451,20 @@ pub fn run_client(
     }
 }
 
-/// The client's one code path on either backend: connect, run, tear down; fills
-/// `report` and returns the error that ended the run, if any.
+/// The client's one code path on either backend: connect (from `source` if given),
+/// run, tear down; fills `report` and returns the error that ended the run, if any.
 fn drive<P: Provider>(
     p: &P,
+    source: Option<Ipv4Addr>,
     test: &ClientTest,
     tuning: Tuning,
     progress: &mut dyn FnMut(&Progress),
     report: &mut ClientReport,
 ) -> Option<IwperfError> {
     CmSide::run(p, |mut cm| {
+        if let Some(ip) = source {
+            cm.set_source(ip);
+        }
         let status = cm.status();
         let mut side = Side::new(Role::Client, tuning);
         let t0 = Instant::now();
