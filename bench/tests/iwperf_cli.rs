@@ -135,3 +135,78 @@ fn usage_and_setup_errors_have_their_statuses() {
         text(&o)
     );
 }
+
+/// The one line iwperf must print for `--device nosuch` on this machine: the missing
+/// library's, or the device list's (as the cxgb4 crate words them).
+fn no_device_line() -> String {
+    let msg = match cxgb4::RdmaCore::load() {
+        Err(e) => cxgb4::Error::from(e).to_string(),
+        Ok(core) => {
+            let core = std::sync::Arc::new(core);
+            match cxgb4::Context::open(&core, "nosuch") {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("this machine has an RDMA device named 'nosuch'"),
+            }
+        }
+    };
+    assert!(
+        msg.starts_with("no RDMA device named 'nosuch' (found: ")
+            || msg.starts_with("rdma-core (lib"),
+        "{msg}"
+    );
+    format!("iwperf: {msg}\n")
+}
+
+#[test]
+fn a_device_that_does_not_exist_is_one_line_and_status_3() {
+    let want = no_device_line();
+    for args in [
+        &["server", "--device", "nosuch"][..],
+        &[
+            "server", "--device", "nosuch", "--bind", "10.9.9.9", "--port", "7999",
+        ][..],
+        &[
+            "client", "--device", "nosuch", "--peer", "10.9.9.9", "--op", "read",
+        ][..],
+    ] {
+        let o = iwperf(args);
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stderr),
+            want,
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn device_and_tap_options_exclude_each_other() {
+    for args in [
+        // --device with the soft device's link options.
+        &["server", "--device", "siw0", "--tap", "tap0"][..],
+        &[
+            "client",
+            "--device",
+            "siw0",
+            "--ip",
+            "10.0.0.1/24",
+            "--peer",
+            "10.0.0.2",
+        ][..],
+        // --bind only goes with --device; neither --tap/--ip nor --device.
+        &[
+            "server",
+            "--tap",
+            "tap0",
+            "--ip",
+            "10.0.0.1/24",
+            "--bind",
+            "10.0.0.1",
+        ][..],
+        &["server"][..],
+    ] {
+        let o = iwperf(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    }
+}

@@ -199,7 +199,7 @@ fn limits_name_the_first_limit_exceeded() {
 fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
     // A client announcing 2 connections but asking twice for index 0: the server sets up
     // one connection for it, never a third buffer set; the duplicate is refused.
-    use bench::iwperf::conn::{open_device, CmSide};
+    use bench::iwperf::conn::{close_soft_cm, open_device, soft_cm, CmSide};
     use bench::iwperf::datapath::{Role, Side};
     use bench::iwperf::wire::MrInfo;
 
@@ -227,8 +227,8 @@ fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
         .recv_timeout(Duration::from_secs(30))
         .expect("server ready");
     let device = open_device(options("ldupc", b, CLIENT)).expect("client device");
-    let mut cm = CmSide::new(device).expect("client CM");
-    let mut side = Side::new(Role::Client, Tuning::default());
+    let soft = soft_cm(device).expect("client CM");
+    let provider = softiwarp::cm::provider::SoftCm::new(&soft);
     let p = TestParams {
         op: Op::Write,
         mode: Mode::Bandwidth,
@@ -239,12 +239,21 @@ fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
         tx_depth: 4,
         client_mr: MrInfo::default(),
     };
-    let Err(err) = cm.connect_all(
-        SocketAddrV4::new(SERVER, PORT),
-        &[p, p],
-        Duration::from_secs(10),
-        &mut side,
-    ) else {
+    let err = CmSide::run(&provider, |mut cm| {
+        let mut side = Side::new(Role::Client, Tuning::default());
+        let r = cm.connect_all(
+            SocketAddrV4::new(SERVER, PORT),
+            &[p, p],
+            Duration::from_secs(10),
+            &mut side,
+        );
+        side.release();
+        cm.close(Vec::new());
+        r.err()
+    });
+    drop(provider);
+    assert_eq!(close_soft_cm(soft), 0, "ids left alive");
+    let Some(err) = err else {
         panic!("the duplicate was accepted");
     };
     let text = err.to_string();
@@ -253,8 +262,6 @@ fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
             && text.contains("iwperf: busy (a connection of this test is already in)"),
         "{text}"
     );
-    side.release();
-    cm.close(Vec::new());
     let (summary, serr) = server.join().expect("server thread");
     // The server never saw its second connection, so it gave up waiting for it.
     assert_eq!(summary.connections, 0);

@@ -322,6 +322,23 @@ pub trait CompletionQueue: Send + Sync {
     ///
     /// The provider failed to arm or wait.
     fn wait(&self, timeout: Duration) -> Result<bool, ProviderError>;
+
+    /// Takes up to `out.len()` completions into `out`, oldest first, and returns how
+    /// many (`ibv_poll_cq(3)` with the caller's array): a data path that polls in a
+    /// loop allocates nothing per poll. The default goes through [`Self::poll`];
+    /// backends with a caller-array poll override it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::poll`].
+    fn poll_into(&self, out: &mut [crate::WorkCompletion]) -> Result<usize, ProviderError> {
+        let wcs = self.poll(out.len())?;
+        let n = wcs.len().min(out.len());
+        for (slot, wc) in out.iter_mut().zip(wcs) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
 }
 
 /// A connected RC queue pair (`struct ibv_qp`), made on a CM id ([`CmId::create_qp`]);
@@ -350,6 +367,37 @@ pub trait QueuePair: Send + Sync {
     ///
     /// As [`QueuePair::post_send`], for the receive queue.
     fn post_recv(&self, wr: RecvWr) -> Result<(), ProviderError>;
+
+    /// Posts send WRs in order (`ibv_post_send(3)` with a WR list): one doorbell for
+    /// the list where the backend can (the soft device drives its engine once per
+    /// post, so a batch posted in one call costs one wake-up). Stops at the first WR
+    /// refused: the ones before it are posted and complete, it and the rest are not.
+    /// The default posts them one by one with [`Self::post_send`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::post_send`], for the first WR refused.
+    fn post_send_list<I>(&self, wrs: I) -> Result<(), ProviderError>
+    where
+        I: IntoIterator<Item = SendWr>,
+        Self: Sized,
+    {
+        wrs.into_iter().try_for_each(|wr| self.post_send(wr))
+    }
+
+    /// Posts receive WRs in order (`ibv_post_recv(3)` with a WR list), as
+    /// [`Self::post_send_list`] does send WRs. The default posts them one by one.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::post_recv`], for the first WR refused.
+    fn post_recv_list<I>(&self, wrs: I) -> Result<(), ProviderError>
+    where
+        I: IntoIterator<Item = RecvWr>,
+        Self: Sized,
+    {
+        wrs.into_iter().try_for_each(|wr| self.post_recv(wr))
+    }
 }
 
 /// The device of a CM id (`id->verbs`): where its PD, CQs and QP are made.
@@ -661,5 +709,87 @@ mod tests {
         assert_eq!(mr.sge(16, 49), None);
         assert_eq!(mr.sge(usize::MAX, 1), None);
         assert!(!mr.is_empty());
+    }
+
+    /// A QP that takes `limit` WRs and refuses the rest, recording the ids taken.
+    struct Counting {
+        limit: usize,
+        taken: std::sync::Mutex<Vec<u64>>,
+    }
+    impl QueuePair for Counting {
+        fn qp_num(&self) -> u32 {
+            7
+        }
+        fn cap(&self) -> QpCap {
+            QpCap::default()
+        }
+        fn post_send(&self, wr: SendWr) -> Result<(), ProviderError> {
+            let mut t = self.taken.lock().unwrap();
+            if t.len() == self.limit {
+                return Err(ProviderError::verbs(
+                    "ibv_post_send",
+                    VerbsError::QueueFull {
+                        queue: crate::WorkQueue::Send,
+                        depth: 3,
+                    },
+                ));
+            }
+            t.push(wr.wr_id);
+            Ok(())
+        }
+        fn post_recv(&self, wr: RecvWr) -> Result<(), ProviderError> {
+            self.post_send(SendWr::send(wr.wr_id, Vec::new()))
+                .map_err(|e| {
+                    ProviderError::verbs(
+                        "ibv_post_recv",
+                        match e {
+                            ProviderError::Verbs { source, .. } => source,
+                            ProviderError::Call { .. } => VerbsError::NoDevice,
+                        },
+                    )
+                })
+        }
+    }
+
+    #[test]
+    fn default_post_lists_post_in_order_and_stop_at_the_first_refused() {
+        let qp = Counting {
+            limit: 3,
+            taken: std::sync::Mutex::new(Vec::new()),
+        };
+        qp.post_send_list((10..12).map(|i| SendWr::send(i, Vec::new())))
+            .unwrap();
+        let e = qp
+            .post_recv_list((20..25).map(|i| RecvWr::new(i, Vec::new())))
+            .unwrap_err();
+        assert_eq!(e.call_name(), "ibv_post_recv");
+        assert_eq!(*qp.taken.lock().unwrap(), vec![10, 11, 20]);
+    }
+
+    /// A CQ holding `n` completions with ids 0..n.
+    struct Held(std::sync::Mutex<Vec<crate::WorkCompletion>>);
+    impl CompletionQueue for Held {
+        fn poll(&self, max: usize) -> Result<Vec<crate::WorkCompletion>, ProviderError> {
+            let mut v = self.0.lock().unwrap();
+            let n = v.len().min(max);
+            Ok(v.drain(..n).collect())
+        }
+        fn wait(&self, _: Duration) -> Result<bool, ProviderError> {
+            Ok(!self.0.lock().unwrap().is_empty())
+        }
+    }
+
+    #[test]
+    fn default_poll_into_fills_the_array_oldest_first() {
+        use crate::{WcOpcode, WcStatus, WorkCompletion};
+        let wc = |i| WorkCompletion::new(i, WcStatus::Success, WcOpcode::Send, 7);
+        let cq = Held(std::sync::Mutex::new((0..5).map(wc).collect()));
+        let mut out = [wc(99); 3];
+        assert_eq!(cq.poll_into(&mut out).unwrap(), 3);
+        assert_eq!(out.map(|w| w.wr_id), [0, 1, 2]);
+        assert_eq!(cq.poll_into(&mut out).unwrap(), 2);
+        assert_eq!(out.map(|w| w.wr_id), [3, 4, 2]);
+        assert_eq!(cq.poll_into(&mut out).unwrap(), 0);
+        assert!(!cq.wait(Duration::ZERO).unwrap());
     }
 }

@@ -7,11 +7,13 @@
 //! iwperf server --tap tap0 --ip 10.0.0.1/24    # one side (in the TAP's namespace)
 //! iwperf client --tap tap1 --ip 10.0.0.2/24 --peer 10.0.0.1 --op write --size 65536 --duration 5
 //! iwperf client ... --lat --op send --size 8 --iters 10000
+//! iwperf server --device siw0                  # an rdma-core device (siw0, cxgb4_0) instead of the soft device
+//! iwperf client --device siw0 --peer 10.0.0.1 --op read --verify
 //! ```
 //!
 //! Exit statuses: 0 success, 1 other failure, 2 usage, 3 connection failure (resolve,
-//! reject, unreachable, lost), 4 `--verify` found mismatches, 5 device removal (partial
-//! results printed), 130 interrupted. Logs go to stderr, filtered by `RUST_LOG`
+//! reject, unreachable, lost) or no such `--device` / no rdma-core, 4 `--verify` found
+//! mismatches, 5 device removal (partial results printed), 130 interrupted. Logs go to stderr, filtered by `RUST_LOG`
 //! (default `warn`).
 
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -22,7 +24,7 @@ use std::time::Duration;
 use bench::iwperf::conn::{DeviceOptions, LinkChoice, MpaProfile};
 use bench::iwperf::datapath::{Progress, RunLength, ServerLimits, Tuning};
 use bench::iwperf::demo::{self, DemoConfig};
-use bench::iwperf::peer::{run_client, run_server, ClientTest};
+use bench::iwperf::peer::{run_client, run_server, Backend, ClientTest};
 use bench::iwperf::report::{bw_table, lat_table, verify_name};
 use bench::iwperf::wire::{Mode, Op};
 use bench::iwperf::{IwperfError, EXIT_OK};
@@ -120,11 +122,30 @@ struct MpaArgs {
     tcp_buffer: usize,
 }
 
-/// One side's link: netlab's shared `--tap --ip --mac --pcap`, and iwperf's own extras.
+/// One side's device: the soft device on a TAP (netlab's `--tap --ip --mac --pcap`) or
+/// an rdma-core device (`--device`), and iwperf's own extras.
 #[derive(Args, Debug, Clone)]
 struct SideArgs {
-    #[command(flatten)]
-    link: netlab::LinkArgs,
+    /// The TAP interface the soft device opens (in this process's namespace).
+    #[arg(long, required_unless_present = "device", conflicts_with = "device")]
+    tap: Option<String>,
+    /// This side's IPv4 address and prefix length on the TAP, e.g. 10.234.0.1/24.
+    #[arg(long, required_unless_present = "device", conflicts_with = "device")]
+    ip: Option<String>,
+    /// This side's MAC address on the TAP, six hex octets (e.g. 02:00:0a:ea:00:01).
+    #[arg(long, conflicts_with = "device")]
+    mac: Option<String>,
+    /// Capture this side's link to a pcap file.
+    #[arg(long, conflicts_with = "device")]
+    pcap: Option<PathBuf>,
+    /// An rdma-core device (siw0, cxgb4_0) instead of the soft device on --tap/--ip:
+    /// libibverbs and librdmacm are loaded at run time.
+    #[arg(long)]
+    device: Option<String>,
+    /// With --device: the local address (the server listens on it, the client connects
+    /// from it); default: the device's IPv4 address.
+    #[arg(long, requires = "device")]
+    bind: Option<Ipv4Addr>,
     /// Set the TAP's MTU first (`ip link set TAP mtu N`).
     #[arg(long)]
     mtu: Option<usize>,
@@ -341,16 +362,34 @@ fn pin(cpu: Option<usize>) -> Result<(), IwperfError> {
     Ok(())
 }
 
-fn device_options(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<DeviceOptions, IwperfError> {
-    let (ip, prefix_len) = l.link.cidr().map_err(usage)?;
-    let mac = l.link.mac().map_err(usage)?;
+fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError> {
+    if let Some(device) = &l.device {
+        return Ok(Backend::RdmaCore {
+            device: device.clone(),
+            bind: l.bind,
+        });
+    }
+    if l.bind.is_some() {
+        return Err(usage("--bind goes with --device"));
+    }
+    let (Some(tap), Some(ip)) = (&l.tap, &l.ip) else {
+        return Err(usage("--tap and --ip, or --device"));
+    };
+    let link = netlab::LinkArgs {
+        tap: tap.clone(),
+        ip: ip.clone(),
+        mac: l.mac.clone(),
+        pcap: l.pcap.clone(),
+    };
+    let (ip, prefix_len) = link.cidr().map_err(usage)?;
+    let mac = link.mac().map_err(usage)?;
     if let Some(mtu) = l.mtu {
-        netlab::netns::run_ip(&["link", "set", "dev", &l.link.tap, "mtu", &mtu.to_string()])
+        netlab::netns::run_ip(&["link", "set", "dev", tap, "mtu", &mtu.to_string()])
             .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
     }
-    Ok(DeviceOptions {
+    Ok(Backend::Soft(DeviceOptions {
         name: name.into(),
-        link: LinkChoice::Tap(l.link.tap.clone()),
+        link: LinkChoice::Tap(tap.clone()),
         ip,
         prefix_len,
         mac,
@@ -358,11 +397,11 @@ fn device_options(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<DeviceOptions
         markers: m.markers == OnOff::On,
         mpa_rev: m.mpa_rev,
         profile: m.mpa_profile,
-        pcap: l.link.pcap.clone().map(|p| (p, l.pcap_limit)),
+        pcap: l.pcap.clone().map(|p| (p, l.pcap_limit)),
         engine_spin: Duration::from_micros(m.spin_us),
         progress: m.progress_mode.mode(),
         tcp_buffer: m.tcp_buffer,
-    })
+    }))
 }
 
 fn print_json(v: &impl serde::Serialize) {
@@ -374,9 +413,13 @@ fn print_json(v: &impl serde::Serialize) {
 
 fn server(a: &ServerArgs) -> Result<(), IwperfError> {
     pin(a.side.cpu)?;
-    let dev = device_options("iwps", &a.side, &a.mpa)?;
+    let dev = backend("iwps", &a.side, &a.mpa)?;
     let json = a.side.json;
-    let where_ = format!("{}:{}", a.side.link.ip, a.port);
+    let where_ = match (&a.side.device, a.side.bind, &a.side.ip) {
+        (Some(d), Some(b), _) => format!("{b}:{} ({d})", a.port),
+        (Some(d), None, _) => format!("{d}'s address, port {}", a.port),
+        (None, _, ip) => format!("{}:{}", ip.as_deref().unwrap_or("?"), a.port),
+    };
     let (summary, err) = run_server(
         dev,
         a.port,
@@ -441,7 +484,7 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         indices: a.indices.clone(),
     };
     test.validate()?;
-    let dev = device_options("iwpc", &a.side, &a.mpa)?;
+    let dev = backend("iwpc", &a.side, &a.mpa)?;
     let json = a.side.json;
     let show = a.progress;
     let mut progress = |p: &Progress| {

@@ -1,6 +1,7 @@
-//! Connection setup: the soft device and everything iwperf does through rdma-cm. This
-//! is the only module that talks to rdma-cm (`softiwarp::cm::rdmacm::SoftDevice`,
-//! `rdma_cm::RdmaCm`, ids and their events), in the order librdmacm programs use:
+//! Connection setup: everything iwperf does through the RDMA CM, over either backend
+//! (`verbs::provider::Provider`: the soft device's rdma-cm, or rdma-core's librdmacm),
+//! and opening the soft device. This is the only module that talks to the CM, in the
+//! order librdmacm programs use:
 //!
 //! - server: `create_id`, `bind_addr`, `listen`; per `ConnectRequest`: read the test
 //!   parameters from the private data, `create_qp` on the new id's device (`id->verbs`),
@@ -10,29 +11,33 @@
 //!   `create_qp`, `connect` with the parameters (and the client's buffer) as private
 //!   data; all connections at once, each driven by its events; `Established` carries
 //!   the server's buffer.
-//! - both: `disconnect`, wait for `Disconnected`, destroy the ids, shut the CM down.
+//! - both: `disconnect`, wait for `Disconnected`, destroy the QPs and ids.
 //!
-//! Events arrive in callback mode (on rdma-cm's and iw-cm's workers) and are handed to
-//! the thread that set up the connections through a channel; [`CmStatus`] counts the
-//! ones the data path must know about while it runs. A `DeviceRemoval` on any id marks
-//! the status removed: the data path ends the run (the CM has moved every QP to ERROR,
-//! so waiting calls wake up with flushed completions) and reports it
-//! ([`IwperfError::DeviceRemoved`]).
+//! Events come from the provider's event channel (`rdma_get_cm_event`), taken by a
+//! pump thread ([`CmSide::run`]) that acknowledges each and hands what it said to the
+//! thread that sets up the connections; [`CmStatus`] counts the ones the data path
+//! must know about while it runs. A `DeviceRemoval` on any id marks the status
+//! removed: the data path ends the run (the CM has moved every QP to ERROR, so waiting
+//! calls wake up with flushed completions) and reports it
+//! ([`IwperfError::DeviceRemoved`]). ORD/IRD are clamped to the device's
+//! [`DeviceCaps`].
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mpa::negotiate::{CrcPolicy, LocalSettings};
-use rdma_cm::{CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, RdmaCmConfig};
+use rdma_cm::RdmaCmConfig;
 use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
 use softiwarp::link::{Link, MemoryLink, Pcap, TapLink};
-use softiwarp::{Cq, Pd, Qp, QpInitAttr};
 use softiwarp::{Device, DeviceConfig, LinkConfig, LinkSpec};
-use verbs::QpCap;
+use verbs::provider::{
+    CmEvent as _, CmEventKind, CmId as _, ConnParam, Provider, ProviderError, QueuePair as _,
+};
+use verbs::{DeviceCaps, QpCap};
 
 use super::datapath::MAX_RD_ATOMIC;
 use super::wire::{AcceptInfo, MrInfo, TestParams};
@@ -164,18 +169,68 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
         .map_err(|e| setup("open the device", &e))
 }
 
+/// An RDMA CM with `device` registered as a `SoftDevice` (the soft backend's
+/// provider is a `softiwarp::cm::provider::SoftCm` channel of it).
+///
+/// Errors: [`IwperfError::Setup`] if the CM or the device's provider cannot start.
+pub fn soft_cm(device: Arc<Device>) -> Result<SoftRdmaCm, IwperfError> {
+    let cm = SoftRdmaCm::new(RdmaCmConfig::default())
+        .map_err(|e| IwperfError::Setup(format!("rdma-cm: {e}")))?;
+    let soft =
+        SoftDevice::new(device).map_err(|e| IwperfError::Setup(format!("soft device: {e}")))?;
+    cm.add_device(soft)
+        .map_err(|e| IwperfError::Setup(format!("add the device to rdma-cm: {e}")))?;
+    Ok(cm)
+}
+
+/// Shuts a soft RDMA CM down once its ids were destroyed: waits (at most 1 s) for
+/// the ids to be freed, removes the device (the registry then lets it go, which ends
+/// the `SoftDevice`'s hold on it and its engine can stop, flushing a capture) and
+/// shuts the CM down. Returns the CM's count of ids still alive before the shutdown
+/// (0 when everything was destroyed).
+pub fn close_soft_cm(cm: SoftRdmaCm) -> usize {
+    // An id is freed on its last reference, which a CM worker may hold a moment after
+    // it was destroyed: wait before counting what is left.
+    let alive = match cm.wait_ids_freed(Duration::from_secs(1)) {
+        Ok(s) => s.ids_alive,
+        Err(e) => {
+            tracing::debug!(error = %e, "rdma-cm flush");
+            cm.stats().ids_alive
+        }
+    };
+    for name in cm.devices() {
+        match cm.remove_device(&name) {
+            Ok(removal) => {
+                if let Err(e) = removal.wait_timeout(Duration::from_secs(2)) {
+                    tracing::debug!(device = %name, error = %e, "device removal");
+                }
+            }
+            Err(e) => tracing::debug!(device = %name, error = %e, "remove device"),
+        }
+    }
+    if let Err(e) = cm.shutdown() {
+        tracing::debug!(error = %e, "rdma-cm shutdown");
+    }
+    alive
+}
+
 /// What the data path provides when a QP is made: its PD, CQ and capabilities, its
-/// buffers and receives.
-pub trait VerbsSetup {
+/// buffers and receives, on a device of provider `P`.
+pub trait VerbsSetup<P: Provider> {
     /// The PD, the CQ (send and receive) and the QP capabilities for a connection with
-    /// `params`, on `device` (the id's device: `id->verbs`).
+    /// `params`, on `device` (the id's device: `id->verbs`), within the device's
+    /// limits.
     ///
-    /// Errors: the PD or CQ could not be made.
+    /// Errors: the PD or CQ could not be made, the device could not be queried.
     fn qp_resources(
         &mut self,
-        device: &Arc<Device>,
+        device: &P::Device,
         params: &TestParams,
-    ) -> Result<(&Pd, &Cq, QpCap), IwperfError>;
+    ) -> Result<(&P::Pd, &P::Cq, QpCap), IwperfError>;
+
+    /// The device's limits, once [`VerbsSetup::qp_resources`] read them (ORD/IRD are
+    /// clamped to them).
+    fn caps(&self) -> Option<DeviceCaps>;
 
     /// Server: whether a request with `params` (read from the network) is within the
     /// server's limits, before anything is made for it.
@@ -191,50 +246,62 @@ pub trait VerbsSetup {
     /// accept: the client may send at once); return what the client is told.
     ///
     /// Errors: registration or posting failed.
-    fn server_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<AcceptInfo, IwperfError>;
+    fn server_qp(
+        &mut self,
+        params: &TestParams,
+        qp: &Arc<P::Qp>,
+    ) -> Result<AcceptInfo, IwperfError>;
 
     /// Client: register the connection's buffers and post its receives (before the
     /// connect); return the client's data buffer (sent in the parameters).
     ///
     /// Errors: registration or posting failed.
-    fn client_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<MrInfo, IwperfError>;
+    fn client_qp(&mut self, params: &TestParams, qp: &Arc<P::Qp>) -> Result<MrInfo, IwperfError>;
 
-    /// Client: the server's answer for QP `qp_num`.
+    /// Client: the server's answer for QP `qp_num`, and the RDMA Reads the client may
+    /// have in flight on it (`ord`: its negotiated ORD).
     ///
     /// Errors: the answer does not fit the parameters.
-    fn client_accepted(&mut self, qp_num: u32, accept: AcceptInfo) -> Result<(), IwperfError>;
+    fn client_accepted(
+        &mut self,
+        qp_num: u32,
+        accept: AcceptInfo,
+        ord: u16,
+    ) -> Result<(), IwperfError>;
 }
 
-/// `rdma_create_qp` on `id` with the data path's PD, CQ and capabilities, then the QP
-/// to INIT so receives can be posted before the connection is made (librdmacm's
-/// `rdma_create_qp` leaves an iWARP QP in INIT: cma.c `cma_init_conn_qp`).
-fn make_qp(
-    id: &CmIdRef<SoftDevice>,
-    device: &Arc<Device>,
+/// `rdma_create_qp` on `id` with the data path's PD, CQ and capabilities (the QP is
+/// left in INIT, so receives can be posted before the connection is made: librdmacm's
+/// `cma_init_conn_qp`, and the soft device's `create_qp` alike).
+fn make_qp<P: Provider>(
+    id: &P::Id,
     params: &TestParams,
-    setup: &mut dyn VerbsSetup,
-) -> Result<Arc<Qp>, IwperfError> {
-    let (pd, cq, cap) = setup.qp_resources(device, params)?;
-    let qp = id
-        .create_qp(
-            pd,
-            QpInitAttr {
-                send_cq: cq,
-                recv_cq: cq,
-                cap,
-                sq_sig_all: false,
-            },
-        )
-        .map_err(cm_err("create_qp"))?;
-    if qp.state() == verbs::QpState::Reset {
-        qp.modify_state(verbs::QpState::Init)
-            .map_err(|e| IwperfError::Setup(format!("QP to INIT: {e}")))?;
-    }
-    Ok(qp)
+    setup: &mut dyn VerbsSetup<P>,
+) -> Result<Arc<P::Qp>, IwperfError> {
+    let device = id
+        .device()
+        .ok_or_else(|| IwperfError::Connection("an id without a device".into()))?;
+    let (pd, cq, cap) = setup.qp_resources(&device, params)?;
+    id.create_qp(pd, cq, cq, cap, false)
+        .map(Arc::new)
+        .map_err(cm_err("create_qp"))
 }
 
-/// Connection events the data path must know about while it runs, counted by the
-/// callbacks.
+/// The ORD/IRD of `want`, within the device's limits ([`DeviceCaps::clamp_ord_ird`]:
+/// iw_cxgb4 fails above 32 with `EINVAL`) and [`MAX_RD_ATOMIC`].
+fn clamp_depth(caps: Option<DeviceCaps>, want: u16) -> u16 {
+    let want = want.min(MAX_RD_ATOMIC);
+    match caps {
+        Some(c) => {
+            let (ord, ird) = c.clamp_ord_ird(u32::from(want), u32::from(want));
+            u16::from(ord.min(ird))
+        }
+        None => want,
+    }
+}
+
+/// Connection events the data path must know about while it runs, counted as the
+/// events arrive.
 #[derive(Debug, Default)]
 pub struct CmStatus {
     removed: AtomicBool,
@@ -257,55 +324,75 @@ impl CmStatus {
     pub fn disconnected(&self) -> usize {
         self.disconnected.load(Ordering::Acquire)
     }
+
+    fn count(&self, kind: CmEventKind) {
+        match kind {
+            CmEventKind::DeviceRemoval => self.removed.store(true, Ordering::Release),
+            CmEventKind::Established => {
+                self.established.fetch_add(1, Ordering::AcqRel);
+            }
+            CmEventKind::Disconnected => {
+                self.disconnected.fetch_add(1, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+    }
 }
 
-/// An event as the setup thread receives it.
-struct Ev {
-    serial: u64,
-    kind: EventKind,
+/// An event as the setup thread receives it (the provider's event itself was
+/// acknowledged by the pump once this was taken out of it).
+struct Ev<P: Provider> {
+    key: u64,
+    kind: CmEventKind,
     status: i32,
-    private_data: Vec<u8>,
-    /// The peer's ORD (`responder_resources`) and IRD (`initiator_depth`).
-    ord_ird: (u16, u16),
-    new_id: Option<CmId<SoftDevice>>,
+    /// The peer's connection parameters: private data, its ORD
+    /// (`responder_resources`) and IRD (`initiator_depth`).
+    param: ConnParam,
+    new_id: Option<P::Id>,
 }
 
 /// A client connection being made: (id, parameters, QP once made, established).
-type Pending = (CmId<SoftDevice>, TestParams, Option<Arc<Qp>>, bool);
+type Pending<P> = (
+    <P as Provider>::Id,
+    TestParams,
+    Option<Arc<<P as Provider>::Qp>>,
+    bool,
+);
 
 /// One established connection.
-pub struct Conn {
+pub struct Conn<P: Provider> {
     /// The test parameters.
     pub params: TestParams,
-    /// The QP (also held by the id).
-    pub qp: Arc<Qp>,
-    id: CmId<SoftDevice>,
+    /// The QP.
+    pub qp: Arc<P::Qp>,
+    id: P::Id,
 }
 
-impl std::fmt::Debug for Conn {
+impl<P: Provider> std::fmt::Debug for Conn<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
             .field("index", &self.params.index)
             .field("qp", &self.qp.qp_num())
-            .field("id", &self.id.serial())
+            .field("id", &self.id.key())
             .finish()
     }
 }
 
-/// One side's RDMA CM with its soft device: makes and ends the connections.
-pub struct CmSide {
-    cm: Option<SoftRdmaCm>,
-    device: Arc<Device>,
+/// One side's RDMA CM over a provider's event channel: makes and ends the
+/// connections. Lives inside [`CmSide::run`], whose pump thread takes the channel's
+/// events, counts them in [`CmStatus`] and hands them to the setup thread.
+pub struct CmSide<'p, P: Provider> {
+    p: &'p P,
     status: Arc<CmStatus>,
-    rx: Receiver<Ev>,
-    tx: Arc<Mutex<Sender<Ev>>>,
-    listener: Option<CmId<SoftDevice>>,
+    rx: Receiver<Ev<P>>,
+    listener: Option<P::Id>,
+    /// Client: the local address to connect from ([`CmSide::set_source`]).
+    source: Option<Ipv4Addr>,
 }
 
-impl std::fmt::Debug for CmSide {
+impl<P: Provider> std::fmt::Debug for CmSide<'_, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CmSide")
-            .field("device", &self.device.name())
             .field("status", &self.status)
             .finish_non_exhaustive()
     }
@@ -315,48 +402,101 @@ impl std::fmt::Debug for CmSide {
 /// QP is retired from the data path ([`VerbsSetup::retire_qp`]), its id destroyed; when
 /// no other connection of the test is left, the next request may announce another
 /// test (`expected` is cleared).
-fn retire(
-    conn: Conn,
-    setup: &mut dyn VerbsSetup,
-    pending: &[Conn],
-    established: &[Conn],
+fn retire<P: Provider>(
+    conn: Conn<P>,
+    setup: &mut dyn VerbsSetup<P>,
+    pending: &[Conn<P>],
+    established: &[Conn<P>],
     expected: &mut Option<usize>,
 ) {
     let Conn { id, qp, .. } = conn;
     setup.retire_qp(qp.qp_num());
+    // The QP before its id (rdma_destroy_qp, rdma_destroy_id).
     drop(qp);
-    if let Err(e) = id.destroy() {
-        tracing::debug!(error = %e, "destroy id");
-    }
+    drop(id);
     if pending.is_empty() && established.is_empty() {
         *expected = None;
     }
 }
 
-fn cm_err(what: &str) -> impl Fn(rdma_cm::CmError) -> IwperfError + '_ {
+fn cm_err(what: &str) -> impl Fn(ProviderError) -> IwperfError + '_ {
     move |e| IwperfError::Connection(format!("{what}: {e}"))
 }
 
-impl CmSide {
-    /// An RDMA CM with `device` registered as a `SoftDevice`.
-    ///
-    /// Errors: [`IwperfError::Setup`] if the CM or the device's provider cannot start.
-    pub fn new(device: Arc<Device>) -> Result<CmSide, IwperfError> {
-        let cm = SoftRdmaCm::new(RdmaCmConfig::default())
-            .map_err(|e| IwperfError::Setup(format!("rdma-cm: {e}")))?;
-        let soft = SoftDevice::new(device.clone())
-            .map_err(|e| IwperfError::Setup(format!("soft device: {e}")))?;
-        cm.add_device(soft)
-            .map_err(|e| IwperfError::Setup(format!("add the device to rdma-cm: {e}")))?;
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// How long the pump waits for an event before it looks whether to stop.
+const PUMP_WAIT: Duration = Duration::from_millis(20);
+
+/// Takes the events of `p`'s channel until `stop`: counts them in `status`, takes
+/// what the setup thread needs (and a request's new id) out of each, acknowledges it
+/// (drops it) and sends the rest to `tx`.
+fn pump<P: Provider>(p: &P, status: &CmStatus, stop: &AtomicBool, tx: Sender<Ev<P>>) {
+    while !stop.load(Ordering::Acquire) {
+        let mut ev = match p.get_event(PUMP_WAIT) {
+            Ok(Some(ev)) => ev,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "get_cm_event");
+                std::thread::sleep(PUMP_WAIT);
+                continue;
+            }
+        };
+        let kind = ev.kind();
+        status.count(kind);
+        tracing::debug!(id = ev.id_key(), %kind, status = ev.status(), "rdma-cm event");
+        let e = Ev {
+            key: ev.id_key(),
+            kind,
+            status: ev.status(),
+            param: ev.conn_param(),
+            new_id: ev.take_new_id(),
+        };
+        drop(ev);
+        // A closed channel (setup thread gone): the new id, if any, is dropped here,
+        // which rejects the request.
+        let _ = tx.send(e);
+    }
+}
+
+impl<'p, P: Provider> CmSide<'p, P> {
+    /// Runs `f` with a side on `p`'s channel, its events taken by a pump thread
+    /// meanwhile; the pump stops when `f` returns (after `f` dropped or closed its
+    /// ids).
+    pub fn run<R>(p: &'p P, f: impl FnOnce(CmSide<'p, P>) -> R) -> R {
+        let status = Arc::new(CmStatus::default());
+        let stop = AtomicBool::new(false);
         let (tx, rx) = mpsc::channel();
-        Ok(CmSide {
-            cm: Some(cm),
-            device,
-            status: Arc::new(CmStatus::default()),
-            rx,
-            tx: Arc::new(Mutex::new(tx)),
-            listener: None,
+        std::thread::scope(|s| {
+            let pumped = std::thread::Builder::new()
+                .name("iwperf-cm".into())
+                .spawn_scoped(s, || pump(p, &status, &stop, tx));
+            if let Err(e) = &pumped {
+                tracing::warn!(error = %e, "no CM event thread: events are not seen");
+            }
+            // The pump stops when `f` returns or unwinds (the scope waits for it).
+            let _stop = StopOnDrop(&stop);
+            f(CmSide {
+                p,
+                status: status.clone(),
+                rx,
+                listener: None,
+                source: None,
+            })
         })
+    }
+
+    /// Client: connect from `ip` (`rdma_resolve_addr` with it as the source), which
+    /// picks the device whose address it is; without it the route to the server picks.
+    pub fn set_source(&mut self, ip: Ipv4Addr) {
+        self.source = Some(ip);
     }
 
     /// The counters of the connection events.
@@ -364,50 +504,13 @@ impl CmSide {
         self.status.clone()
     }
 
-    /// The soft device.
-    pub fn device(&self) -> &Arc<Device> {
-        &self.device
-    }
-
-    fn cm(&self) -> &SoftRdmaCm {
-        self.cm.as_ref().expect("CM alive until close")
-    }
-
-    /// A new id whose events go to this side's channel.
-    fn create_id(&self) -> CmId<SoftDevice> {
-        let tx = self.tx.clone();
-        let status = self.status.clone();
-        self.cm()
-            .create_id(move |id: &CmIdRef<SoftDevice>, mut ev: CmEvent<SoftDevice>| {
-                match ev.kind {
-                    EventKind::DeviceRemoval => status.removed.store(true, Ordering::Release),
-                    EventKind::Established => {
-                        status.established.fetch_add(1, Ordering::AcqRel);
-                    }
-                    EventKind::Disconnected => {
-                        status.disconnected.fetch_add(1, Ordering::AcqRel);
-                    }
-                    _ => {}
-                }
-                tracing::debug!(id = id.serial(), kind = %ev.kind, status = ev.status, "rdma-cm event");
-                let e = Ev {
-                    serial: id.serial(),
-                    kind: ev.kind,
-                    status: ev.status,
-                    private_data: std::mem::take(&mut ev.private_data),
-                    ord_ird: (ev.responder_resources, ev.initiator_depth),
-                    new_id: ev.take_new_id(),
-                };
-                let tx = tx.lock().unwrap_or_else(|p| p.into_inner());
-                // A closed channel (setup thread gone): the new id, if any, is dropped
-                // here, which rejects the request.
-                let _ = tx.send(e);
-                Disposition::Keep
-            })
+    /// A new id on this side's channel.
+    fn create_id(&self) -> Result<P::Id, IwperfError> {
+        self.p.create_id().map_err(cm_err("create_id"))
     }
 
     /// The next event, waiting until `deadline`.
-    fn next_event(&self, deadline: Instant, what: &str) -> Result<Ev, IwperfError> {
+    fn next_event(&self, deadline: Instant, what: &str) -> Result<Ev<P>, IwperfError> {
         loop {
             if self.status.removed() {
                 return Err(IwperfError::DeviceRemoved(format!(
@@ -431,14 +534,15 @@ impl CmSide {
         }
     }
 
-    /// Server: binds to `port` on the device's address and listens with `backlog`
-    /// (rdma-cm queues that many requests not yet delivered; beyond, they are rejected).
+    /// Server: binds to `addr` (the device's address and the port) and listens with
+    /// `backlog` (the CM queues that many requests not yet delivered; beyond, they are
+    /// rejected).
     ///
-    /// Errors: [`IwperfError::Connection`] (address in use, ...).
-    pub fn listen(&mut self, port: u16, backlog: u32) -> Result<(), IwperfError> {
-        let id = self.create_id();
-        let addr = SocketAddr::V4(SocketAddrV4::new(self.device.address(), port));
-        id.bind_addr(addr).map_err(cm_err("bind_addr"))?;
+    /// Errors: [`IwperfError::Connection`] (address in use, not a device's, ...).
+    pub fn listen(&mut self, addr: SocketAddrV4, backlog: u32) -> Result<(), IwperfError> {
+        let id = self.create_id()?;
+        id.bind_addr(SocketAddr::V4(addr))
+            .map_err(cm_err("bind_addr"))?;
         id.listen(backlog).map_err(cm_err("listen"))?;
         self.listener = Some(id);
         Ok(())
@@ -458,11 +562,11 @@ impl CmSide {
     pub fn accept_all(
         &mut self,
         first_timeout: Duration,
-        setup: &mut dyn VerbsSetup,
-    ) -> Result<Vec<Conn>, IwperfError> {
+        setup: &mut dyn VerbsSetup<P>,
+    ) -> Result<Vec<Conn<P>>, IwperfError> {
         let mut deadline = Instant::now() + first_timeout;
-        let mut pending: Vec<Conn> = Vec::new();
-        let mut established: Vec<Conn> = Vec::new();
+        let mut pending: Vec<Conn<P>> = Vec::new();
+        let mut established: Vec<Conn<P>> = Vec::new();
         let mut expected: Option<usize> = None;
         while expected != Some(established.len()) {
             let what = match expected {
@@ -471,9 +575,9 @@ impl CmSide {
             };
             let mut ev = self.next_event(deadline, &what)?;
             match ev.kind {
-                EventKind::ConnectRequest => {
+                CmEventKind::ConnectRequest => {
                     let Some(id) = ev.new_id.take() else { continue };
-                    let params = match TestParams::decode(&ev.private_data) {
+                    let params = match TestParams::decode(&ev.param.private_data) {
                         Ok(p) if expected.is_none_or(|n| usize::from(p.qps) == n) => p,
                         Ok(p) => {
                             tracing::warn!(qps = p.qps, "request of another test: rejected");
@@ -512,18 +616,15 @@ impl CmSide {
                         expected = Some(usize::from(params.qps));
                         deadline = Instant::now() + Duration::from_secs(20);
                     }
-                    let device = id
-                        .device()
-                        .ok_or_else(|| IwperfError::Connection("new id without a device".into()))?;
-                    let qp = make_qp(&id, device.device(), &params, setup)?;
+                    let qp = make_qp(&id, &params, setup)?;
                     let info = setup.server_qp(&params, &qp)?;
-                    // Our IRD = the peer's ORD, our ORD = the peer's IRD (rdma_accept).
-                    let (peer_ord, peer_ird) = ev.ord_ird;
+                    // Our IRD = the peer's ORD, our ORD = the peer's IRD (rdma_accept),
+                    // within the device's limits.
+                    let caps = setup.caps();
                     let accepted = id.accept(&ConnParam {
                         private_data: info.encode(),
-                        responder_resources: peer_ord.min(MAX_RD_ATOMIC),
-                        initiator_depth: peer_ird.min(MAX_RD_ATOMIC),
-                        ..ConnParam::default()
+                        responder_resources: clamp_depth(caps, ev.param.responder_resources),
+                        initiator_depth: clamp_depth(caps, ev.param.initiator_depth),
                     });
                     let conn = Conn { params, qp, id };
                     if let Err(e) = accepted {
@@ -535,16 +636,16 @@ impl CmSide {
                     }
                     pending.push(conn);
                 }
-                EventKind::Established => {
-                    if let Some(i) = pending.iter().position(|c| c.id.serial() == ev.serial) {
+                CmEventKind::Established => {
+                    if let Some(i) = pending.iter().position(|c| c.id.key() == ev.key) {
                         established.push(pending.swap_remove(i));
                     }
                 }
-                EventKind::Disconnected | EventKind::ConnectError | EventKind::Rejected => {
+                CmEventKind::Disconnected | CmEventKind::ConnectError | CmEventKind::Rejected => {
                     // Gone before the test started (a peer that resets right after its
                     // Request): forget it and wait for another, so that it cannot end
                     // the test of the clients that do connect.
-                    let of = |c: &Conn| c.id.serial() == ev.serial;
+                    let of = |c: &Conn<P>| c.id.key() == ev.key;
                     let conn = if let Some(i) = pending.iter().position(of) {
                         pending.swap_remove(i)
                     } else if let Some(i) = established.iter().position(of) {
@@ -580,14 +681,17 @@ impl CmSide {
         server: SocketAddrV4,
         params: &[TestParams],
         timeout: Duration,
-        setup: &mut dyn VerbsSetup,
-    ) -> Result<Vec<Conn>, IwperfError> {
+        setup: &mut dyn VerbsSetup<P>,
+    ) -> Result<Vec<Conn<P>>, IwperfError> {
         let deadline = Instant::now() + timeout;
         let resolve = Duration::from_secs(5).min(timeout);
-        let mut ids: Vec<Pending> = Vec::new();
+        let mut ids: Vec<Pending<P>> = Vec::new();
         for p in params {
-            let id = self.create_id();
-            id.resolve_addr(None, SocketAddr::V4(server), resolve)
+            let id = self.create_id()?;
+            let src = self
+                .source
+                .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, 0)));
+            id.resolve_addr(src, SocketAddr::V4(server), resolve)
                 .map_err(cm_err("resolve_addr"))?;
             ids.push((id, *p, None, false));
         }
@@ -595,54 +699,58 @@ impl CmSide {
         while up < ids.len() {
             let ev =
                 self.next_event(deadline, &format!("connecting ({up} of {} up)", ids.len()))?;
-            let Some(i) = ids.iter().position(|c| c.0.serial() == ev.serial) else {
+            let Some(i) = ids.iter().position(|c| c.0.key() == ev.key) else {
                 continue;
             };
             let (id, p, qp, est) = &mut ids[i];
             match ev.kind {
-                EventKind::AddrResolved => {
+                CmEventKind::AddrResolved => {
                     id.resolve_route(resolve).map_err(cm_err("resolve_route"))?
                 }
-                EventKind::RouteResolved => {
-                    let device = id.device().ok_or_else(|| {
-                        IwperfError::Connection("resolved id without a device".into())
-                    })?;
-                    let q = make_qp(id, device.device(), p, setup)?;
+                CmEventKind::RouteResolved => {
+                    let q = make_qp::<P>(id, p, setup)?;
                     p.client_mr = setup.client_qp(p, &q)?;
+                    let depth = clamp_depth(setup.caps(), MAX_RD_ATOMIC);
                     id.connect(&ConnParam {
                         private_data: p.encode(),
-                        responder_resources: MAX_RD_ATOMIC,
-                        initiator_depth: MAX_RD_ATOMIC,
-                        ..ConnParam::default()
+                        responder_resources: depth,
+                        initiator_depth: depth,
                     })
                     .map_err(cm_err("connect"))?;
                     *qp = Some(q);
                 }
-                EventKind::Established => {
-                    let accept = AcceptInfo::decode(&ev.private_data)
+                CmEventKind::Established => {
+                    let accept = AcceptInfo::decode(&ev.param.private_data)
                         .map_err(|e| IwperfError::Connection(format!("server's answer: {e}")))?;
                     let q = qp.as_ref().ok_or_else(|| {
                         IwperfError::Connection("Established before the QP was made".into())
                     })?;
-                    setup.client_accepted(q.qp_num(), accept)?;
+                    // Our ORD: what we asked for, and no more than the server's IRD
+                    // (the event's `initiator_depth`, when the backend reports it).
+                    let asked = clamp_depth(setup.caps(), MAX_RD_ATOMIC);
+                    let ord = match ev.param.initiator_depth {
+                        0 => asked,
+                        ird => asked.min(ird),
+                    };
+                    setup.client_accepted(q.qp_num(), accept, ord)?;
                     *est = true;
                     up += 1;
                 }
-                EventKind::AddrError
-                | EventKind::RouteError
-                | EventKind::Rejected
-                | EventKind::Unreachable
-                | EventKind::ConnectError
-                | EventKind::Disconnected => {
+                CmEventKind::AddrError
+                | CmEventKind::RouteError
+                | CmEventKind::Rejected
+                | CmEventKind::Unreachable
+                | CmEventKind::ConnectError
+                | CmEventKind::Disconnected => {
                     return Err(IwperfError::Connection(format!(
                         "connection {} to {server}: {} (status {}{})",
                         p.index,
                         ev.kind,
                         ev.status,
-                        if ev.private_data.is_empty() {
+                        if ev.param.private_data.is_empty() {
                             String::new()
                         } else {
-                            format!(", {:?}", String::from_utf8_lossy(&ev.private_data))
+                            format!(", {:?}", String::from_utf8_lossy(&ev.param.private_data))
                         }
                     )))
                 }
@@ -659,10 +767,10 @@ impl CmSide {
     /// their `Disconnected` events (ours and the peer's disconnects alike), on top of
     /// `already` events counted before. Returns the count of `Disconnected` events in
     /// all (`already` included).
-    pub fn disconnect_all(&self, conns: &[Conn], already: usize, timeout: Duration) -> usize {
+    pub fn disconnect_all(&self, conns: &[Conn<P>], already: usize, timeout: Duration) -> usize {
         for c in conns {
             if let Err(e) = c.id.disconnect() {
-                tracing::debug!(id = c.id.serial(), error = %e, "disconnect");
+                tracing::debug!(id = c.id.key(), error = %e, "disconnect");
             }
         }
         self.wait_disconnected(conns.len() + already, timeout)
@@ -682,56 +790,70 @@ impl CmSide {
         self.status.disconnected()
     }
 
-    /// Destroys `conns`' ids (their QPs go to ERROR and are released with the last
-    /// handle), the listener, and shuts the CM down (the device is released after its
-    /// last id). Returns the CM's count of ids still alive before shutdown (0 when
-    /// everything was destroyed).
-    pub fn close(mut self, conns: Vec<Conn>) -> usize {
+    /// Destroys `conns`' QPs and ids (each QP before its id), the listener, and the
+    /// ids of requests not kept; the pump stops when [`CmSide::run`]'s closure returns.
+    pub fn close(mut self, conns: Vec<Conn<P>>) {
         for c in conns {
             let Conn { id, qp, .. } = c;
-            // Ours first: the id's handle is then the last and destroys the QP.
             drop(qp);
-            if let Err(e) = id.destroy() {
-                tracing::debug!(error = %e, "destroy id");
-            }
+            drop(id);
         }
-        if let Some(l) = self.listener.take() {
-            let _ = l.destroy();
-        }
+        self.listener = None;
         // Ids handed to us by requests we did not keep.
         while let Ok(ev) = self.rx.try_recv() {
             drop(ev.new_id);
         }
-        // An id is freed on its last reference, which a CM worker may hold a moment
-        // after destroy returned: wait (at most 1 s) before counting what is left.
-        let alive =
-            self.cm
-                .as_ref()
-                .map_or(0, |cm| match cm.wait_ids_freed(Duration::from_secs(1)) {
-                    Ok(s) => s.ids_alive,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "rdma-cm flush");
-                        cm.stats().ids_alive
-                    }
-                });
-        if let Some(cm) = self.cm.take() {
-            // Remove the device before the shutdown: the registry then lets it go
-            // (`released`), which ends the SoftDevice's hold on the CM and the device's
-            // engine can stop (a capture is flushed). Shutdown alone keeps devices.
-            for name in cm.devices() {
-                match cm.remove_device(&name) {
-                    Ok(removal) => {
-                        if let Err(e) = removal.wait_timeout(Duration::from_secs(2)) {
-                            tracing::debug!(device = %name, error = %e, "device removal");
-                        }
-                    }
-                    Err(e) => tracing::debug!(device = %name, error = %e, "remove device"),
-                }
-            }
-            if let Err(e) = cm.shutdown() {
-                tracing::debug!(error = %e, "rdma-cm shutdown");
-            }
-        }
-        alive
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softiwarp::cm::provider::SoftCm;
+    use softiwarp::link::MemoryConfig;
+
+    #[test]
+    fn ord_ird_are_clamped_to_the_device_and_to_max_rd_atomic() {
+        let t5 = DeviceCaps::CHELSIO_T5;
+        assert_eq!(clamp_depth(None, 40), MAX_RD_ATOMIC);
+        assert_eq!(clamp_depth(None, 4), 4);
+        assert_eq!(clamp_depth(Some(t5), 40), MAX_RD_ATOMIC.min(32));
+        let small = DeviceCaps {
+            max_ord: 8,
+            max_ird: 2,
+            ..t5
+        };
+        assert_eq!(clamp_depth(Some(small), 16), 2);
+        assert_eq!(clamp_depth(Some(small), 0), 0);
+    }
+
+    #[test]
+    fn the_pump_stops_when_the_side_returns_or_panics() {
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = Device::open(DeviceConfig::new(
+            "cmrun",
+            LinkConfig::memory(a),
+            Ipv4Addr::new(10, 9, 4, 1),
+            24,
+        ))
+        .unwrap();
+        let cm = soft_cm(Arc::new(dev)).unwrap();
+        let p = SoftCm::new(&cm);
+        // A listener on the device's address; nothing else happens.
+        let n = CmSide::run(&p, |mut side| {
+            side.listen(SocketAddrV4::new(Ipv4Addr::new(10, 9, 4, 1), 7300), 4)
+                .unwrap();
+            let established = side.status().established();
+            side.close(Vec::new());
+            established
+        });
+        assert_eq!(n, 0);
+        // A panic inside: run unwinds (the pump thread stops) instead of hanging.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            CmSide::run(&p, |_side| panic!("data path bug"))
+        }));
+        assert!(r.is_err());
+        drop(p);
+        assert_eq!(close_soft_cm(cm), 0);
     }
 }

@@ -37,8 +37,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softiwarp::{Cq, Mr, Pd, Qp};
-use verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendWr, VerbsError, WcStatus, WorkCompletion};
+use verbs::provider::{
+    CompletionQueue, Device as _, MemoryRegion, ProtectionDomain, Provider, ProviderError,
+    QueuePair,
+};
+use verbs::{
+    AccessFlags, DeviceCaps, QpCap, RecvWr, SendFlags, SendWr, Sge, VerbsError, WcStatus,
+    WorkCompletion,
+};
 
 use super::conn::{CmStatus, VerbsSetup};
 use super::report::{gbps, BwResult, LatStats};
@@ -58,6 +64,13 @@ const CTRL_SLOT: usize = 64;
 pub const LAT_RECVS: u32 = 16;
 /// Largest message sent inline (copied into the WR instead of read from the MR).
 pub const MAX_INLINE: u32 = 256;
+/// Inline data asked for when the device does not say what it takes
+/// (`DeviceCaps::max_inline` 0: rdma-core reports no figure but iw_cxgb4's; kernel siw
+/// takes 80 bytes): enough for the control messages ([`CTRL_LEN`] + 1 bytes).
+pub const UNKNOWN_INLINE: u32 = 64;
+/// How long a latency client waits for one answer before it gives up (a message the
+/// peer never took: the run ends with [`IwperfError::Connection`] instead of hanging).
+pub const LAT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest RDMA Read depth asked for (ORD/IRD), as perftest's default.
 pub const MAX_RD_ATOMIC: u16 = 16;
 
@@ -227,35 +240,60 @@ fn wr_n(id: u64) -> u64 {
     id & ((1 << N_BITS) - 1)
 }
 
-fn setup_err(what: &str) -> impl Fn(VerbsError) -> IwperfError + '_ {
+fn setup_err(what: &str) -> impl Fn(ProviderError) -> IwperfError + '_ {
     move |e| IwperfError::Setup(format!("{what}: {e}"))
 }
 
+/// The SGE of `[offset, offset + len)` of `mr`. The ranges are the side's own slots,
+/// inside the MR; one that is not is still described as asked, and the device
+/// refuses it at post time (a local protection error), as a C program's would be.
+fn sge<M: MemoryRegion>(mr: &M, offset: u64, len: u32) -> Sge {
+    usize::try_from(offset)
+        .ok()
+        .and_then(|o| mr.sge(o, len))
+        .unwrap_or_else(|| Sge::new(mr.iova().wrapping_add(offset), len, mr.lkey()))
+}
+
 /// One connection's buffers and what the peer said.
-#[derive(Debug)]
-pub struct QpBufs {
+pub struct QpBufs<P: Provider> {
     /// The test parameters (from the client).
     pub params: TestParams,
     /// The QP.
-    pub qp: Arc<Qp>,
+    pub qp: Arc<P::Qp>,
     /// The data MR.
-    pub data: Mr,
+    pub data: P::Mr,
     /// Slots in `data`.
     pub slots: u32,
     /// Bytes per slot.
     pub slot_len: u32,
     /// The control MR (receives of control messages).
-    pub ctrl: Mr,
+    pub ctrl: P::Mr,
     /// Data receives posted (server Send tests, latency runs).
     pub data_recvs: u32,
     /// Client: the server's answer; server: what it answered.
     pub accept: AcceptInfo,
+    /// Client: the RDMA Reads it may have in flight (its ORD as negotiated: at most
+    /// what it asked for and what the server's IRD allows).
+    pub ord: u16,
     /// Patterns of the client's slots (when verifying).
     patterns: Vec<Vec<u8>>,
     /// Server: the connection went away before the test started
     /// ([`VerbsSetup::retire_qp`]); the run leaves it out (its buffers stay until
     /// [`Side::release`]: positions in the list are in the WR ids).
     retired: bool,
+}
+
+impl<P: Provider> std::fmt::Debug for QpBufs<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpBufs")
+            .field("params", &self.params)
+            .field("qp", &self.qp.qp_num())
+            .field("slots", &self.slots)
+            .field("slot_len", &self.slot_len)
+            .field("accept", &self.accept)
+            .field("retired", &self.retired)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Which side of the test.
@@ -267,32 +305,56 @@ pub enum Role {
     Client,
 }
 
-/// The verbs objects of one side: PD, CQ and each connection's buffers. Implements
-/// [`VerbsSetup`] for [`super::conn`].
-#[derive(Debug)]
-pub struct Side {
+/// The verbs objects of one side on a device of provider `P`: PD, CQ and each
+/// connection's buffers. Implements [`VerbsSetup`] for [`super::conn`].
+pub struct Side<P: Provider> {
     role: Role,
     tuning: Tuning,
-    pd: Option<Pd>,
-    cq: Option<Cq>,
+    pd: Option<P::Pd>,
+    cq: Option<P::Cq>,
+    /// The device's limits (read with the first QP); what the side asks for is clamped
+    /// to them.
+    caps: Option<DeviceCaps>,
     /// The connections' buffers, in the order their QPs were made.
-    pub qps: Vec<QpBufs>,
+    pub qps: Vec<QpBufs<P>>,
 }
 
-impl Side {
+impl<P: Provider> std::fmt::Debug for Side<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Side")
+            .field("role", &self.role)
+            .field("tuning", &self.tuning)
+            .field("caps", &self.caps)
+            .field("qps", &self.qps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Provider> Side<P> {
     /// An empty side; the PD and CQ are made with the first QP.
-    pub fn new(role: Role, tuning: Tuning) -> Side {
+    pub fn new(role: Role, tuning: Tuning) -> Side<P> {
         Side {
             role,
             tuning,
             pd: None,
             cq: None,
+            caps: None,
             qps: Vec::new(),
         }
     }
 
-    fn cq(&self) -> &Cq {
+    fn cq(&self) -> &P::Cq {
         self.cq.as_ref().expect("CQ made with the first QP")
+    }
+
+    /// The inline data asked for at QP creation: [`MAX_INLINE`], or less if the device
+    /// takes less, or [`UNKNOWN_INLINE`] when it does not say.
+    fn max_inline(&self) -> u32 {
+        match self.caps.map(|c| c.max_inline) {
+            None => MAX_INLINE,
+            Some(0) => UNKNOWN_INLINE,
+            Some(n) => MAX_INLINE.min(n),
+        }
     }
 
     fn pos_of(&self, qp_num: u32) -> Option<usize> {
@@ -356,24 +418,22 @@ impl Side {
     }
 
     /// Registers the buffers of a new QP, fills patterns and posts receives.
-    fn add_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<&QpBufs, IwperfError> {
+    fn add_qp(&mut self, params: &TestParams, qp: &Arc<P::Qp>) -> Result<&QpBufs<P>, IwperfError> {
         let (slots, slot_len, data_recvs) = self.data_slots(params);
         let pd = self.pd.as_ref().expect("PD made with the first QP");
-        let base = (u64::from(params.index) + 1) << 36;
         let len = u64::from(slots) * u64::from(slot_len);
-        let data = pd
+        let mr_len = usize::try_from(len)
+            .map_err(|_| IwperfError::Setup(format!("a data buffer of {len} bytes")))?;
+        // The data MR is also the sink of the client's RDMA Reads: iw_cxgb4 wants
+        // REMOTE_WRITE there (DeviceCaps::read_sink_needs_remote_write).
+        let mut data = pd
             .reg_mr(
-                len,
-                base,
+                mr_len,
                 AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
             )
             .map_err(setup_err("register the data MR"))?;
         let ctrl = pd
-            .reg_mr(
-                CTRL_SLOT as u64 * u64::from(CTRL_RECVS),
-                base + (1 << 35),
-                AccessFlags::LOCAL_WRITE,
-            )
+            .reg_mr(CTRL_SLOT * CTRL_RECVS as usize, AccessFlags::LOCAL_WRITE)
             .map_err(setup_err("register the control MR"))?;
         let verify = params.verify && params.mode == Mode::Bandwidth;
         let pattern_slots = self.pattern_slots(params, slots);
@@ -401,7 +461,7 @@ impl Side {
             .map(|k| {
                 RecvWr::new(
                     wr_id(K_CTRL_RECV, pos, u64::from(k)),
-                    vec![ctrl.sge(k as u64 * CTRL_SLOT as u64, CTRL_SLOT as u32)],
+                    vec![sge(&ctrl, k as u64 * CTRL_SLOT as u64, CTRL_SLOT as u32)],
                 )
             })
             .collect();
@@ -413,7 +473,7 @@ impl Side {
             };
             recvs.push(RecvWr::new(
                 wr_id(K_DATA_RECV, pos, n),
-                vec![data.sge(u64::from(slot) * u64::from(slot_len), slot_len)],
+                vec![sge(&data, u64::from(slot) * u64::from(slot_len), slot_len)],
             ));
         }
         qp.post_recv_list(recvs)
@@ -441,6 +501,7 @@ impl Side {
             ctrl,
             data_recvs,
             accept,
+            ord: 0,
             patterns,
             retired: false,
         });
@@ -458,14 +519,18 @@ impl Side {
     }
 }
 
-impl VerbsSetup for Side {
+impl<P: Provider> VerbsSetup<P> for Side<P> {
     fn qp_resources(
         &mut self,
-        device: &Arc<softiwarp::Device>,
+        device: &P::Device,
         params: &TestParams,
-    ) -> Result<(&Pd, &Cq, QpCap), IwperfError> {
+    ) -> Result<(&P::Pd, &P::Cq, QpCap), IwperfError> {
         let (_, _, data_recvs) = self.data_slots(params);
         let depth = u32::from(params.tx_depth);
+        if self.caps.is_none() {
+            self.caps = Some(device.caps().map_err(setup_err("query the device"))?);
+        }
+        let caps = self.caps.expect("read above");
         if self.pd.is_none() {
             self.pd = Some(device.alloc_pd().map_err(setup_err("allocate the PD"))?);
         }
@@ -481,15 +546,17 @@ impl VerbsSetup for Side {
                 .max()
                 .unwrap_or(data_recvs)
                 .max(data_recvs);
-            let n = (depth + 64 + most_recvs + CTRL_RECVS) as usize * usize::from(params.qps);
+            let n = (depth + 64 + most_recvs + CTRL_RECVS).saturating_mul(u32::from(params.qps));
+            let n = n.min(caps.max_cqe.max(1));
             self.cq = Some(device.create_cq(n).map_err(setup_err("create the CQ"))?);
         }
+        let max_wr = caps.max_qp_wr.max(1);
         let cap = QpCap {
-            max_send_wr: depth + 64,
-            max_recv_wr: data_recvs + CTRL_RECVS,
+            max_send_wr: (depth + 64).min(max_wr),
+            max_recv_wr: (data_recvs + CTRL_RECVS).min(max_wr),
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: MAX_INLINE,
+            max_inline_data: self.max_inline(),
         };
         Ok((
             self.pd.as_ref().expect("made above"),
@@ -508,15 +575,28 @@ impl VerbsSetup for Side {
         }
     }
 
-    fn server_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<AcceptInfo, IwperfError> {
+    fn caps(&self) -> Option<DeviceCaps> {
+        self.caps
+    }
+
+    fn server_qp(
+        &mut self,
+        params: &TestParams,
+        qp: &Arc<P::Qp>,
+    ) -> Result<AcceptInfo, IwperfError> {
         Ok(self.add_qp(params, qp)?.accept)
     }
 
-    fn client_qp(&mut self, params: &TestParams, qp: &Arc<Qp>) -> Result<MrInfo, IwperfError> {
+    fn client_qp(&mut self, params: &TestParams, qp: &Arc<P::Qp>) -> Result<MrInfo, IwperfError> {
         Ok(self.add_qp(params, qp)?.accept.mr)
     }
 
-    fn client_accepted(&mut self, qp_num: u32, accept: AcceptInfo) -> Result<(), IwperfError> {
+    fn client_accepted(
+        &mut self,
+        qp_num: u32,
+        accept: AcceptInfo,
+        ord: u16,
+    ) -> Result<(), IwperfError> {
         let pos = self
             .pos_of(qp_num)
             .ok_or_else(|| IwperfError::Setup(format!("no buffers for QP {qp_num}")))?;
@@ -538,6 +618,7 @@ impl VerbsSetup for Side {
             )));
         }
         q.accept = accept;
+        q.ord = ord;
         if q.params.verify && q.params.op == Op::Read && q.params.mode == Mode::Bandwidth {
             // The server's slots hold their patterns; reads are checked against them.
             q.patterns = (0..accept.slots)
@@ -569,7 +650,7 @@ impl Idle {
         self.since = None;
     }
 
-    fn wait(&mut self, cq: Option<&Cq>) {
+    fn wait<C: CompletionQueue>(&mut self, cq: Option<&C>) {
         let now = Instant::now();
         let since = *self.since.get_or_insert(now);
         if now.duration_since(since) < self.spin {
@@ -581,7 +662,8 @@ impl Idle {
         } else {
             match cq {
                 Some(cq) => {
-                    cq.wait(Duration::from_millis(1));
+                    // An error shows at the next poll.
+                    let _ = cq.wait(Duration::from_millis(1));
                 }
                 None => std::thread::sleep(Duration::from_micros(50)),
             }
@@ -656,8 +738,8 @@ fn poll_err(e: impl std::fmt::Display) -> IwperfError {
 }
 
 /// Polls up to `wcs.len()` completions; any in error ends the run ([`wc_error`]).
-fn poll_ok<'w>(
-    cq: &Cq,
+fn poll_ok<'w, C: CompletionQueue>(
+    cq: &C,
     wcs: &'w mut [WorkCompletion],
     status: &CmStatus,
 ) -> Result<&'w [WorkCompletion], IwperfError> {
@@ -673,22 +755,22 @@ fn post_err(e: impl std::fmt::Display) -> IwperfError {
 }
 
 /// Reads the control message in control slot `slot` (or data slot) of `mr`.
-fn read_ctrl(mr: &Mr, offset: usize, len: u32) -> Result<Ctrl, IwperfError> {
+fn read_ctrl<M: MemoryRegion>(mr: &M, offset: usize, len: u32) -> Result<Ctrl, IwperfError> {
     let mut b = vec![0u8; (len as usize).min(CTRL_SLOT.max(CTRL_LEN + 1))];
     mr.read(offset, &mut b)
         .map_err(|e| IwperfError::Connection(format!("read control message: {e}")))?;
     Ctrl::decode(&b).map_err(|e| IwperfError::Connection(e.to_string()))
 }
 
-fn repost_ctrl(q: &QpBufs, pos: usize, slot: u64) -> Result<(), IwperfError> {
+fn repost_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, slot: u64) -> Result<(), IwperfError> {
     q.qp.post_recv(RecvWr::new(
         wr_id(K_CTRL_RECV, pos, slot),
-        vec![q.ctrl.sge(slot * CTRL_SLOT as u64, CTRL_SLOT as u32)],
+        vec![sge(&q.ctrl, slot * CTRL_SLOT as u64, CTRL_SLOT as u32)],
     ))
     .map_err(post_err)
 }
 
-fn send_ctrl(q: &QpBufs, pos: usize, c: Ctrl) -> Result<(), VerbsError> {
+fn send_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, c: Ctrl) -> Result<(), ProviderError> {
     q.qp.post_send(SendWr::send_inline(
         wr_id(K_CTRL_SEND, pos, 0),
         c.encode_distinct(q.params.size as usize),
@@ -717,8 +799,8 @@ struct ClientQp {
 /// Runs the client side of a bandwidth test over every connection of `side` at once
 /// (one thread, one CQ) and returns one result per operation (in [`Op::ALL`] order),
 /// and the error that ended the run early, if any (then the results are partial).
-pub fn client_bandwidth(
-    side: &Side,
+pub fn client_bandwidth<P: Provider>(
+    side: &mut Side<P>,
     status: &CmStatus,
     length: RunLength,
     progress: &mut dyn FnMut(&Progress),
@@ -729,7 +811,7 @@ pub fn client_bandwidth(
         .map(|q| {
             let depth = u64::from(q.params.tx_depth);
             let limit = if q.params.op == Op::Read {
-                depth.min(u64::from(q.qp.query_qp().ord.max(1)))
+                depth.min(u64::from(q.ord.max(1)))
             } else {
                 depth
             };
@@ -747,7 +829,7 @@ pub fn client_bandwidth(
     let results = Op::ALL
         .into_iter()
         .filter_map(|op| {
-            let mine: Vec<(&QpBufs, &ClientQp)> = side
+            let mine: Vec<(&QpBufs<P>, &ClientQp)> = side
                 .qps
                 .iter()
                 .zip(&st)
@@ -800,8 +882,8 @@ pub fn client_bandwidth(
     (results, err)
 }
 
-fn client_bw_loop(
-    side: &Side,
+fn client_bw_loop<P: Provider>(
+    side: &mut Side<P>,
     status: &CmStatus,
     length: RunLength,
     progress: &mut dyn FnMut(&Progress),
@@ -809,13 +891,16 @@ fn client_bw_loop(
     start: Instant,
     peak: &mut [f64; 3],
 ) -> Result<(), IwperfError> {
-    let cq = side.cq();
+    let Side {
+        cq, qps, tuning, ..
+    } = side;
+    let cq = cq.as_ref().expect("CQ made with the first QP");
     let (iters, until) = match length {
         RunLength::Iters(n) => (n.max(1), None),
         RunLength::Time(d) => (u64::MAX, Some(start + d)),
     };
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
-    let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
+    let mut idle = Idle::new(tuning.spin, tuning.nap);
     let mut batch: Vec<SendWr> = Vec::with_capacity(64);
     // `--verify` of Reads: one read-back buffer for the whole run.
     let mut got = Vec::new();
@@ -823,8 +908,7 @@ fn client_bw_loop(
     let mut report_bytes = 0u64;
     let mut last_sample = start;
     let mut sample_bytes = [0u64; 3];
-    let sig_every: Vec<u64> = side
-        .qps
+    let sig_every: Vec<u64> = qps
         .iter()
         .zip(st.iter())
         .map(|(q, s)| {
@@ -843,7 +927,7 @@ fn client_bw_loop(
         let time_up = until.is_some_and(|u| now >= u);
         let mut moved = false;
         // Post data WRs.
-        for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+        for (pos, (q, s)) in qps.iter_mut().zip(st.iter_mut()).enumerate() {
             if s.last_posted {
                 continue;
             }
@@ -863,7 +947,7 @@ fn client_bw_loop(
                         .write(slot as usize, &i.to_le_bytes())
                         .map_err(|e| IwperfError::Setup(format!("stamp: {e}")))?;
                 }
-                let sge = vec![q.data.sge(slot, size)];
+                let sge = vec![sge(&q.data, slot, size)];
                 let id = wr_id(K_DATA_SEND, pos, i);
                 let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
                 let mut wr = match q.params.op {
@@ -890,7 +974,7 @@ fn client_bw_loop(
         for wc in poll_ok(cq, &mut wcs, status)? {
             moved = true;
             let pos = wr_pos(wc.wr_id);
-            let (Some(q), Some(s)) = (side.qps.get(pos), st.get_mut(pos)) else {
+            let (Some(q), Some(s)) = (qps.get(pos), st.get_mut(pos)) else {
                 continue;
             };
             match wr_kind(wc.wr_id) {
@@ -934,7 +1018,7 @@ fn client_bw_loop(
             }
         }
         // Done messages.
-        for (pos, (q, s)) in side.qps.iter().zip(st.iter_mut()).enumerate() {
+        for (pos, (q, s)) in qps.iter().zip(st.iter_mut()).enumerate() {
             if s.last_posted && s.done == s.posted && !s.done_sent {
                 if q.params.op == Op::Send {
                     if s.credits == 0 {
@@ -965,8 +1049,7 @@ fn client_bw_loop(
         }
         let dr = now.duration_since(last_report);
         if dr >= Duration::from_secs(1) {
-            let total: u64 = side
-                .qps
+            let total: u64 = qps
                 .iter()
                 .zip(st.iter())
                 .map(|(q, s)| s.done * u64::from(q.params.size))
@@ -1022,7 +1105,7 @@ struct ServerQp {
 
 impl ServerQp {
     /// Marks the connection of `q` failed with `e` (done with, as far as the loop goes).
-    fn fail(&mut self, q: &QpBufs, e: IwperfError) {
+    fn fail<P: Provider>(&mut self, q: &QpBufs<P>, e: IwperfError) {
         tracing::warn!(
             index = q.params.index,
             "connection {} failed: {e}; the others go on",
@@ -1051,15 +1134,15 @@ fn matches(got: &[u8], pattern: &[u8], seq: u64) -> bool {
 
 /// Server, Write tests: after `Done { wrs: n }`, checks that each slot holds the last
 /// Write aimed at it. Returns (mismatches, slots checked).
-fn check_write_slots(q: &QpBufs, n: u64) -> Result<(u64, u64), IwperfError> {
+fn check_write_slots<P: Provider>(q: &QpBufs<P>, n: u64) -> Result<(u64, u64), IwperfError> {
     check_slots(&q.data, q.slots, q.slot_len, &q.patterns, n)
 }
 
 /// [`check_write_slots`] over `slots` slots of `slot_len` bytes in `data`, each
 /// expected to hold a pattern of `patterns` (the writer's slot `i % patterns.len()`)
 /// stamped with `i`, the last of the `n` Writes aimed at it.
-fn check_slots(
-    data: &Mr,
+fn check_slots<M: MemoryRegion>(
+    data: &M,
     slots: u32,
     slot_len: u32,
     patterns: &[Vec<u8>],
@@ -1088,7 +1171,10 @@ fn check_slots(
 /// answered or the connection failed (a failed connection ends only itself: the others
 /// run on). Returns what it saw, and the error that ended it early or the first
 /// connection's failure, if any (a removed device ends it at once).
-pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option<IwperfError>) {
+pub fn server_bandwidth<P: Provider>(
+    side: &Side<P>,
+    status: &CmStatus,
+) -> (ServerReport, Option<IwperfError>) {
     // Retired connections (gone before the test started) are done from the start.
     let mut st: Vec<ServerQp> = side
         .qps
@@ -1116,7 +1202,11 @@ pub fn server_bandwidth(side: &Side, status: &CmStatus) -> (ServerReport, Option
     (report, err)
 }
 
-fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result<(), IwperfError> {
+fn server_bw_loop<P: Provider>(
+    side: &Side<P>,
+    status: &CmStatus,
+    st: &mut [ServerQp],
+) -> Result<(), IwperfError> {
     let cq = side.cq();
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
     let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
@@ -1175,7 +1265,7 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                     s.received += 1;
                     s.reposts.push(RecvWr::new(
                         wc.wr_id,
-                        vec![q.data.sge(slot * u64::from(q.slot_len), q.slot_len)],
+                        vec![sge(&q.data, slot * u64::from(q.slot_len), q.slot_len)],
                     ));
                 }
                 K_CTRL_RECV => {
@@ -1214,7 +1304,10 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
                         s.unreported = 0;
                         moved = true;
                     }
-                    Err(VerbsError::QueueFull { .. }) => {}
+                    Err(ProviderError::Verbs {
+                        source: VerbsError::QueueFull { .. },
+                        ..
+                    }) => {}
                     Err(e) => {
                         s.fail(q, post_err(e));
                         continue;
@@ -1271,8 +1364,8 @@ fn server_bw_loop(side: &Side, status: &CmStatus, st: &mut [ServerQp]) -> Result
 /// detected by polling the last byte of the buffer; Read: one Read). Returns the
 /// statistics (half round trips for Send and Write, whole ones for Read, as perftest),
 /// and the error that ended it early, if any.
-pub fn client_latency(
-    side: &Side,
+pub fn client_latency<P: Provider>(
+    side: &mut Side<P>,
     status: &CmStatus,
     length: RunLength,
     progress: &mut dyn FnMut(&Progress),
@@ -1287,7 +1380,7 @@ pub fn client_latency(
     (stats, err)
 }
 
-fn lat_payload(q: &QpBufs, v: u8) -> Vec<u8> {
+fn lat_payload<P: Provider>(q: &QpBufs<P>, v: u8) -> Vec<u8> {
     let mut p = vec![0x5a; q.params.size as usize];
     if let Some(last) = p.last_mut() {
         *last = v;
@@ -1295,17 +1388,21 @@ fn lat_payload(q: &QpBufs, v: u8) -> Vec<u8> {
     p
 }
 
-fn client_lat_loop(
-    side: &Side,
+fn client_lat_loop<P: Provider>(
+    side: &mut Side<P>,
     status: &CmStatus,
     length: RunLength,
     progress: &mut dyn FnMut(&Progress),
     samples: &mut Vec<u64>,
 ) -> Result<(), IwperfError> {
-    let cq = side.cq();
-    let q = &side.qps[0];
+    let max_inline = side.max_inline();
+    let Side {
+        cq, qps, tuning, ..
+    } = side;
+    let cq = cq.as_ref().expect("CQ made with the first QP");
+    let q = &mut qps[0];
     let size = q.params.size;
-    let inline = size <= MAX_INLINE;
+    let inline = size <= max_inline.min(q.qp.cap().max_inline_data);
     let start = Instant::now();
     let (iters, until) = match length {
         RunLength::Iters(n) => (n.max(1), None),
@@ -1313,7 +1410,7 @@ fn client_lat_loop(
     };
     samples.reserve(iters.min(1 << 20) as usize);
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
-    let mut idle = Idle::new(side.tuning.lat_spin, Duration::ZERO);
+    let mut idle = Idle::new(tuning.lat_spin, Duration::ZERO);
     let mut last_report = start;
     let remote_in = q.accept.mr.iova + u64::from(q.accept.slot_len);
     let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
@@ -1325,7 +1422,7 @@ fn client_lat_loop(
         let t0 = Instant::now();
         let wr = match q.params.op {
             Op::Send if inline => SendWr::send_inline(wr_id(K_DATA_SEND, 0, i), lat_payload(q, v)),
-            Op::Send => SendWr::send(wr_id(K_DATA_SEND, 0, i), vec![q.data.sge(0, size)]),
+            Op::Send => SendWr::send(wr_id(K_DATA_SEND, 0, i), vec![sge(&q.data, 0, size)]),
             Op::Write => {
                 let p = lat_payload(q, v);
                 if inline {
@@ -1336,7 +1433,7 @@ fn client_lat_loop(
                         .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
                     SendWr::rdma_write(
                         wr_id(K_DATA_SEND, 0, i),
-                        vec![q.data.sge(0, size)],
+                        vec![sge(&q.data, 0, size)],
                         remote_in,
                         rkey,
                     )
@@ -1344,7 +1441,7 @@ fn client_lat_loop(
             }
             Op::Read => SendWr::rdma_read(
                 wr_id(K_DATA_SEND, 0, i),
-                vec![q.data.sge(u64::from(q.slot_len), size)],
+                vec![sge(&q.data, u64::from(q.slot_len), size)],
                 q.accept.mr.iova,
                 rkey,
             )
@@ -1359,6 +1456,12 @@ fn client_lat_loop(
                     "DeviceRemoval during the run".into(),
                 ));
             }
+            if t0.elapsed() > LAT_ANSWER_TIMEOUT {
+                return Err(IwperfError::Connection(format!(
+                    "no answer to round trip {i} in {} s",
+                    LAT_ANSWER_TIMEOUT.as_secs()
+                )));
+            }
             let mut answered = false;
             for wc in poll_ok(cq, &mut wcs, status)? {
                 match (q.params.op, wr_kind(wc.wr_id)) {
@@ -1366,7 +1469,7 @@ fn client_lat_loop(
                         answered = true;
                         q.qp.post_recv(RecvWr::new(
                             wc.wr_id,
-                            vec![q.data.sge(u64::from(q.slot_len), q.slot_len)],
+                            vec![sge(&q.data, u64::from(q.slot_len), q.slot_len)],
                         ))
                         .map_err(post_err)?;
                     }
@@ -1413,19 +1516,25 @@ fn client_lat_loop(
 /// Write with a Write (Reads need nothing), until the client disconnects. Returns the
 /// round trips answered, or the error that ended it (a removal, or a failure other than
 /// the client's disconnect).
-pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError> {
-    let cq = side.cq();
-    let q = side
-        .qps
-        .iter()
+pub fn server_latency<P: Provider>(
+    side: &mut Side<P>,
+    status: &CmStatus,
+) -> Result<u64, IwperfError> {
+    let max_inline = side.max_inline();
+    let Side {
+        cq, qps, tuning, ..
+    } = side;
+    let cq = cq.as_ref().expect("CQ made with the first QP");
+    let q = qps
+        .iter_mut()
         .find(|q| !q.retired)
         .ok_or_else(|| IwperfError::Connection("no connection to serve".into()))?;
     // Disconnects of connections retired before the test started do not count.
     let disconnected_before = status.disconnected();
     let size = q.params.size;
-    let inline = size <= MAX_INLINE;
+    let inline = size <= max_inline.min(q.qp.cap().max_inline_data);
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 16];
-    let mut idle = Idle::new(side.tuning.lat_spin, Duration::ZERO);
+    let mut idle = Idle::new(tuning.lat_spin, Duration::ZERO);
     let remote_in = q.params.client_mr.iova + u64::from(size);
     let rkey = verbs::Stag::from_raw(q.params.client_mr.rkey);
     let my_in = q.slot_len as usize + size as usize - 1;
@@ -1465,12 +1574,12 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
                 let wr = if inline {
                     SendWr::send_inline(id, vec![0xa5; size as usize])
                 } else {
-                    SendWr::send(id, vec![q.data.sge(0, size)])
+                    SendWr::send(id, vec![sge(&q.data, 0, size)])
                 };
                 q.qp.post_send(wr).map_err(post_err)?;
                 q.qp.post_recv(RecvWr::new(
                     wc.wr_id,
-                    vec![q.data.sge(u64::from(q.slot_len), q.slot_len)],
+                    vec![sge(&q.data, u64::from(q.slot_len), q.slot_len)],
                 ))
                 .map_err(post_err)?;
                 answered += 1;
@@ -1490,7 +1599,7 @@ pub fn server_latency(side: &Side, status: &CmStatus) -> Result<u64, IwperfError
                     q.data
                         .write(0, &p)
                         .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
-                    SendWr::rdma_write(id, vec![q.data.sge(0, size)], remote_in, rkey)
+                    SendWr::rdma_write(id, vec![sge(&q.data, 0, size)], remote_in, rkey)
                 };
                 q.qp.post_send(wr).map_err(post_err)?;
                 answered += 1;
@@ -1552,7 +1661,10 @@ mod tests {
             tx_depth: 16,
             client_mr: MrInfo::default(),
         };
-        let mut side = Side::new(Role::Server, Tuning::default());
+        let dev =
+            softiwarp::cm::provider::SoftDev(softiwarp::cm::rdmacm::SoftDevice::new(dev).unwrap());
+        let mut side: Side<softiwarp::cm::provider::SoftCm<'_>> =
+            Side::new(Role::Server, Tuning::default());
         let send_recvs = side
             .data_slots(&TestParams {
                 op: Op::Send,
@@ -1563,7 +1675,7 @@ mod tests {
         let (_, cq, _) = side.qp_resources(&dev, &write).unwrap();
         // Each connection's send queue and receives, the Send one's included.
         assert_eq!(
-            cq.capacity(),
+            cq.0.capacity(),
             2 * (16 + 64 + send_recvs + CTRL_RECVS) as usize
         );
         side.release();
@@ -1591,19 +1703,20 @@ mod tests {
         .unwrap();
         let pd = dev.alloc_pd().unwrap();
         let (slots, len, n) = (16u32, 100usize, 37u64);
-        let mr = pd
-            .reg_mr(
+        let mr = softiwarp::cm::provider::SoftMr(
+            pd.reg_mr(
                 u64::from(slots) * len as u64,
                 0x1000,
                 AccessFlags::LOCAL_WRITE,
             )
-            .unwrap();
+            .unwrap(),
+        );
         let patterns: Vec<Vec<u8>> = (0..slots).map(|k| slot_pattern(3, k, len)).collect();
         // What 37 Writes from 16 source slots into 16 target slots leave behind.
         for i in 0..n {
             let mut m = patterns[(i % 16) as usize].clone();
             m[..8].copy_from_slice(&i.to_le_bytes());
-            mr.write((i % 16) as usize * len, &m).unwrap();
+            mr.0.write((i % 16) as usize * len, &m).unwrap();
         }
         assert_eq!(
             check_slots(&mr, slots, len as u32, &patterns, n).unwrap(),
@@ -1615,7 +1728,7 @@ mod tests {
             (5, 5)
         );
         // One flipped payload byte.
-        mr.write(3 * len + 50, &[!patterns[3][50]]).unwrap();
+        mr.0.write(3 * len + 50, &[!patterns[3][50]]).unwrap();
         assert_eq!(
             check_slots(&mr, slots, len as u32, &patterns, n).unwrap(),
             (1, 16)
@@ -1623,7 +1736,7 @@ mod tests {
         // A stale slot: slot 4 still holds Write 20, not Write 36.
         let mut stale = patterns[4].clone();
         stale[..8].copy_from_slice(&20u64.to_le_bytes());
-        mr.write(4 * len, &stale).unwrap();
+        mr.0.write(4 * len, &stale).unwrap();
         assert_eq!(
             check_slots(&mr, slots, len as u32, &patterns, n).unwrap(),
             (2, 16)

@@ -1,19 +1,23 @@
 //! `iwperf`: perftest for the soft iWARP device, and the demo that runs it between two
-//! network namespaces beside a raw smoltcp TCP baseline.
+//! network namespaces beside a raw smoltcp TCP baseline. The same code runs on an
+//! rdma-core device (`--device siw0`, `--device cxgb4_0`): everything past opening
+//! the device is generic over `verbs::provider::Provider`.
 //!
-//! The layers (only [`conn`] talks to rdma-cm; only [`datapath`] posts and polls):
+//! The layers (only [`conn`] talks to the RDMA CM; only [`datapath`] posts and polls):
 //!
 //! - [`wire`]: what the peers tell each other (test parameters in the MPA Request's
 //!   private data, the server's memory region in the Reply's, control messages).
-//! - [`conn`]: opening the soft device and everything rdma-cm: listen / accept on the
-//!   server, resolve / connect on the client, the connection events (a `DeviceRemoval`
-//!   on any id ends the run), disconnect and destroy. Uses the public
-//!   `softiwarp::cm::rdmacm::SoftDevice` and `rdma_cm::RdmaCm` APIs only.
+//! - [`conn`]: opening the soft device and everything RDMA CM, over a provider's event
+//!   channel: listen / accept on the server, resolve / connect on the client, the
+//!   connection events (a `DeviceRemoval` on any id ends the run), disconnect and
+//!   destroy.
 //! - [`datapath`]: the verbs side: PD, CQ, MRs, the bandwidth loops (Write, Read, Send
 //!   with receive credits) and the ping-pong latency loops, `--verify` patterned data.
 //! - [`report`]: perftest's tables, latency statistics, the demo's table and JSON.
 //! - [`peer`]: one whole side (server or client) as the `iwperf server` / `iwperf
-//!   client` commands and the demo run it: device, connections, run, teardown.
+//!   client` commands and the demo run it: device ([`peer::Backend`]), connections,
+//!   run, teardown.
+//! - [`netdev`]: an rdma-core device's IPv4 address (its interface's).
 //! - [`demo`]: `iwperf demo`: two namespaces with a TAP each (or, without root, an
 //!   in-memory link in one process), the raw TCP baseline, Write, Read, Send and the
 //!   latency row, one table.
@@ -23,6 +27,7 @@
 pub mod conn;
 pub mod datapath;
 pub mod demo;
+pub mod netdev;
 pub mod peer;
 pub mod report;
 pub mod wire;
@@ -37,6 +42,10 @@ pub const EXIT_USAGE: u8 = 2;
 /// resolution failed, rejected, unreachable, a work completion in error, the peer went
 /// away).
 pub const EXIT_CONNECTION: u8 = 3;
+/// Exit status: `--device` names no RDMA device, or rdma-core (libibverbs.so.1,
+/// librdmacm.so.1) is not installed: one line on stderr says which. The same number as
+/// [`EXIT_CONNECTION`] (there is nothing to connect with).
+pub const EXIT_NO_DEVICE: u8 = 3;
 /// Exit status: `--verify` found data that did not match.
 pub const EXIT_VERIFY: u8 = 4;
 /// Exit status: the device was removed (`DeviceRemoval` on an id) during the run;
@@ -51,6 +60,11 @@ pub enum IwperfError {
     /// A bad option or combination of options.
     #[error("usage: {0}")]
     Usage(String),
+    /// `--device` names no RDMA device, or rdma-core is not installed (the message is
+    /// cxgb4's one line: "no RDMA device named 'X' (found: ...)", "rdma-core
+    /// (libibverbs.so.1) not found").
+    #[error("{0}")]
+    NoDevice(String),
     /// The device, link or a verbs object could not be set up.
     #[error("setup: {0}")]
     Setup(String),
@@ -73,13 +87,14 @@ pub enum IwperfError {
 
 impl IwperfError {
     /// The exit status for this error: [`EXIT_USAGE`], [`EXIT_FAILURE`],
-    /// [`EXIT_CONNECTION`], [`EXIT_VERIFY`], [`EXIT_DEVICE_REMOVAL`] or
-    /// [`EXIT_INTERRUPTED`].
+    /// [`EXIT_CONNECTION`], [`EXIT_NO_DEVICE`], [`EXIT_VERIFY`],
+    /// [`EXIT_DEVICE_REMOVAL`] or [`EXIT_INTERRUPTED`].
     pub fn exit_code(&self) -> u8 {
         match self {
             IwperfError::Usage(_) => EXIT_USAGE,
             IwperfError::Setup(_) | IwperfError::Bench(_) => EXIT_FAILURE,
             IwperfError::Connection(_) => EXIT_CONNECTION,
+            IwperfError::NoDevice(_) => EXIT_NO_DEVICE,
             IwperfError::Verify(_) => EXIT_VERIFY,
             IwperfError::DeviceRemoved(_) => EXIT_DEVICE_REMOVAL,
             IwperfError::Interrupted => EXIT_INTERRUPTED,
@@ -105,6 +120,8 @@ mod tests {
 
     #[test]
     fn exit_codes_are_distinct() {
+        assert_eq!(IwperfError::NoDevice("x".into()).exit_code(), 3);
+        assert_eq!(IwperfError::NoDevice("x y".into()).to_string(), "x y");
         let errs = [
             IwperfError::Usage(String::new()),
             IwperfError::Setup(String::new()),

@@ -1,15 +1,18 @@
 //! One whole side of an iwperf test, as `iwperf server` / `iwperf client` and the
-//! demo run it: open the device, make the connections ([`super::conn`]), run
-//! ([`super::datapath`]), disconnect, destroy, close the device (which flushes a
-//! capture).
+//! demo run it: open the device ([`Backend`]: the soft device, or an rdma-core device
+//! by name), make the connections ([`super::conn`]), run ([`super::datapath`]),
+//! disconnect, destroy, close the device (which flushes a capture). Everything past
+//! opening the device is one code path, generic over `verbs::provider::Provider`.
 
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use softiwarp::cm::provider::SoftCm;
+use verbs::provider::Provider;
 
-use super::conn::{open_device, CmSide, Conn, DeviceOptions};
+use super::conn::{close_soft_cm, open_device, soft_cm, CmSide, Conn, DeviceOptions};
 use super::datapath::{
     client_bandwidth, client_latency, server_bandwidth, server_latency, Progress, Role, RunLength,
     ServerReport, Side, Tuning,
@@ -17,6 +20,50 @@ use super::datapath::{
 use super::report::{BwResult, LatStats};
 use super::wire::{Mode, MrInfo, Op, TestParams, VerifyStatus};
 use super::IwperfError;
+
+/// The device a side runs on.
+#[derive(Debug)]
+pub enum Backend {
+    /// The soft device, opened as the options say (a TAP, or a memory link).
+    Soft(DeviceOptions),
+    /// An rdma-core device (`siw0`, `cxgb4_0`) through libibverbs and librdmacm,
+    /// loaded at run time.
+    RdmaCore {
+        /// The device name.
+        device: String,
+        /// The local address: the server listens on it, the client connects from it;
+        /// `None`: the device's own IPv4 address (the client then lets the route pick
+        /// if the device has none).
+        bind: Option<Ipv4Addr>,
+    },
+}
+
+impl From<DeviceOptions> for Backend {
+    fn from(d: DeviceOptions) -> Backend {
+        Backend::Soft(d)
+    }
+}
+
+/// An rdma-core device opened by name: the libraries, its event channel, the
+/// device's IPv4 address if it has one.
+struct RdmaCoreDevice {
+    channel: cxgb4::EventChannel,
+    addr: Option<Ipv4Addr>,
+}
+
+/// Loads rdma-core and checks that `name` is one of its devices (one line if not:
+/// "rdma-core (libibverbs.so.1) not found", "no RDMA device named 'X' (found: ...)",
+/// both [`IwperfError::NoDevice`]); opens an event channel.
+fn open_rdma_core(name: &str) -> Result<RdmaCoreDevice, IwperfError> {
+    let no_device = |e: cxgb4::Error| IwperfError::NoDevice(e.to_string());
+    let core = Arc::new(cxgb4::RdmaCore::load().map_err(|e| no_device(cxgb4::Error::from(e)))?);
+    let ctx = cxgb4::Context::open(&core, name).map_err(no_device)?;
+    let addr = super::netdev::device_ipv4(&ctx.name());
+    drop(ctx);
+    let channel = cxgb4::EventChannel::new(&core)
+        .map_err(|e| IwperfError::Setup(format!("rdma_create_event_channel: {e}")))?;
+    Ok(RdmaCoreDevice { channel, addr })
+}
 
 /// What the client runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,18 +194,17 @@ pub struct ServerSummary {
     pub cpu_seconds: f64,
 }
 
-/// Ends a side: disconnect (or wait for the peer's), destroy, release, close the
-/// device. `already` is the count of `Disconnected` events before (of connections
-/// dropped before the test started), left out. Returns (disconnected, ids alive at
-/// shutdown).
-fn teardown(
-    cm: CmSide,
-    conns: Vec<Conn>,
-    mut side: Side,
+/// Ends a side: disconnect (or wait for the peer's), then destroy: the QPs, their
+/// ids, then the MRs, CQ and PD. `already` is the count of `Disconnected` events
+/// before (of connections dropped before the test started), left out. Returns the
+/// `Disconnected` events counted.
+fn teardown<P: Provider>(
+    cm: CmSide<'_, P>,
+    conns: Vec<Conn<P>>,
+    mut side: Side<P>,
     initiate: bool,
-    device: Arc<softiwarp::Device>,
     already: usize,
-) -> (usize, usize) {
+) -> usize {
     let n = conns.len();
     let t0 = Instant::now();
     let disconnected = if initiate {
@@ -173,12 +219,13 @@ fn teardown(
     }
     .saturating_sub(already);
     tracing::debug!(elapsed = ?t0.elapsed(), disconnected, "disconnected");
+    // The data path's QP handles and MRs, then the QPs and ids, then the CQ and PD
+    // (rdma-core refuses to destroy a CQ that a QP still uses).
+    side.qps.clear();
+    cm.close(conns);
     side.release();
-    let alive = cm.close(conns);
-    tracing::debug!(elapsed = ?t0.elapsed(), alive, "rdma-cm closed");
-    close_device(device);
-    tracing::debug!(elapsed = ?t0.elapsed(), "device closed");
-    (disconnected, alive)
+    tracing::debug!(elapsed = ?t0.elapsed(), "ids and verbs objects destroyed");
+    disconnected
 }
 
 /// Drops the last handle of the device (its engine stops and its link, with a capture,
@@ -214,7 +261,7 @@ fn close_device(device: Arc<softiwarp::Device>) {
 /// Returns the summary and the error that ended it, if any (setup errors before any
 /// connection return an empty summary with the error).
 pub fn run_server(
-    dev: DeviceOptions,
+    dev: impl Into<Backend>,
     port: u16,
     backlog: u32,
     tuning: Tuning,
@@ -231,65 +278,117 @@ pub fn run_server(
         exit_code: 0,
         cpu_seconds: 0.0,
     };
-    let fail = |mut s: ServerSummary, e: IwperfError| {
-        s.error = Some(e.to_string());
-        s.exit_code = e.exit_code();
-        (s, Some(e))
-    };
-    let device = match open_device(dev) {
-        Ok(d) => d,
-        Err(e) => return fail(summary, e),
-    };
-    let mut cm = match CmSide::new(device.clone()) {
-        Ok(c) => c,
-        Err(e) => return fail(summary, e),
-    };
-    if let Err(e) = cm.listen(port, backlog) {
-        cm.close(Vec::new());
-        return fail(summary, e);
-    }
-    ready();
-    let status = cm.status();
-    let mut side = Side::new(Role::Server, tuning);
-    let conns = match cm.accept_all(first_timeout, &mut side) {
-        Ok(c) => c,
-        Err(e) => {
-            side.release();
-            cm.close(Vec::new());
-            return fail(summary, e);
-        }
-    };
-    summary.connections = conns.len();
-    let already = status.disconnected();
-    let mode = conns.first().map_or(Mode::Bandwidth, |c| c.params.mode);
-    let err = match mode {
-        Mode::Bandwidth => {
-            let (report, err) = server_bandwidth(&side, &status);
-            let verify_failed = report.verify == VerifyStatus::Failed;
-            summary.bandwidth = Some(report);
-            err.or_else(|| {
-                verify_failed
-                    .then(|| IwperfError::Verify("the server found data that did not match".into()))
-            })
-        }
-        Mode::Latency => match server_latency(&side, &status) {
-            Ok(n) => {
-                summary.answered = Some(n);
-                None
-            }
+    let err = match dev.into() {
+        Backend::Soft(opts) => match open_device(opts) {
             Err(e) => Some(e),
+            Ok(device) => match soft_cm(device.clone()) {
+                Err(e) => Some(e),
+                Ok(cm) => {
+                    let addr = SocketAddrV4::new(device.address(), port);
+                    let p = SoftCm::new(&cm);
+                    let err = serve(
+                        &p,
+                        addr,
+                        backlog,
+                        tuning,
+                        first_timeout,
+                        ready,
+                        &mut summary,
+                    );
+                    drop(p);
+                    summary.ids_leaked = close_soft_cm(cm);
+                    close_device(device);
+                    err
+                }
+            },
+        },
+        Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
+            Err(e) => Some(e),
+            Ok(d) => match bind.or(d.addr) {
+                None => Some(IwperfError::Usage(format!(
+                    "RDMA device '{device}' has no IPv4 address: give --bind ADDR"
+                ))),
+                Some(ip) => {
+                    let addr = SocketAddrV4::new(ip, port);
+                    serve(
+                        &d.channel,
+                        addr,
+                        backlog,
+                        tuning,
+                        first_timeout,
+                        ready,
+                        &mut summary,
+                    )
+                }
+            },
         },
     };
-    let removed = status.removed();
-    let (disconnected, alive) = teardown(cm, conns, side, removed, device, already);
-    summary.disconnected = disconnected;
-    summary.ids_leaked = alive;
     let (u, sys) = crate::cpu_time();
     summary.cpu_seconds = u + sys;
     match err {
-        Some(e) => fail(summary, e),
+        Some(e) => {
+            summary.error = Some(e.to_string());
+            summary.exit_code = e.exit_code();
+            (summary, Some(e))
+        }
         None => (summary, None),
     }
+}
+
+/// The server's one code path on either backend: listen on `addr`, `ready`, accept
+/// the test's connections, run, tear down; fills `summary` and returns the error that
+/// ended it, if any.
+fn serve<P: Provider>(
+    p: &P,
+    addr: SocketAddrV4,
+    backlog: u32,
+    tuning: Tuning,
+    first_timeout: Duration,
+    ready: impl FnOnce(),
+    summary: &mut ServerSummary,
+) -> Option<IwperfError> {
+    CmSide::run(p, |mut cm| {
+        if let Err(e) = cm.listen(addr, backlog) {
+            cm.close(Vec::new());
+            return Some(e);
+        }
+        ready();
+        let status = cm.status();
+        let mut side = Side::new(Role::Server, tuning);
+        let conns = match cm.accept_all(first_timeout, &mut side) {
+            Ok(c) => c,
+            Err(e) => {
+                side.release();
+                cm.close(Vec::new());
+                return Some(e);
+            }
+        };
+        summary.connections = conns.len();
+        let already = status.disconnected();
+        let mode = conns.first().map_or(Mode::Bandwidth, |c| c.params.mode);
+        let err = match mode {
+            Mode::Bandwidth => {
+                let (report, err) = server_bandwidth(&side, &status);
+                let verify_failed = report.verify == VerifyStatus::Failed;
+                summary.bandwidth = Some(report);
+                err.or_else(|| {
+                    verify_failed.then(|| {
+                        IwperfError::Verify("the server found data that did not match".into())
+                    })
+                })
+            }
+            Mode::Latency => match server_latency(&mut side, &status) {
+                Ok(n) => {
+                    summary.answered = Some(n);
+                    None
+                }
+                Err(e) => Some(e),
+            },
+        };
+        let removed = status.removed();
+        summary.disconnected = teardown(cm, conns, side, removed, already);
+        err
+    })
 }
 
 /// Runs a client: opens the device, connects `test.qps` connections, runs, tears down.
@@ -297,7 +396,7 @@ pub fn run_server(
 ///
 /// Returns the report (partial when the run ended early) and the error, if any.
 pub fn run_client(
-    dev: DeviceOptions,
+    dev: impl Into<Backend>,
     test: &ClientTest,
     tuning: Tuning,
     progress: &mut dyn FnMut(&Progress),
@@ -313,60 +412,91 @@ pub fn run_client(
         exit_code: 0,
         cpu_seconds: 0.0,
     };
-    let fail = |mut r: ClientReport, e: IwperfError| {
-        r.error = Some(e.to_string());
-        r.exit_code = e.exit_code();
-        (r, Some(e))
-    };
-    if let Err(e) = test.validate() {
-        return fail(report, e);
-    }
-    let device = match open_device(dev) {
-        Ok(d) => d,
-        Err(e) => return fail(report, e),
-    };
-    let mut cm = match CmSide::new(device.clone()) {
-        Ok(c) => c,
-        Err(e) => return fail(report, e),
-    };
-    let status = cm.status();
-    let mut side = Side::new(Role::Client, tuning);
-    let t0 = Instant::now();
-    let conns = match cm.connect_all(test.server, &test.params(), test.connect_timeout, &mut side) {
-        Ok(c) => c,
-        Err(e) => {
-            side.release();
-            cm.close(Vec::new());
-            close_device(device);
-            return fail(report, e);
+    let err = if let Err(e) = test.validate() {
+        Some(e)
+    } else {
+        match dev.into() {
+            Backend::Soft(opts) => match open_device(opts) {
+                Err(e) => Some(e),
+                Ok(device) => match soft_cm(device.clone()) {
+                    Err(e) => Some(e),
+                    Ok(cm) => {
+                        let p = SoftCm::new(&cm);
+                        let err = drive(&p, None, test, tuning, progress, &mut report);
+                        drop(p);
+                        report.ids_leaked = close_soft_cm(cm);
+                        close_device(device);
+                        err
+                    }
+                },
+            },
+            Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
+                Err(e) => Some(e),
+                Ok(d) => {
+                    let src = bind.or(d.addr);
+                    drive(&d.channel, src, test, tuning, progress, &mut report)
+                }
+            },
         }
     };
-    report.connect_seconds = t0.elapsed().as_secs_f64();
-    report.connections = conns.len();
-    let err = match test.mode {
-        Mode::Bandwidth => {
-            let (results, err) = client_bandwidth(&side, &status, test.length, progress);
-            let failed = results.iter().any(|r| r.verify == VerifyStatus::Failed);
-            report.bandwidth = results;
-            err.or_else(|| {
-                failed.then(|| {
-                    IwperfError::Verify("data did not match (see the mismatches per op)".into())
-                })
-            })
-        }
-        Mode::Latency => {
-            let (stats, err) = client_latency(&side, &status, test.length, progress);
-            report.latency = stats;
-            err
-        }
-    };
-    let (disconnected, alive) = teardown(cm, conns, side, true, device, 0);
-    report.disconnected = disconnected;
-    report.ids_leaked = alive;
     let (u, sys) = crate::cpu_time();
     report.cpu_seconds = u + sys;
     match err {
-        Some(e) => fail(report, e),
+        Some(e) => {
+            report.error = Some(e.to_string());
+            report.exit_code = e.exit_code();
+            (report, Some(e))
+        }
         None => (report, None),
     }
+}
+
+/// The client's one code path on either backend: connect (from `source` if given),
+/// run, tear down; fills `report` and returns the error that ended the run, if any.
+fn drive<P: Provider>(
+    p: &P,
+    source: Option<Ipv4Addr>,
+    test: &ClientTest,
+    tuning: Tuning,
+    progress: &mut dyn FnMut(&Progress),
+    report: &mut ClientReport,
+) -> Option<IwperfError> {
+    CmSide::run(p, |mut cm| {
+        if let Some(ip) = source {
+            cm.set_source(ip);
+        }
+        let status = cm.status();
+        let mut side = Side::new(Role::Client, tuning);
+        let t0 = Instant::now();
+        let conns =
+            match cm.connect_all(test.server, &test.params(), test.connect_timeout, &mut side) {
+                Ok(c) => c,
+                Err(e) => {
+                    side.release();
+                    cm.close(Vec::new());
+                    return Some(e);
+                }
+            };
+        report.connect_seconds = t0.elapsed().as_secs_f64();
+        report.connections = conns.len();
+        let err = match test.mode {
+            Mode::Bandwidth => {
+                let (results, err) = client_bandwidth(&mut side, &status, test.length, progress);
+                let failed = results.iter().any(|r| r.verify == VerifyStatus::Failed);
+                report.bandwidth = results;
+                err.or_else(|| {
+                    failed.then(|| {
+                        IwperfError::Verify("data did not match (see the mismatches per op)".into())
+                    })
+                })
+            }
+            Mode::Latency => {
+                let (stats, err) = client_latency(&mut side, &status, test.length, progress);
+                report.latency = stats;
+                err
+            }
+        };
+        report.disconnected = teardown(cm, conns, side, true, 0);
+        err
+    })
 }

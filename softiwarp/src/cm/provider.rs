@@ -192,23 +192,31 @@ impl ProtectionDomain for SoftPd {
     }
 }
 
+/// The [`ProviderError`] of a failed poll.
+fn cq_error(e: CqError) -> ProviderError {
+    let errno = match e {
+        CqError::Overflow { .. } => libc::EOVERFLOW,
+        CqError::Destroyed { .. } => libc::EINVAL,
+    };
+    ProviderError::call("ibv_poll_cq", errno, e.to_string())
+}
+
 /// A completion queue of the soft device.
 #[derive(Debug)]
 pub struct SoftCq(pub Cq);
 
 impl CompletionQueue for SoftCq {
     fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>, ProviderError> {
-        self.0.poll(max).map_err(|e: CqError| {
-            let errno = match e {
-                CqError::Overflow { .. } => libc::EOVERFLOW,
-                CqError::Destroyed { .. } => libc::EINVAL,
-            };
-            ProviderError::call("ibv_poll_cq", errno, e.to_string())
-        })
+        self.0.poll(max).map_err(cq_error)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool, ProviderError> {
         Ok(self.0.wait(timeout))
+    }
+
+    /// [`Cq::poll_into`]: no allocation per poll.
+    fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize, ProviderError> {
+        self.0.poll_into(out).map_err(cq_error)
     }
 }
 
@@ -254,6 +262,27 @@ impl QueuePair for SoftQpHandle {
 
     fn post_recv(&self, wr: RecvWr) -> Result<(), ProviderError> {
         self.qp.post_recv(wr).map_err(vb("ibv_post_recv"))
+    }
+
+    /// [`crate::Qp::post_send_list`]: the whole list with one doorbell (one engine
+    /// wake-up).
+    fn post_send_list<I>(&self, wrs: I) -> Result<(), ProviderError>
+    where
+        I: IntoIterator<Item = SendWr>,
+    {
+        self.qp
+            .post_send_list(wrs)
+            .map_err(|e| ProviderError::verbs("ibv_post_send", e.error))
+    }
+
+    /// [`crate::Qp::post_recv_list`]: the whole list with one doorbell.
+    fn post_recv_list<I>(&self, wrs: I) -> Result<(), ProviderError>
+    where
+        I: IntoIterator<Item = RecvWr>,
+    {
+        self.qp
+            .post_recv_list(wrs)
+            .map_err(|e| ProviderError::verbs("ibv_post_recv", e.error))
     }
 }
 
