@@ -114,6 +114,18 @@ impl Mr {
         self.raw.bytes_mut()
     }
 
+    /// Copies `out.len()` bytes from byte `offset` with a raw copy: the way to read
+    /// memory the device may still be writing (a byte polled for an RDMA Write's
+    /// arrival). False if out of range.
+    pub fn copy_out(&self, offset: usize, out: &mut [u8]) -> bool {
+        self.raw.copy_out(offset, out)
+    }
+
+    /// Copies `data` to byte `offset` with a raw copy. False if out of range.
+    pub fn copy_in(&mut self, offset: usize, data: &[u8]) -> bool {
+        self.raw.copy_in(offset, data)
+    }
+
     /// An SGE over `[offset, offset + len)` of the MR; `None` if the range
     /// is not inside it or `len` exceeds `u32`.
     pub fn sge(&self, offset: usize, len: usize) -> Option<Sge> {

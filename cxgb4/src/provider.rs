@@ -110,23 +110,21 @@ impl MemoryRegion for Mr {
     }
 
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), ProviderError> {
-        let src = offset
-            .checked_add(out.len())
-            .and_then(|end| self.as_slice().get(offset..end))
-            .ok_or_else(|| out_of_bounds(self, offset, out.len()))?;
-        out.copy_from_slice(src);
-        Ok(())
+        // A raw copy: the device may be writing this memory (iwperf polls a byte an
+        // RDMA Write lands in), so no Rust reference to it is formed.
+        if self.copy_out(offset, out) {
+            Ok(())
+        } else {
+            Err(out_of_bounds(self, offset, out.len()))
+        }
     }
 
     fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), ProviderError> {
-        let Some(end) = offset
-            .checked_add(data.len())
-            .filter(|e| *e <= Mr::len(self))
-        else {
-            return Err(out_of_bounds(self, offset, data.len()));
-        };
-        self.as_mut_slice()[offset..end].copy_from_slice(data);
-        Ok(())
+        if self.copy_in(offset, data) {
+            Ok(())
+        } else {
+            Err(out_of_bounds(self, offset, data.len()))
+        }
     }
 }
 

@@ -402,6 +402,49 @@ impl RawMr {
         unsafe { self.buf.as_mut() }
     }
 
+    /// Copies `out.len()` bytes from byte `off` of the buffer with a raw copy (no
+    /// Rust reference to memory the device may be writing: a poll loop reading a
+    /// byte an RDMA Write lands in sees each new value). False if out of range.
+    pub fn copy_out(&self, off: usize, out: &mut [u8]) -> bool {
+        if off
+            .checked_add(out.len())
+            .is_none_or(|end| end > self.buf.len())
+        {
+            return false;
+        }
+        // SAFETY: in range (checked); we own the buffer for our lifetime; `out` is a
+        // distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.buf.as_ptr().cast::<u8>().add(off),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+        true
+    }
+
+    /// Copies `data` to byte `off` of the buffer with a raw copy. False if out of
+    /// range.
+    pub fn copy_in(&mut self, off: usize, data: &[u8]) -> bool {
+        if off
+            .checked_add(data.len())
+            .is_none_or(|end| end > self.buf.len())
+        {
+            return false;
+        }
+        // SAFETY: in range (checked); `&mut self` excludes other Rust references; `data`
+        // is a distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.buf.as_ptr().cast::<u8>().add(off),
+                data.len(),
+            );
+        }
+        true
+    }
+
     /// The PD.
     pub fn pd(&self) -> &Arc<RawPd> {
         &self.pd

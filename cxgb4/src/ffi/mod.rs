@@ -179,7 +179,8 @@ mod tests {
             // SAFETY (test): closing our own fds once.
             unsafe { libc::close(fd) };
         }
-        let e = super::set_nonblocking(fds[0], true).unwrap_err();
+        // Not the closed fd's number: another test thread may have reused it.
+        let e = super::set_nonblocking(-1, true).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EBADF));
     }
 }
