@@ -845,27 +845,7 @@ impl MrTable {
         access: AccessFlags,
         options: MrOptions,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
-        access.validate_for_mr()?;
-        if length == 0 || length > MAX_MR_LEN {
-            return Err(VerbsError::InvalidArgument { what: "length" });
-        }
-        if iova.checked_add(length).is_none() {
-            return Err(VerbsError::InvalidArgument { what: "iova" });
-        }
-        let kind = MrKind {
-            fast_reg: false,
-            remote_inv: options.remote_invalidate,
-        };
-        self.insert(pd, length, kind, |key, data| MrInner {
-            key,
-            fast_reg_key: None,
-            iova,
-            length,
-            access,
-            pd,
-            state: MrState::Valid,
-            data,
-        })
+        self.reg_valid(pd, iova, length, access, options, None)
     }
 
     /// Registers `mem`, the application's own memory (wrapped by the unsafe
@@ -884,9 +864,24 @@ impl MrTable {
         access: AccessFlags,
         options: MrOptions,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
-        access.validate_for_mr()?;
         let length = mem.len() as u64;
-        if length > MAX_MR_LEN {
+        self.reg_valid(pd, iova, length, access, options, Some(MrBuffer::User(mem)))
+    }
+
+    /// The checks and the registration of [`MrTable::reg_mr_with`] and
+    /// [`MrTable::reg_user_memory`]: a zeroed buffer of `length` bytes when `data` is
+    /// `None`.
+    fn reg_valid(
+        &self,
+        pd: PdId,
+        iova: u64,
+        length: u64,
+        access: AccessFlags,
+        options: MrOptions,
+        data: Option<MrBuffer>,
+    ) -> Result<Arc<MemoryRegion>, VerbsError> {
+        access.validate_for_mr()?;
+        if length == 0 || length > MAX_MR_LEN {
             return Err(VerbsError::InvalidArgument { what: "length" });
         }
         if iova.checked_add(length).is_none() {
@@ -896,7 +891,7 @@ impl MrTable {
             fast_reg: false,
             remote_inv: options.remote_invalidate,
         };
-        self.insert_buffer(pd, MrBuffer::User(mem), kind, |key, data| MrInner {
+        let make = |key, data| MrInner {
             key,
             fast_reg_key: None,
             iova,
@@ -905,7 +900,11 @@ impl MrTable {
             pd,
             state: MrState::Valid,
             data,
-        })
+        };
+        match data {
+            None => self.insert(pd, length, kind, make),
+            Some(buffer) => self.insert_buffer(pd, buffer, kind, make),
+        }
     }
 
     /// Allocates an MR of up to `max_len` bytes for fast registration (kernel
