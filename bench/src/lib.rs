@@ -87,6 +87,29 @@ pub enum BenchError {
     },
 }
 
+/// Longest run a benchmark takes, in seconds: one year (`Duration` holds far more, but
+/// a run length beyond this is a typo, and `f64` seconds beyond about 1.8e19 do not fit a
+/// `Duration` at all).
+pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// The `--duration` / `--seconds` parser of the benchmark binaries: a finite number of
+/// seconds above 0 and at most [`MAX_SECONDS`] (so that turning it into a `Duration`,
+/// with a margin added, never panics).
+///
+/// Errors: a message naming the value and the range (clap prints it as a usage error).
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if v.is_finite() && v > 0.0 && v <= MAX_SECONDS {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{s} seconds is outside (0, {MAX_SECONDS}] (one year)"
+        ))
+    }
+}
+
 /// Pins the calling thread (and the threads it starts later) to CPU `cpu`.
 ///
 /// Errors: [`BenchError::Io`] if `sched_setaffinity` fails (e.g. no such CPU).

@@ -210,3 +210,26 @@ fn device_and_tap_options_exclude_each_other() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
     }
 }
+
+/// A run length that is not a finite number of seconds in (0, one year] is a usage error
+/// (status 2, one line naming the value), never a panic: `--duration 1e300` used to panic
+/// turning it into a `Duration`.
+#[test]
+fn a_duration_out_of_range_is_a_usage_error_not_a_panic() {
+    for d in ["1e300", "inf", "nan", "0", "-1", "1e20", "soon"] {
+        for args in [
+            vec!["client", "--peer", "10.0.0.1", "--device", "nosuch"],
+            vec!["demo", "--memory"],
+        ] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_iwperf"))
+                .args(&args)
+                .arg(format!("--duration={d}"))
+                .output()
+                .expect("run iwperf");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?} --duration={d}: {err}");
+            assert!(!err.contains("panicked"), "{args:?} --duration={d}: {err}");
+            assert!(err.contains("--duration"), "{args:?} --duration={d}: {err}");
+        }
+    }
+}

@@ -84,7 +84,7 @@ struct Common {
     #[arg(long, default_value_t = 5201)]
     port: u16,
     /// Client: send for this many seconds.
-    #[arg(long, conflicts_with = "bytes")]
+    #[arg(long, conflicts_with = "bytes", value_parser = bench::parse_seconds)]
     seconds: Option<f64>,
     /// Client: send exactly this many bytes (default 1 GiB when --seconds is not given).
     #[arg(long)]

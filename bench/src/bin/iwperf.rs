@@ -216,7 +216,7 @@ struct ClientArgs {
     #[arg(long, conflicts_with = "duration")]
     iters: Option<u64>,
     /// Run for this many seconds instead.
-    #[arg(long)]
+    #[arg(long, value_parser = bench::parse_seconds)]
     duration: Option<f64>,
     /// Connections (QPs), all to the same server at once.
     #[arg(long, default_value_t = 1)]
@@ -245,7 +245,7 @@ struct DemoArgs {
     #[arg(long, default_value_t = 65000)]
     mtu: usize,
     /// Seconds per bandwidth run.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = bench::parse_seconds)]
     duration: f64,
     /// Rounds (figures are medians; each run alternates with the baseline).
     #[arg(long, default_value_t = 1)]
@@ -317,7 +317,7 @@ struct TcpPeerArgs {
     #[arg(long, default_value_t = demo::TCP_PORT)]
     port: u16,
     /// Bulk: the client sends for this many seconds.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = bench::parse_seconds)]
     duration: f64,
     /// Ping-pong of this many bytes instead of bulk.
     #[arg(long)]

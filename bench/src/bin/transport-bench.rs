@@ -35,7 +35,7 @@ struct Cli {
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Seconds per run (the client sends for this long).
-    #[arg(long, default_value_t = 4.0, conflicts_with = "bytes")]
+    #[arg(long, default_value_t = 4.0, conflicts_with = "bytes", value_parser = bench::parse_seconds)]
     seconds: f64,
     /// Bytes per run instead of a time.
     #[arg(long)]
