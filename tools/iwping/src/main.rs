@@ -154,6 +154,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
+    // Usage errors (bad values clap cannot check alone) are status 2, as clap's own.
+    if let Err(e) = usage_check(&cli) {
+        eprintln!("iwping: {e}");
+        return ExitCode::from(2);
+    }
     let result = match &cli.device {
         Some(name) => match open_rdma_core(name) {
             Ok(channel) => ping_on(&channel, &cli, Some(name.clone())),
@@ -205,6 +210,24 @@ fn options(cli: &Cli, device: Option<String>) -> PingOptions {
         device,
         step_timeout: Duration::from_secs(cli.timeout.max(1)),
     }
+}
+
+/// The checks of the options that clap cannot do alone: rping's (`PingOptions::check`:
+/// size, count, `-a` for the client) and, on the soft device, `--ip ADDR/PREFIX` and
+/// `--mac`. Errors: the message of the first that fails.
+fn usage_check(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    options(cli, cli.device.clone()).check()?;
+    if cli.device.is_none() {
+        let link_args = netlab::LinkArgs {
+            tap: cli.tap.clone().unwrap_or_default(),
+            ip: cli.ip.clone().unwrap_or_default(),
+            mac: cli.mac.clone(),
+            pcap: cli.pcap.clone(),
+        };
+        link_args.cidr()?;
+        link_args.mac()?;
+    }
+    Ok(())
 }
 
 /// Runs rping on an rdma-core device's event channel.

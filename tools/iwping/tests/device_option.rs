@@ -42,3 +42,52 @@ fn device_and_tap_do_not_mix_and_the_soft_device_still_needs_tap_and_ip() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--tap") && err.contains("--ip"), "{err}");
 }
+
+/// Values clap cannot check alone (rping's size range, `-a` for the client, `--ip`) are
+/// usage errors like clap's own: status 2 and one line, before any device is opened.
+#[test]
+fn bad_option_values_are_status_2_with_one_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "-c",
+                "-a",
+                "10.0.0.1",
+                "-S",
+                "10",
+                "--tap",
+                "nosuchtapx",
+                "--ip",
+                "10.0.0.2/24",
+            ],
+            "Invalid size 10",
+        ),
+        (
+            &["-c", "--tap", "nosuchtapx", "--ip", "10.0.0.2/24"],
+            "the client needs -a ADDR",
+        ),
+        (
+            &[
+                "-c",
+                "-a",
+                "10.0.0.1",
+                "--tap",
+                "nosuchtapx",
+                "--ip",
+                "10.0.0.2/99",
+            ],
+            "bad address",
+        ),
+        (
+            &["-c", "-a", "10.0.0.1", "-S", "10", "--device", "nosuch"],
+            "Invalid size 10",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = iwping(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
