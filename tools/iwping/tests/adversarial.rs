@@ -110,7 +110,8 @@ fn sizes_outside_rpings_limits_are_refused_at_once() {
                 .expect("spawn")
                 .wait(Duration::from_secs(20))
                 .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(o.status.code(), Some(1), "-S {size} {role}: {}", o.stderr);
+            // A usage error: status 2, as clap's own (src/main.rs `usage_check`).
+            assert_eq!(o.status.code(), Some(2), "-S {size} {role}: {}", o.stderr);
             assert!(o.stderr.contains("invalid options"), "{}", o.stderr);
             assert!(t.elapsed() < Duration::from_secs(10));
         }
