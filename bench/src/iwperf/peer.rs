@@ -228,6 +228,30 @@ fn teardown<P: Provider>(
     disconnected
 }
 
+/// Opens the soft device of `opts` and its RDMA CM, runs `run` on them (the server or
+/// the client), then tears both down in order: the CM (its ids counted into
+/// `ids_leaked`), then the device. Returns `run`'s error, or the setup's.
+fn on_soft_device(
+    opts: DeviceOptions,
+    ids_leaked: &mut usize,
+    run: impl FnOnce(&SoftCm<'_>, &Arc<softiwarp::Device>) -> Option<IwperfError>,
+) -> Option<IwperfError> {
+    let device = match open_device(opts) {
+        Ok(d) => d,
+        Err(e) => return Some(e),
+    };
+    let cm = match soft_cm(device.clone()) {
+        Ok(cm) => cm,
+        Err(e) => return Some(e),
+    };
+    let p = SoftCm::new(&cm);
+    let err = run(&p, &device);
+    drop(p);
+    *ids_leaked = close_soft_cm(cm);
+    close_device(device);
+    err
+}
+
 /// Drops the last handle of the device (its engine stops and its link, with a capture,
 /// is flushed and closed), waiting up to 2 s for other holders (rdma-cm's provider
 /// thread) to let go.
@@ -279,29 +303,15 @@ pub fn run_server(
         cpu_seconds: 0.0,
     };
     let err = match dev.into() {
-        Backend::Soft(opts) => match open_device(opts) {
-            Err(e) => Some(e),
-            Ok(device) => match soft_cm(device.clone()) {
-                Err(e) => Some(e),
-                Ok(cm) => {
-                    let addr = SocketAddrV4::new(device.address(), port);
-                    let p = SoftCm::new(&cm);
-                    let err = serve(
-                        &p,
-                        addr,
-                        backlog,
-                        tuning,
-                        first_timeout,
-                        ready,
-                        &mut summary,
-                    );
-                    drop(p);
-                    summary.ids_leaked = close_soft_cm(cm);
-                    close_device(device);
-                    err
-                }
-            },
-        },
+        Backend::Soft(opts) => {
+            let mut leaked = 0;
+            let err = on_soft_device(opts, &mut leaked, |p, device| {
+                let addr = SocketAddrV4::new(device.address(), port);
+                serve(p, addr, backlog, tuning, first_timeout, ready, &mut summary)
+            });
+            summary.ids_leaked = leaked;
+            err
+        }
         Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
             Err(e) => Some(e),
             Ok(d) => match bind.or(d.addr) {
@@ -416,20 +426,14 @@ pub fn run_client(
         Some(e)
     } else {
         match dev.into() {
-            Backend::Soft(opts) => match open_device(opts) {
-                Err(e) => Some(e),
-                Ok(device) => match soft_cm(device.clone()) {
-                    Err(e) => Some(e),
-                    Ok(cm) => {
-                        let p = SoftCm::new(&cm);
-                        let err = drive(&p, None, test, tuning, progress, &mut report);
-                        drop(p);
-                        report.ids_leaked = close_soft_cm(cm);
-                        close_device(device);
-                        err
-                    }
-                },
-            },
+            Backend::Soft(opts) => {
+                let mut leaked = 0;
+                let err = on_soft_device(opts, &mut leaked, |p, _| {
+                    drive(p, None, test, tuning, progress, &mut report)
+                });
+                report.ids_leaked = leaked;
+                err
+            }
             Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
                 Err(e) => Some(e),
                 Ok(d) => {

@@ -294,14 +294,19 @@ struct MrInner {
 #[derive(Debug)]
 enum MrBuffer {
     Owned(Box<[u8]>),
-    User(super::user_memory::UserMemory),
+    User {
+        mem: super::user_memory::UserMemory,
+        /// What [`MrBuffer::with_bytes`] copies a send's bytes into: kept, so that a
+        /// stream of FPDUs from user memory allocates nothing per FPDU.
+        scratch: Vec<u8>,
+    },
 }
 
 impl MrBuffer {
     fn len(&self) -> usize {
         match self {
             MrBuffer::Owned(b) => b.len(),
-            MrBuffer::User(u) => u.len(),
+            MrBuffer::User { mem, .. } => mem.len(),
         }
     }
 
@@ -316,7 +321,7 @@ impl MrBuffer {
                 }
                 None => false,
             },
-            MrBuffer::User(u) => u.copy_in(off, data),
+            MrBuffer::User { mem, .. } => mem.copy_in(off, data),
         }
     }
 
@@ -330,20 +335,20 @@ impl MrBuffer {
                 }
                 None => false,
             },
-            MrBuffer::User(u) => u.copy_out(off, out),
+            MrBuffer::User { mem, .. } => mem.copy_out(off, out),
         }
     }
 
     /// Hands `len` bytes at `off` to `f` (`None` if out of range). Owned: in place;
-    /// user memory: a copy, so that no reference into the application's memory is
-    /// formed (the [`super::user_memory`] contract).
-    fn with_bytes<R>(&self, off: usize, len: usize, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    /// user memory: a copy into the kept scratch buffer, so that no reference into the
+    /// application's memory is formed (the [`super::user_memory`] contract).
+    fn with_bytes<R>(&mut self, off: usize, len: usize, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
         match self {
             MrBuffer::Owned(b) => f(off.checked_add(len).and_then(|e| b.get(off..e))),
-            MrBuffer::User(u) => {
-                let mut copy = vec![0u8; len];
-                if u.copy_out(off, &mut copy) {
-                    f(Some(&copy))
+            MrBuffer::User { mem, scratch } => {
+                scratch.resize(len, 0);
+                if mem.copy_out(off, scratch) {
+                    f(Some(scratch))
                 } else {
                     f(None)
                 }
@@ -865,7 +870,11 @@ impl MrTable {
         options: MrOptions,
     ) -> Result<Arc<MemoryRegion>, VerbsError> {
         let length = mem.len() as u64;
-        self.reg_valid(pd, iova, length, access, options, Some(MrBuffer::User(mem)))
+        let buffer = MrBuffer::User {
+            mem,
+            scratch: Vec::new(),
+        };
+        self.reg_valid(pd, iova, length, access, options, Some(buffer))
     }
 
     /// The checks and the registration of [`MrTable::reg_mr_with`] and
