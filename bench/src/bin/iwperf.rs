@@ -441,6 +441,9 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
             }
         },
     );
+    if let Some(r) = &summary.removal {
+        eprintln!("iwperf: {r}");
+    }
     if json {
         print_json(&summary);
     } else {
@@ -511,6 +514,9 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         );
     }
     let (report, err) = run_client(dev, &test, tuning(&a.mpa, 512), &mut progress);
+    if let Some(r) = &report.removal {
+        eprintln!("iwperf: {r}");
+    }
     if json {
         print_json(&report);
     } else {

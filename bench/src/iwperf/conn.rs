@@ -307,6 +307,8 @@ pub struct CmStatus {
     removed: AtomicBool,
     established: AtomicUsize,
     disconnected: AtomicUsize,
+    /// The id of each `DeviceRemoval` event, in arrival order.
+    removals: std::sync::Mutex<Vec<u64>>,
 }
 
 impl CmStatus {
@@ -325,9 +327,27 @@ impl CmStatus {
         self.disconnected.load(Ordering::Acquire)
     }
 
-    fn count(&self, kind: CmEventKind) {
+    /// `DeviceRemoval` events so far: (events, distinct ids, most events for one id).
+    /// design.md section 5 (and librdmacm) promise exactly one per live id.
+    pub fn removals(&self) -> (usize, usize, usize) {
+        let keys = self.removals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut per_id: std::collections::HashMap<u64, usize> = Default::default();
+        for k in keys.iter() {
+            *per_id.entry(*k).or_default() += 1;
+        }
+        let most = per_id.values().copied().max().unwrap_or(0);
+        (keys.len(), per_id.len(), most)
+    }
+
+    fn count(&self, kind: CmEventKind, id: u64) {
         match kind {
-            CmEventKind::DeviceRemoval => self.removed.store(true, Ordering::Release),
+            CmEventKind::DeviceRemoval => {
+                self.removals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(id);
+                self.removed.store(true, Ordering::Release);
+            }
             CmEventKind::Established => {
                 self.established.fetch_add(1, Ordering::AcqRel);
             }
@@ -450,7 +470,7 @@ fn pump<P: Provider>(p: &P, status: &CmStatus, stop: &AtomicBool, tx: Sender<Ev<
             }
         };
         let kind = ev.kind();
-        status.count(kind);
+        status.count(kind, ev.id_key());
         tracing::debug!(id = ev.id_key(), %kind, status = ev.status(), "rdma-cm event");
         let e = Ev {
             key: ev.id_key(),
@@ -788,6 +808,11 @@ impl<'p, P: Provider> CmSide<'p, P> {
             let _ = self.rx.recv_timeout(Duration::from_millis(10));
         }
         self.status.disconnected()
+    }
+
+    /// The ids alive now: one per connection in `conns`, and the listener's.
+    pub fn live_ids(&self, conns: &[Conn<P>]) -> usize {
+        conns.len() + usize::from(self.listener.is_some())
     }
 
     /// Destroys `conns`' QPs and ids (each QP before its id), the listener, and the
