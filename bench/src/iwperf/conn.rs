@@ -50,6 +50,9 @@ pub enum LinkChoice {
     Tap(String),
     /// One end of an in-process memory link pair.
     Memory(MemoryLink),
+    /// A UDP link (Ethernet frames as UDP datagrams, `softiwarp::link::UdpLink`): no
+    /// root, no TAP.
+    Udp(softiwarp::link::UdpConfig),
 }
 
 /// How to open a side's soft device.
@@ -117,6 +120,10 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
             Box::new(tap)
         }
         LinkChoice::Memory(m) => Box::new(m),
+        LinkChoice::Udp(cfg) => Box::new(
+            softiwarp::link::UdpLink::open(&cfg)
+                .map_err(|e| setup(&format!("open the UDP link {}", cfg.bind), &e))?,
+        ),
     };
     let link: Box<dyn Link> = match &opts.pcap {
         None => link,
