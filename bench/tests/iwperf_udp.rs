@@ -105,3 +105,101 @@ fn a_udp_mtu_beyond_a_datagram_is_a_usage_error() {
     assert!(err.contains("--mtu 70000 on a UDP link"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A server and a client on the UDP link, the client writing for `secs` seconds with
+/// progress lines; (server, client). Ports from `k` as [`ports`].
+fn write_pair(k: u16, secs: &str) -> (std::process::Child, std::process::Child) {
+    let iwperf = env!("CARGO_BIN_EXE_iwperf");
+    let (a, b) = ports(k);
+    let mut server = Command::new(iwperf)
+        .args(["server", "--timeout", "60", "--ip", "10.77.0.1/24"])
+        .args(["--udp", &format!("127.0.0.1:{a}")])
+        .args(["--udp-peer", &format!("127.0.0.1:{b}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("READY"));
+    let mut client = Command::new(iwperf)
+        .args(["client", "--ip", "10.77.0.2/24", "--peer", "10.77.0.1"])
+        .args(["--udp", &format!("127.0.0.1:{b}")])
+        .args(["--udp-peer", &format!("127.0.0.1:{a}")])
+        .args(["--op", "write", "--size", "65536", "--duration", secs, "--progress"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut out = BufReader::new(client.stdout.take().unwrap()).lines();
+    // Running once it reports progress.
+    assert!(out.any(|l| l.is_ok_and(|l| l.starts_with("PROGRESS "))));
+    std::thread::spawn(move || out.for_each(drop));
+    std::thread::spawn(move || lines.for_each(drop));
+    (server, client)
+}
+
+/// Waits up to `limit` for `c` to exit; its status, or it is killed and the test fails.
+fn exit_within(c: &mut std::process::Child, limit: std::time::Duration, what: &str) -> i32 {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s.code().unwrap_or(-1);
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            panic!("{what} did not exit within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigint_ends_a_client_with_status_130_and_its_server_sees_the_end() {
+    let (mut server, mut client) = write_pair(3, "30");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(client.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let c = exit_within(&mut client, std::time::Duration::from_secs(10), "client");
+    assert_eq!(c, 130, "the client's status after SIGINT");
+    // The client disconnected on its way out: the server ends too, not at its timeout.
+    let s = exit_within(&mut server, std::time::Duration::from_secs(10), "server");
+    assert_eq!(s, 3, "the server's status (its client went away mid-run)");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn a_server_killed_outright_ends_its_client_by_the_stall_limit() {
+    let (mut server, mut client) = write_pair(4, "300");
+    // SIGKILL: no FIN, no RST; the client's transport retransmits into the void.
+    server.kill().unwrap();
+    let _ = server.wait();
+    let limit = bench::iwperf::datapath::STALL_LIMIT + std::time::Duration::from_secs(15);
+    let c = exit_within(&mut client, limit, "client");
+    let mut err = String::new();
+    std::io::Read::read_to_string(client.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(c, 3, "{err}");
+    assert!(
+        err.contains("no completion in 30 s") || err.contains("connection"),
+        "{err}"
+    );
+}
+
+#[test]
+fn soft_device_options_with_device_are_a_usage_error() {
+    let o = Command::new(env!("CARGO_BIN_EXE_iwperf"))
+        .args(["client", "--device", "siw0", "--peer", "10.0.0.1"])
+        .args(["--mpa-rev", "1", "--markers", "on"])
+        .output()
+        .expect("iwperf");
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.trim(),
+        "iwperf: usage: --markers, --mpa-rev set(s) the soft device only; with --device the kernel driver decides"
+    );
+}

@@ -371,8 +371,35 @@ fn pin(cpu: Option<usize>) -> Result<(), IwperfError> {
     Ok(())
 }
 
+/// With `--device`, the soft device's options that were moved off their defaults:
+/// the kernel driver sets those (MPA revision, CRC, markers, profile) or they have no
+/// object there (the engine's polling, TCP buffers, the TAP's MTU).
+fn soft_only_options(l: &SideArgs, m: &MpaArgs) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    let mut given = |on: bool, name: &'static str| {
+        if on {
+            v.push(name);
+        }
+    };
+    given(m.crc != OnOff::On, "--crc");
+    given(m.markers != OnOff::Off, "--markers");
+    given(m.mpa_rev != 2, "--mpa-rev");
+    given(m.mpa_profile != MpaProfile::Siw, "--mpa-profile");
+    given(m.spin_us != 50, "--spin-us");
+    given(m.tcp_buffer != 256 * 1024, "--tcp-buffer");
+    given(l.mtu.is_some(), "--mtu");
+    v
+}
+
 fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError> {
     if let Some(device) = &l.device {
+        let soft = soft_only_options(l, m);
+        if !soft.is_empty() {
+            return Err(usage(format!(
+                "{} set(s) the soft device only; with --device the kernel driver decides",
+                soft.join(", ")
+            )));
+        }
         return Ok(Backend::RdmaCore {
             device: device.clone(),
             bind: l.bind,
@@ -480,9 +507,16 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
         print_json(&summary);
     } else {
         if let Some(b) = &summary.bandwidth {
+            // A run that ended before anything was checked passed nothing.
+            let verify = if b.checked == 0 && b.verify == bench::iwperf::wire::VerifyStatus::Passed
+            {
+                "not done"
+            } else {
+                verify_name(b.verify)
+            };
             println!(
                 "served {} connection(s): {} Send messages received, {} WRs reported by the client; verify {} ({} checked, {} mismatches)",
-                b.connections, b.messages, b.client_wrs, verify_name(b.verify), b.checked, b.mismatches
+                b.connections, b.messages, b.client_wrs, verify, b.checked, b.mismatches
             );
         }
         if let Some(n) = summary.answered {
@@ -522,27 +556,42 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
     let dev = backend("iwpc", &a.side, &a.mpa)?;
     let json = a.side.json;
     let show = a.progress;
+    let lat = a.lat;
     let mut progress = |p: &Progress| {
         if show {
-            if p.gbps > 0.0 {
-                println!("PROGRESS {:.1} s {:.2} Gbit/s", p.seconds, p.gbps);
-            } else {
+            if lat {
                 println!("PROGRESS {:.1} s {} round trips", p.seconds, p.amount);
+            } else {
+                println!("PROGRESS {:.1} s {:.2} Gbit/s", p.seconds, p.gbps);
             }
         }
     };
     if !json {
+        let mpa = match &a.side.device {
+            Some(d) => format!("MPA as {d}'s kernel driver sets it"),
+            None => format!(
+                "MPA CRC {}, markers {}, rev {}",
+                if a.mpa.crc == OnOff::On { "on" } else { "off" },
+                if a.mpa.markers == OnOff::On {
+                    "on"
+                } else {
+                    "off"
+                },
+                a.mpa.mpa_rev,
+            ),
+        };
         println!(
-            "iwperf: {} {} test to {} ({} QP(s), {} bytes, tx depth {}, MPA CRC {}, markers {}, rev {})",
-            test.ops.iter().map(|o| o.name()).collect::<Vec<_>>().join("+"),
+            "iwperf: {} {} test to {} ({} QP(s), {} bytes, tx depth {}, {mpa})",
+            test.ops
+                .iter()
+                .map(|o| o.name())
+                .collect::<Vec<_>>()
+                .join("+"),
             if a.lat { "latency" } else { "bandwidth" },
             test.server,
             test.qps,
             test.size,
             test.tx_depth,
-            if a.mpa.crc == OnOff::On { "on" } else { "off" },
-            if a.mpa.markers == OnOff::On { "on" } else { "off" },
-            a.mpa.mpa_rev,
         );
     }
     let (report, err) = run_client(dev, &test, tuning(&a.mpa, 512), &mut progress);
@@ -698,12 +747,14 @@ fn return_large_buffers_to_the_kernel() {}
 fn main() -> ExitCode {
     return_large_buffers_to_the_kernel();
     let cli = Cli::parse();
+    // SIGINT, SIGTERM and SIGHUP end every command through its teardown (the demo
+    // removes its namespaces; a server or client disconnects, so the peer sees the end,
+    // and prints its partial report) with status 130.
+    if let Err(e) = netlab::signals::install_handler() {
+        eprintln!("iwperf: {e}");
+        return ExitCode::FAILURE;
+    }
     if matches!(cli.cmd, Cmd::Demo(_)) {
-        // The demo makes namespaces and starts peers: clean up on Ctrl-C.
-        if let Err(e) = netlab::signals::install_handler() {
-            eprintln!("iwperf: {e}");
-            return ExitCode::FAILURE;
-        }
         netlab::logging::init_tracing("warn");
     } else if let Err(e) = netlab::logging::init_peer("warn") {
         eprintln!("iwperf: {e}");

@@ -307,6 +307,16 @@ fn clamp_depth(caps: Option<DeviceCaps>, want: u16) -> u16 {
     }
 }
 
+/// `Err(IwperfError::Interrupted)` once SIGINT, SIGTERM or SIGHUP arrived (netlab's
+/// signal thread, installed by the binary): every wait of iwperf checks it, so the run
+/// ends through its teardown (the peer sees a disconnect) and exits with 130.
+pub fn check_interrupted() -> Result<(), IwperfError> {
+    if netlab::signals::interrupted() {
+        return Err(IwperfError::Interrupted);
+    }
+    Ok(())
+}
+
 /// Connection events the data path must know about while it runs, counted as the
 /// events arrive.
 #[derive(Debug, Default)]
@@ -539,6 +549,7 @@ impl<'p, P: Provider> CmSide<'p, P> {
     /// The next event, waiting until `deadline`.
     fn next_event(&self, deadline: Instant, what: &str) -> Result<Ev<P>, IwperfError> {
         loop {
+            check_interrupted()?;
             if self.status.removed() {
                 return Err(IwperfError::DeviceRemoved(format!(
                     "DeviceRemoval while {what}"

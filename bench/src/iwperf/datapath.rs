@@ -46,7 +46,7 @@ use verbs::{
     WorkCompletion,
 };
 
-use super::conn::{CmStatus, VerbsSetup};
+use super::conn::{check_interrupted, CmStatus, VerbsSetup};
 use super::ledger::{WrCounts, WrLedger};
 use super::report::{gbps, BwResult, LatStats};
 use super::wire::{AcceptInfo, Ctrl, Mode, MrInfo, Op, TestParams, VerifyStatus, CTRL_LEN};
@@ -994,6 +994,9 @@ fn client_bw_loop<P: Provider>(
     let mut report_bytes = 0u64;
     let mut last_sample = start;
     let mut sample_bytes = [0u64; 3];
+    // The last time anything moved (a WR posted, a completion); a run with WRs in
+    // flight and nothing moving for STALL_LIMIT ends.
+    let mut last_moved = start;
     let sig_every: Vec<u64> = qps
         .iter()
         .zip(st.iter())
@@ -1007,6 +1010,7 @@ fn client_bw_loop<P: Provider>(
         .collect();
     loop {
         let now = Instant::now();
+        check_interrupted()?;
         if status.removed() {
             return Err(removed_err());
         }
@@ -1149,12 +1153,27 @@ fn client_bw_loop<P: Provider>(
             last_report = now;
         }
         if moved {
+            last_moved = now;
             idle.progressed();
         } else {
+            if now.duration_since(last_moved) >= STALL_LIMIT {
+                let in_flight: u64 = st.iter().map(|s| s.posted - s.done).sum();
+                return Err(IwperfError::Connection(format!(
+                    "no completion in {} s with {in_flight} WRs in flight: the peer or the path stopped answering",
+                    STALL_LIMIT.as_secs()
+                )));
+            }
             idle.wait(Some(cq));
         }
     }
 }
+
+/// How long a client's bandwidth run waits with nothing moving (no WR posted, no
+/// completion) before it gives up: a peer killed without a FIN (a crashed soft device
+/// sends none) leaves the transport retransmitting for minutes (kernel TCP's
+/// `tcp_retries2`: about 15). Long enough for the siw VM under emulation, whose
+/// 64 KiB Writes took up to 2 s each on a loaded host.
+pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// What the server saw in a bandwidth run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -1299,6 +1318,7 @@ fn server_bw_loop<P: Provider>(
     let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
     let mut buf = Vec::new();
     loop {
+        check_interrupted()?;
         if status.removed() {
             return Err(removed_err());
         }
@@ -1542,6 +1562,7 @@ fn client_lat_loop<P: Provider>(
         // Wait for the answer.
         idle.progressed();
         loop {
+            check_interrupted()?;
             if status.removed() {
                 return Err(IwperfError::DeviceRemoved(
                     "DeviceRemoval during the run".into(),
@@ -1637,6 +1658,7 @@ pub fn server_latency<P: Provider>(
     let mut answered = 0u64;
     let mut flushed_at: Option<Instant> = None;
     loop {
+        check_interrupted()?;
         if status.removed() {
             return Err(removed_err());
         }

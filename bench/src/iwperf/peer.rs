@@ -61,8 +61,15 @@ fn open_rdma_core(name: &str) -> Result<RdmaCoreDevice, IwperfError> {
     let ctx = cxgb4::Context::open(&core, name).map_err(no_device)?;
     let addr = super::netdev::device_ipv4(&ctx.name());
     drop(ctx);
-    let channel = cxgb4::EventChannel::new(&core)
-        .map_err(|e| IwperfError::Setup(format!("rdma_create_event_channel: {e}")))?;
+    // ENODEV here: the device went away between the check above and now (a removal
+    // racing the start), which is "no such device" (status 3) too.
+    let channel = cxgb4::EventChannel::new(&core).map_err(|e| {
+        if e.errno() == nix::libc::ENODEV {
+            IwperfError::NoDevice(format!("{name} went away: rdma_create_event_channel: {e}"))
+        } else {
+            IwperfError::Setup(format!("rdma_create_event_channel: {e}"))
+        }
+    })?;
     Ok(RdmaCoreDevice { channel, addr })
 }
 

@@ -126,16 +126,26 @@ struct Cli {
     #[arg(long)]
     pcap: Option<std::path::PathBuf>,
     /// MPA CRC policy.
-    #[arg(long, value_enum, default_value = "if-peer-asks")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "if-peer-asks",
+        conflicts_with = "device"
+    )]
     crc: Crc,
     /// MPA revision to speak (1: RFC 5044, no IRD/ORD exchange; 2: RFC 6581).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with = "device")]
     mpa_rev: u8,
     /// As client, ask for MPA peer-to-peer mode (RTR: zero-length Write or Read).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "device")]
     p2p: bool,
     /// RTR kinds: as initiator, those offered with --p2p; as responder, those accepted.
-    #[arg(long, value_enum, default_value = "write-read")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "write-read",
+        conflicts_with = "device"
+    )]
     rtr: Rtr,
     /// Our IRD and ORD for rdma_connect/rdma_accept, as IRD,ORD (default: rping's: client
     /// 1,1; server mirrors the request).
@@ -144,7 +154,7 @@ struct Cli {
     /// As client, hold the first FPDU this many milliseconds after the MPA Reply: a
     /// Linux siw responder (6.1) may leave an FPDU that arrives right behind its Reply
     /// unread (see docs/ARCHITECTURE.md, "Interop with kernel siw"). 0: send at once.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, conflicts_with = "device")]
     first_fpdu_delay_ms: u64,
     /// Seconds any one step (a completion, an event, the connection) may take.
     #[arg(long, default_value_t = 60)]

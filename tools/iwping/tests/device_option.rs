@@ -91,3 +91,27 @@ fn bad_option_values_are_status_2_with_one_line() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// The soft device's MPA options mean nothing on a kernel device (its driver sets
+/// them): with `--device` they are refused (clap's conflict, status 2), before any
+/// device is looked for.
+#[test]
+fn soft_mpa_options_with_device_are_refused() {
+    for opt in [
+        &["--p2p"][..],
+        &["--crc", "required"],
+        &["--mpa-rev", "1"],
+        &["--rtr", "read"],
+        &["--first-fpdu-delay-ms", "0"],
+    ] {
+        let mut args = vec!["-c", "-a", "10.0.0.1", "--device", "nosuch"];
+        args.extend_from_slice(opt);
+        let out = iwping(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.lines().next().unwrap_or("").contains("cannot be used with"),
+            "{args:?}: {err}"
+        );
+    }
+}
