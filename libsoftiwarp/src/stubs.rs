@@ -1,0 +1,162 @@
+//! The entry points of libibverbs and librdmacm (rdma-core 44) this library does not
+//! implement. Each is exported under its rdma-core symbol version, so a program
+//! linked against rdma-core loads and runs until it calls one; the call prints one
+//! warning line (once per entry point) and fails as its man page says a provider
+//! without the feature does: `-1` with `errno` `ENOSYS`, an errno value
+//! (`EOPNOTSUPP`) for the verbs calls that return one, NULL with `errno`
+//! `EOPNOTSUPP` for the ones that return an object. Never a crash.
+//!
+//! The C prototypes differ; these definitions take no arguments (the System V ABI
+//! lets a callee ignore its argument registers) and return a 64-bit value whose low
+//! half is the `int` result, so one shape serves `int`, `ssize_t`, pointer and `void`
+//! callers alike.
+
+#![allow(unsafe_code)]
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+use crate::boundary::{c_fn, set_errno};
+
+/// How an unimplemented entry point fails.
+#[derive(Clone, Copy)]
+enum Fail {
+    /// `-1`, `errno` = `ENOSYS` (librdmacm and rsocket calls, `int` verbs helpers).
+    MinusOne,
+    /// Returns `EOPNOTSUPP` (verbs calls that return an errno), `errno` set too.
+    Errno,
+    /// NULL, `errno` = `EOPNOTSUPP` (calls that return an object).
+    Null,
+    /// Nothing to return (`void`), or a harmless success (`0`).
+    Zero,
+}
+
+/// Prints the warning once per entry point and returns the failure value.
+fn fail(name: &'static str, how: Fail) -> i64 {
+    static WARNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let first = crate::objects::lock(WARNED.get_or_init(Default::default)).insert(name);
+    if first && !matches!(how, Fail::Zero) {
+        eprintln!("libsoftiwarp: {name} is not implemented by the soft device");
+    }
+    match how {
+        Fail::MinusOne => {
+            set_errno(libc::ENOSYS);
+            -1
+        }
+        Fail::Errno => {
+            set_errno(libc::EOPNOTSUPP);
+            i64::from(libc::EOPNOTSUPP)
+        }
+        Fail::Null => {
+            set_errno(libc::EOPNOTSUPP);
+            0
+        }
+        Fail::Zero => 0,
+    }
+}
+
+macro_rules! stubs {
+    ($ver:literal: $($name:ident => $how:ident),* $(,)?) => {
+        $(
+            c_fn!($ver;
+            #[doc = concat!("`", stringify!($name), "`: not implemented (see the module docs).")]
+            pub unsafe extern "C" fn $name() -> i64 {
+                fail(stringify!($name), Fail::$how)
+            });
+        )*
+    };
+}
+
+stubs!("IBVERBS_1.0":
+    ibv_copy_path_rec_from_kern => Zero,
+    ibv_copy_path_rec_to_kern => Zero,
+    ibv_copy_qp_attr_from_kern => Zero,
+    ibv_get_sysfs_path => Null,
+    ibv_rate_to_mult => MinusOne,
+    mult_to_ibv_rate => Zero,
+    ibv_read_sysfs_file => MinusOne,
+);
+
+stubs!("IBVERBS_1.1":
+    ibv_attach_mcast => Errno,
+    ibv_detach_mcast => Errno,
+    ibv_copy_ah_attr_from_kern => Zero,
+    ibv_create_ah => Null,
+    ibv_create_ah_from_wc => Null,
+    ibv_init_ah_from_wc => MinusOne,
+    ibv_destroy_ah => Errno,
+    ibv_create_srq => Null,
+    ibv_modify_srq => Errno,
+    ibv_query_srq => Errno,
+    ibv_destroy_srq => Errno,
+    ibv_dofork_range => Zero,
+    ibv_dontfork_range => Zero,
+    ibv_rate_to_mbps => Zero,
+    mbps_to_ibv_rate => Zero,
+    ibv_rereg_mr => Errno,
+    ibv_resize_cq => Errno,
+    ibv_resolve_eth_l2_from_gid => MinusOne,
+);
+
+stubs!("IBVERBS_1.5": ibv_get_pkey_index => MinusOne);
+stubs!("IBVERBS_1.6": ibv_qp_to_qp_ex => Null);
+stubs!("IBVERBS_1.10":
+    ibv_import_device => Null,
+    ibv_import_mr => Null,
+    ibv_import_pd => Null,
+    ibv_unimport_mr => Zero,
+    ibv_unimport_pd => Zero,
+    ibv_query_ece => Errno,
+    ibv_set_ece => Errno,
+);
+stubs!("IBVERBS_1.11": _ibv_query_gid_table => MinusOne);
+stubs!("IBVERBS_1.12": ibv_reg_dmabuf_mr => Null);
+stubs!("IBVERBS_1.13": ibv_import_dm => Null, ibv_unimport_dm => Zero);
+stubs!("IBVERBS_1.14": ibv_query_qp_data_in_order => Zero);
+
+stubs!("RDMACM_1.0":
+    rdma_create_ep => MinusOne,
+    rdma_destroy_ep => Zero,
+    rdma_create_srq => MinusOne,
+    rdma_create_srq_ex => MinusOne,
+    rdma_destroy_srq => Zero,
+    rdma_get_request => MinusOne,
+    rdma_join_multicast => MinusOne,
+    rdma_leave_multicast => MinusOne,
+    rdma_migrate_id => MinusOne,
+    rdma_notify => MinusOne,
+    raccept => MinusOne,
+    rbind => MinusOne,
+    rclose => MinusOne,
+    rconnect => MinusOne,
+    rfcntl => MinusOne,
+    rgetpeername => MinusOne,
+    rgetsockname => MinusOne,
+    rgetsockopt => MinusOne,
+    riomap => MinusOne,
+    riounmap => MinusOne,
+    riowrite => MinusOne,
+    rlisten => MinusOne,
+    rpoll => MinusOne,
+    rread => MinusOne,
+    rreadv => MinusOne,
+    rrecv => MinusOne,
+    rrecvfrom => MinusOne,
+    rrecvmsg => MinusOne,
+    rselect => MinusOne,
+    rsend => MinusOne,
+    rsendmsg => MinusOne,
+    rsendto => MinusOne,
+    rsetsockopt => MinusOne,
+    rshutdown => MinusOne,
+    rsocket => MinusOne,
+    rwrite => MinusOne,
+    rwritev => MinusOne,
+);
+stubs!("RDMACM_1.1": rdma_join_multicast_ex => MinusOne);
+stubs!("RDMACM_1.2": rdma_establish => MinusOne, rdma_init_qp_attr => MinusOne);
+stubs!("RDMACM_1.3":
+    rdma_get_remote_ece => MinusOne,
+    rdma_reject_ece => MinusOne,
+    rdma_set_local_ece => MinusOne,
+);
