@@ -365,6 +365,34 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, qp_in
     guard("rdma_create_qp", -1, || create_qp(id, pd, qp_init_attr))
 });
 
+c_fn!("RDMACM_1.0";
+/// `rdma_create_qp_ex(3)`: as `rdma_create_qp` with the PD of the extended attributes
+/// (`IBV_QP_INIT_ATTR_PD`); any other `comp_mask` bit (send ops, create flags, ...) is
+/// `EOPNOTSUPP`.
+pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void) -> c_int {
+    guard("rdma_create_qp_ex", -1, || {
+        if attr.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // `struct ibv_qp_init_attr_ex` starts as `struct ibv_qp_init_attr` (up to
+        // `sq_sig_all`), then `comp_mask` (u32, offset 60) and `pd` (offset 64).
+        // SAFETY: contract 3: `attr` is a readable `struct ibv_qp_init_attr_ex`.
+        let (mask, pd) = unsafe {
+            let b = attr.cast::<u8>();
+            (
+                std::ptr::read_unaligned(b.add(60).cast::<u32>()),
+                std::ptr::read_unaligned(b.add(64).cast::<*mut IbvPd>()),
+            )
+        };
+        const IBV_QP_INIT_ATTR_PD: u32 = 1;
+        if mask & !IBV_QP_INIT_ATTR_PD != 0 {
+            return fail(libc::EOPNOTSUPP);
+        }
+        let pd = if mask & IBV_QP_INIT_ATTR_PD != 0 { pd } else { std::ptr::null_mut() };
+        create_qp(id, pd, attr.cast())
+    })
+});
+
 /// `rdma_create_qp` on a checked `attr`.
 fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
     let r = match id_ref(id) {

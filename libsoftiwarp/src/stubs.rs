@@ -29,13 +29,16 @@ enum Fail {
     Null,
     /// Nothing to return (`void`), or a harmless success (`0`).
     Zero,
+    /// `-1`, `errno` = `ENOENT`, no warning: `ibv_read_sysfs_file` (there is no sysfs
+    /// entry; ibv_devinfo asks for `board_id` and prints nothing on failure).
+    Quiet,
 }
 
 /// Prints the warning once per entry point and returns the failure value.
 fn fail(name: &'static str, how: Fail) -> i64 {
     static WARNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
     let first = crate::objects::lock(WARNED.get_or_init(Default::default)).insert(name);
-    if first && !matches!(how, Fail::Zero) {
+    if first && !matches!(how, Fail::Zero | Fail::Quiet) {
         eprintln!("libsoftiwarp: {name} is not implemented by the soft device");
     }
     match how {
@@ -52,6 +55,10 @@ fn fail(name: &'static str, how: Fail) -> i64 {
             0
         }
         Fail::Zero => 0,
+        Fail::Quiet => {
+            set_errno(libc::ENOENT);
+            -1
+        }
     }
 }
 
@@ -74,7 +81,7 @@ stubs!("IBVERBS_1.0":
     ibv_get_sysfs_path => Null,
     ibv_rate_to_mult => MinusOne,
     mult_to_ibv_rate => Zero,
-    ibv_read_sysfs_file => MinusOne,
+    ibv_read_sysfs_file => Quiet,
 );
 
 stubs!("IBVERBS_1.1":
@@ -159,4 +166,87 @@ stubs!("RDMACM_1.3":
     rdma_get_remote_ece => MinusOne,
     rdma_reject_ece => MinusOne,
     rdma_set_local_ece => MinusOne,
+);
+
+// rdma-core's provider interface (IBVERBS_PRIVATE_34): Debian's perftest binaries are
+// linked against libmlx5 and libefa, which need these from libibverbs.so.1 at load time
+// (BIND_NOW) and call `verbs_register_driver_34` from their constructors. Nothing calls
+// the rest with a soft device; `verbs_register_driver_34` and `__verbs_log` are no-ops.
+stubs!("IBVERBS_PRIVATE_34":
+    __verbs_log => Zero,
+    _verbs_init_and_alloc_context => Null,
+    execute_ioctl => MinusOne,
+    ibv_cmd_advise_mr => MinusOne,
+    ibv_cmd_alloc_dm => MinusOne,
+    ibv_cmd_alloc_mw => MinusOne,
+    ibv_cmd_alloc_pd => MinusOne,
+    ibv_cmd_attach_mcast => MinusOne,
+    ibv_cmd_close_xrcd => MinusOne,
+    ibv_cmd_create_ah => MinusOne,
+    ibv_cmd_create_counters => MinusOne,
+    ibv_cmd_create_cq => MinusOne,
+    ibv_cmd_create_cq_ex => MinusOne,
+    ibv_cmd_create_flow => MinusOne,
+    ibv_cmd_create_flow_action_esp => MinusOne,
+    ibv_cmd_create_qp => MinusOne,
+    ibv_cmd_create_qp_ex => MinusOne,
+    ibv_cmd_create_qp_ex2 => MinusOne,
+    ibv_cmd_create_rwq_ind_table => MinusOne,
+    ibv_cmd_create_srq => MinusOne,
+    ibv_cmd_create_srq_ex => MinusOne,
+    ibv_cmd_create_wq => MinusOne,
+    ibv_cmd_dealloc_mw => MinusOne,
+    ibv_cmd_dealloc_pd => MinusOne,
+    ibv_cmd_dereg_mr => MinusOne,
+    ibv_cmd_destroy_ah => MinusOne,
+    ibv_cmd_destroy_counters => MinusOne,
+    ibv_cmd_destroy_cq => MinusOne,
+    ibv_cmd_destroy_flow => MinusOne,
+    ibv_cmd_destroy_flow_action => MinusOne,
+    ibv_cmd_destroy_qp => MinusOne,
+    ibv_cmd_destroy_rwq_ind_table => MinusOne,
+    ibv_cmd_destroy_srq => MinusOne,
+    ibv_cmd_destroy_wq => MinusOne,
+    ibv_cmd_detach_mcast => MinusOne,
+    ibv_cmd_free_dm => MinusOne,
+    ibv_cmd_get_context => MinusOne,
+    ibv_cmd_modify_cq => MinusOne,
+    ibv_cmd_modify_flow_action_esp => MinusOne,
+    ibv_cmd_modify_qp => MinusOne,
+    ibv_cmd_modify_qp_ex => MinusOne,
+    ibv_cmd_modify_srq => MinusOne,
+    ibv_cmd_modify_wq => MinusOne,
+    ibv_cmd_open_qp => MinusOne,
+    ibv_cmd_open_xrcd => MinusOne,
+    ibv_cmd_poll_cq => MinusOne,
+    ibv_cmd_post_recv => MinusOne,
+    ibv_cmd_post_send => MinusOne,
+    ibv_cmd_post_srq_recv => MinusOne,
+    ibv_cmd_query_context => MinusOne,
+    ibv_cmd_query_device_any => MinusOne,
+    ibv_cmd_query_mr => MinusOne,
+    ibv_cmd_query_port => MinusOne,
+    ibv_cmd_query_qp => MinusOne,
+    ibv_cmd_query_srq => MinusOne,
+    ibv_cmd_read_counters => MinusOne,
+    ibv_cmd_reg_dm_mr => MinusOne,
+    ibv_cmd_reg_dmabuf_mr => MinusOne,
+    ibv_cmd_reg_mr => MinusOne,
+    ibv_cmd_req_notify_cq => MinusOne,
+    ibv_cmd_rereg_mr => MinusOne,
+    ibv_cmd_resize_cq => MinusOne,
+    ibv_read_ibdev_sysfs_file => MinusOne,
+    verbs_init_cq => MinusOne,
+    verbs_open_device => Null,
+    verbs_set_ops => Zero,
+    verbs_uninit_context => Zero,
+    verbs_register_driver_34 => Zero,
+);
+
+/// `verbs_allow_disassociate_destroy` (IBVERBS_PRIVATE_34): a bool that libmlx5 reads;
+/// false.
+#[export_name = "sw_verbs_allow_disassociate_destroy"]
+pub static VERBS_ALLOW_DISASSOCIATE_DESTROY: u8 = 0;
+std::arch::global_asm!(
+    ".symver sw_verbs_allow_disassociate_destroy, verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34"
 );
