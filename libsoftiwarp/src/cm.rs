@@ -334,9 +334,37 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnPara
             Ok(p) => p,
             Err(e) => return fail(e),
         };
-        id_call(id, |r| r.accept(&p))
+        let r = id_call(id, |r| r.accept(&p));
+        if r == 0 {
+            wait_ready_to_send(id);
+        }
+        r
     })
 });
+
+/// How long `rdma_accept` waits for the QP to reach RTS.
+const ACCEPT_RTS_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (up to [`ACCEPT_RTS_WAIT`]) until the id's QP leaves Init/RTR: with kernel siw
+/// the passive side's QP is in RTS when `rdma_accept` returns, and programs post at once
+/// without waiting for ESTABLISHED (perftest's `ib_write_lat` server posts its first RDMA
+/// Write right after accepting).
+fn wait_ready_to_send(id: *mut RdmaCmId) {
+    // SAFETY: contract 1 (the id's own `qp` field).
+    let qp = unsafe { (*id).qp };
+    // SAFETY: contract 1: the id's QP is one of ours.
+    let Some(q) = (unsafe { obj(qp.cast::<crate::objects::QpObj>()) }) else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + ACCEPT_RTS_WAIT;
+    while matches!(
+        q.qp.state(),
+        verbs::QpState::Reset | verbs::QpState::Init | verbs::QpState::Rtr
+    ) && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
 
 c_fn!("RDMACM_1.0";
 /// `rdma_reject(3)`.

@@ -5,6 +5,13 @@
 //! the process without a device: `ibv_get_device_list` returns an empty list,
 //! `rdma_create_event_channel` fails with `ENODEV`, and one line on stderr names the
 //! key and the problem ([`softiwarp::spec::SpecError`]).
+//!
+//! One default differs from the line's own: without a `p2p` key the library runs MPA
+//! peer-to-peer mode (`p2p=on`). MPA forbids the Responder to send an FPDU before it
+//! has received one (RFC 5044 section 7.1.2), and programs such as `ib_write_lat` have
+//! the passive side write first: the Initiator's ready-to-receive message of
+//! peer-to-peer mode is that first FPDU (kernel siw and iw_cxgb4 send it too).
+//! `p2p=off` restores plain MPA.
 
 use std::ffi::c_int;
 use std::sync::{Arc, OnceLock};
@@ -72,6 +79,13 @@ pub fn soft() -> Option<&'static Soft> {
 }
 
 fn open() -> Option<Soft> {
+    if let Ok(filter) = std::env::var("SOFTIWARP_LOG") {
+        // Diagnostics on request only: `SOFTIWARP_LOG=debug` (an EnvFilter) to stderr.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let line = match std::env::var(ENV) {
         Ok(v) => v,
         Err(_) => {
@@ -88,6 +102,10 @@ fn open() -> Option<Soft> {
             return None;
         }
     };
+    let mut spec = spec;
+    if !names_key(&line, "p2p") {
+        spec.p2p = true;
+    }
     let config = spec.to_config();
     let mac = config.interface.mac;
     let device = match sw::Device::open(config) {
@@ -133,6 +151,12 @@ fn open() -> Option<Soft> {
         ibdev: ibdev as usize,
         cm_ctx: cm_ctx as usize,
     })
+}
+
+/// True if the `SOFTIWARP_DEVICE` line sets `key`.
+fn names_key(line: &str, key: &str) -> bool {
+    line.split(',')
+        .any(|kv| kv.split('=').next().map(str::trim) == Some(key))
 }
 
 /// A new context of `dev` whose ops are this library's data path.
