@@ -32,6 +32,9 @@ pub const ENV: &str = "SOFTIWARP_DEVICE";
 pub struct Context {
     /// What the application sees; `ops` routes the header-inline data-path calls here.
     pub c: IbvContext,
+    /// `c.async_fd`: an eventfd that is never signalled (no asynchronous events; see
+    /// `ibv_get_async_event`), closed with the context.
+    pub async_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The device and its RDMA CM.
@@ -168,9 +171,12 @@ pub fn new_context(dev: *mut IbvDevice) -> *mut IbvContext {
     c.ops.post_send = Some(crate::ibv::post_send);
     c.ops.post_recv = Some(crate::ibv::post_recv);
     c.cmd_fd = -1;
-    c.async_fd = -1;
+    let async_fd = crate::boundary::new_eventfd().ok();
+    c.async_fd = async_fd
+        .as_ref()
+        .map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
     c.num_comp_vectors = 1;
-    into_raw(Context { c }).cast::<IbvContext>()
+    into_raw(Context { c, async_fd }).cast::<IbvContext>()
 }
 
 /// The errno of "no device": `ENODEV`.

@@ -48,6 +48,9 @@ pub struct CompShared {
     pub fd: OwnedFd,
     /// CQs (addresses of [`CqObj`]) with a completion event not yet taken.
     pub queue: Mutex<VecDeque<usize>>,
+    /// CQs created on the channel and not destroyed (`ibv_destroy_comp_channel` is
+    /// `EBUSY` while any remain).
+    pub cqs: std::sync::atomic::AtomicUsize,
 }
 
 impl CompShared {
