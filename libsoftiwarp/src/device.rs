@@ -10,7 +10,8 @@
 //! peer-to-peer mode (`p2p=on`). MPA forbids the Responder to send an FPDU before it
 //! has received one (RFC 5044 section 7.1.2), and programs such as `ib_write_lat` have
 //! the passive side write first: the Initiator's ready-to-receive message of
-//! peer-to-peer mode is that first FPDU (kernel siw and iw_cxgb4 send it too).
+//! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode; kernel siw runs
+//! without it and lets its responder send first instead).
 //! `p2p=off` restores plain MPA.
 
 use std::ffi::c_int;

@@ -25,6 +25,13 @@ fn run(lib: &LibDir, base: u16, prog: &str, extra: &[&str], size: u64, iters: u6
     assert!(c.ok(), "{prog} {extra:?} client: {c:?}");
     assert!(s.ok(), "{prog} {extra:?} server: {s:?}");
     assert!(c.stdout.contains("Transport type : IW"), "{}", c.stdout);
+    for (side, o) in [("client", &c), ("server", &s)] {
+        let all = format!("{}{}", o.stdout, o.stderr);
+        assert!(
+            !all.contains("Failed") && !all.contains("libsoftiwarp:"),
+            "{prog} {extra:?} {side}: {all}"
+        );
+    }
     let row = c
         .stdout
         .lines()
