@@ -477,7 +477,10 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
         let Ok(n) = usize::try_from(cqe) else {
             return null_err(libc::EINVAL);
         };
-        let cq = match s.device.create_cq(n) {
+        if n == 0 {
+            return null_err(libc::EINVAL);
+        }
+        let cq = match s.device.create_cq(cq_capacity(n)) {
             Ok(cq) => cq,
             Err(e) => return null_err(e.errno()),
         };
@@ -509,6 +512,22 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
         p.cast::<IbvCq>()
     })
 });
+
+/// The capacity given to a CQ asked for `cqe` entries: at least [`MIN_CQE`], rounded
+/// up to a power of two, capped at the device's maximum (ibv_create_cq(3): "the CQ
+/// will have at least cqe entries"; rdma-core's providers round up likewise, and
+/// programs sized for them, such as perftest's one-entry latency CQs, rely on it).
+fn cq_capacity(cqe: usize) -> usize {
+    let max = sw::DeviceAttr::SOFT.max_cqe;
+    cqe.max(MIN_CQE)
+        .checked_next_power_of_two()
+        .unwrap_or(max)
+        .min(max)
+        .max(cqe)
+}
+
+/// The smallest CQ made, entries.
+pub const MIN_CQE: usize = 64;
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_destroy_cq(3)`: `EBUSY` while a QP uses it (a destroyed QP's flush is waited
@@ -651,7 +670,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut Ib
                     }
                 }
                 Err(_) if done > 0 => break,
-                Err(_) => return -1,
+                Err(e) => {
+                    crate::stubs::warn_once("ibv_poll_cq", &e.to_string());
+                    return -1;
+                }
             }
         }
         c_int::try_from(done).unwrap_or(c_int::MAX)
@@ -776,6 +798,7 @@ fn post_sends(
     match q.qp.post_send_list(wrs) {
         Ok(()) => 0,
         Err(e) => {
+            tracing::debug!(qpn = q.c.qp_num, index = e.index, error = %e.error, "ibv_post_send refused a WR");
             if let Some(&p) = ptrs.get(e.index) {
                 // SAFETY: contract 3.
                 unsafe { write_out(bad_wr, p) };
@@ -832,11 +855,17 @@ pub unsafe extern "C" fn post_recv(
     })
 }
 
-/// The soft capabilities of C ones.
+/// The smallest send and receive queue made, WRs.
+pub const MIN_QP_WR: u32 = 16;
+
+/// The soft capabilities of C ones, the queue depths at least [`MIN_QP_WR`]
+/// (ibv_create_qp(3): "the actual capacity may be greater"; providers round up, and
+/// programs sized for them rely on it: perftest's `-e` latency tests post their next
+/// Send on a one-WR queue before the previous completion was seen).
 pub fn cap_of(c: &IbvQpCap) -> QpCap {
     QpCap {
-        max_send_wr: c.max_send_wr,
-        max_recv_wr: c.max_recv_wr,
+        max_send_wr: c.max_send_wr.max(MIN_QP_WR),
+        max_recv_wr: c.max_recv_wr.max(MIN_QP_WR),
         max_send_sge: c.max_send_sge,
         max_recv_sge: c.max_recv_sge,
         max_inline_data: c.max_inline_data,

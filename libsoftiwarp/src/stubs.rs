@@ -34,12 +34,18 @@ enum Fail {
     Quiet,
 }
 
+/// Prints `libsoftiwarp: {name}: {what}` the first time `name` reports something.
+pub fn warn_once(name: &'static str, what: &str) {
+    static WARNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    if crate::objects::lock(WARNED.get_or_init(Default::default)).insert(name) {
+        eprintln!("libsoftiwarp: {name}: {what}");
+    }
+}
+
 /// Prints the warning once per entry point and returns the failure value.
 fn fail(name: &'static str, how: Fail) -> i64 {
-    static WARNED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let first = crate::objects::lock(WARNED.get_or_init(Default::default)).insert(name);
-    if first && !matches!(how, Fail::Zero | Fail::Quiet) {
-        eprintln!("libsoftiwarp: {name} is not implemented by the soft device");
+    if !matches!(how, Fail::Zero | Fail::Quiet) {
+        warn_once(name, "not implemented by the soft device");
     }
     match how {
         Fail::MinusOne => {

@@ -182,7 +182,7 @@ fn an_unimplemented_call_is_one_warning_and_the_man_page_error_not_a_crash() {
             .collect();
         assert_eq!(
             warnings,
-            ["libsoftiwarp: rdma_create_ep is not implemented by the soft device"],
+            ["libsoftiwarp: rdma_create_ep: not implemented by the soft device"],
             "{mode:?}: {}",
             o.stderr
         );
