@@ -8,8 +8,10 @@
 //!
 //! 1. An object pointer it passes (`struct ibv_pd *`, `struct rdma_cm_id *`, ...) is NULL
 //!    or one this library returned and has not yet freed (destroyed, deallocated,
-//!    acknowledged). NULL is refused with `EINVAL`; a dangling or foreign pointer is
-//!    the application's undefined behaviour, as with rdma-core.
+//!    acknowledged). NULL is refused with `EINVAL`; so are CM ids and event channels
+//!    that are not live (the CM keeps a registry of both, `crate::cm`); any other
+//!    dangling or foreign pointer is the application's undefined behaviour, as with
+//!    rdma-core.
 //! 2. An object is not freed while another thread is inside a call on it (rdma-core's
 //!    rule too: `ibv_destroy_qp` racing `ibv_post_send` is undefined).
 //! 3. An input array (`sg_list` with `num_sge` entries, a WR list ending in NULL,

@@ -40,6 +40,24 @@ fn registry() -> &'static Mutex<HashMap<u64, usize>> {
     R.get_or_init(Default::default)
 }
 
+/// Live event channels (addresses of their [`ChanObj`]).
+fn channels() -> &'static Mutex<std::collections::HashSet<usize>> {
+    static C: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
+/// True if `id` is a live id of ours. Checked before an id is read: a pointer that is
+/// not (NULL, or one already destroyed: perftest's connect-retry path reuses freed
+/// ids) gets `EINVAL` instead of being dereferenced.
+fn live_id(id: *mut RdmaCmId) -> bool {
+    !id.is_null() && lock(registry()).values().any(|&p| p == id as usize)
+}
+
+/// True if `ch` is a live event channel of ours (as [`live_id`]).
+fn live_channel(ch: *mut RdmaEventChannel) -> bool {
+    !ch.is_null() && lock(channels()).contains(&(ch as usize))
+}
+
 /// -1 with `errno` = `e`.
 fn fail(e: c_int) -> c_int {
     set_errno(e);
@@ -48,7 +66,7 @@ fn fail(e: c_int) -> c_int {
 
 /// The rdma-cm id of `id` (`EINVAL` for NULL or destroyed).
 fn id_ref(id: *mut RdmaCmId) -> Result<CmIdRef<SoftDevice>, c_int> {
-    if id.is_null() {
+    if !live_id(id) {
         return Err(libc::EINVAL);
     }
     // SAFETY: contract 1; only the Rust field is borrowed (the C fields are written
@@ -124,15 +142,17 @@ fn new_channel() -> Result<*mut ChanObj, c_int> {
         waker: std::sync::Arc::new(FdWaker { fd }),
     });
     shared.refill(&mut lock(&shared.state));
-    Ok(into_raw(ChanObj { c, shared }))
+    let p = into_raw(ChanObj { c, shared });
+    lock(channels()).insert(p as usize);
+    Ok(p)
 }
 
 c_fn!("RDMACM_1.0";
 /// `rdma_destroy_event_channel(3)` (destroy its ids first).
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChannel) {
     guard("rdma_destroy_event_channel", (), || {
-        if !channel.is_null() {
-            // SAFETY: contract 1 and 2.
+        if lock(channels()).remove(&(channel as usize)) {
+            // SAFETY: a live channel of ours (just unregistered); contract 2.
             drop(unsafe { from_raw(channel.cast::<ChanObj>()) });
         }
     })
@@ -156,8 +176,10 @@ pub unsafe extern "C" fn rdma_create_id(channel: *mut RdmaEventChannel, id: *mut
                 Ok(p) => (p, true),
                 Err(e) => return fail(e),
             }
-        } else {
+        } else if live_channel(channel) {
             (channel.cast::<ChanObj>(), false)
+        } else {
+            return fail(libc::EINVAL);
         };
         let Some(s) = soft() else { return fail(NO_DEVICE) };
         // SAFETY: contract 1.
@@ -203,7 +225,7 @@ c_fn!("RDMACM_1.0";
 /// `rdma_destroy_id(3)`: waits until the id's handed-out events are acknowledged.
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     guard("rdma_destroy_id", -1, || {
-        if id.is_null() {
+        if !live_id(id) {
             return fail(libc::EINVAL);
         }
         // SAFETY: contract 1; Rust fields only.
@@ -234,7 +256,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
         lock(registry()).remove(&serial);
         // SAFETY: contract 1 and 2.
         drop(unsafe { from_raw(id.cast::<IdObj>()) });
-        if own {
+        if own && lock(channels()).remove(&(chan as usize)) {
             // SAFETY: the channel was made for this id alone.
             drop(unsafe { from_raw(chan) });
         }
@@ -322,7 +344,7 @@ c_fn!("RDMACM_1.0";
 /// `rdma_accept(3)`: a NULL `conn_param` mirrors the request's ORD and IRD.
 pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard("rdma_accept", -1, || {
-        if id.is_null() {
+        if !live_id(id) {
             return fail(libc::EINVAL);
         }
         // SAFETY: contract 1; Rust field only.
@@ -475,7 +497,7 @@ c_fn!("RDMACM_1.0";
 /// `rdma_destroy_qp(3)`.
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
     guard("rdma_destroy_qp", (), || {
-        if id.is_null() {
+        if !live_id(id) {
             return;
         }
         // SAFETY: contract 1.
@@ -497,7 +519,10 @@ c_fn!("RDMACM_1.0";
 /// is `O_NONBLOCK`); acknowledge it with `rdma_ack_cm_event`.
 pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event: *mut *mut RdmaCmEvent) -> c_int {
     guard("rdma_get_cm_event", -1, || {
-        // SAFETY: contract 1.
+        if !live_channel(channel) {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: a live channel of ours.
         let Some(ch) = (unsafe { obj(channel.cast::<ChanObj>()) }) else {
             return fail(libc::EINVAL);
         };
@@ -655,7 +680,7 @@ c_fn!("RDMACM_1.0";
 /// device); others `ENOSYS`.
 pub unsafe extern "C" fn rdma_set_option(id: *mut RdmaCmId, level: c_int, _optname: c_int, _optval: *mut c_void, _optlen: usize) -> c_int {
     guard("rdma_set_option", -1, || {
-        if id.is_null() {
+        if !live_id(id) {
             return fail(libc::EINVAL);
         }
         if level == 0 {

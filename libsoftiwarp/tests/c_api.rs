@@ -148,7 +148,18 @@ fn a_cm_channel_fd_is_readable_exactly_while_an_event_waits() {
         let s = std::ffi::CStr::from_ptr(cm::rdma_event_str(1));
         assert_eq!(s.to_str().unwrap(), "RDMA_CM_EVENT_ADDR_ERROR");
         assert_eq!(cm::rdma_destroy_id(id), 0);
+        // A destroyed id or channel is refused, not read (perftest's retry path reuses
+        // freed ones).
+        assert_eq!(cm::rdma_resolve_addr(id, null_mut(), dst_p, 200), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(cm::rdma_destroy_id(id), -1);
+        assert_eq!(errno(), libc::EINVAL);
         cm::rdma_destroy_event_channel(ch);
+        assert_eq!(cm::rdma_get_cm_event(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(cm::rdma_create_id(ch, &mut id, null_mut(), 0x0106), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        cm::rdma_destroy_event_channel(ch); // twice: nothing happens
     }
 }
 
