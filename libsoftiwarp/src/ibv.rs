@@ -1,0 +1,1159 @@
+//! libibverbs entry points (rdma-core 44 names, symbol versions and errno rules), and
+//! the data-path functions of the context's ops table (`ibv_post_send`,
+//! `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq` are header inlines that call
+//! through `ctx->ops`).
+//!
+//! Pointer rules: [`crate::boundary`]'s contract. Every entry point runs in
+//! [`guard`]; NULL objects get `EINVAL` (as errno, and as the return value of the
+//! calls that return an errno).
+
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cxgb4::ffi::types::{
+    IbvCompChannel, IbvContext, IbvCq, IbvDevice, IbvDeviceAttr, IbvGid, IbvMr, IbvPd, IbvPortAttr,
+    IbvQp, IbvQpCap, IbvQpInitAttr, IbvRecvWr, IbvSendWr, IbvWc, IBV_ATOMIC_NONE,
+};
+use verbs::{
+    AccessFlags, Payload, QpCap, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+
+use crate::abi::*;
+use crate::boundary::{
+    c_fn, from_raw, guard, into_raw, obj, set_errno, slice, slice_mut, write_out, zeroed,
+};
+use crate::device::{soft, NO_DEVICE};
+use crate::objects::{
+    to_ibv_wc, CompChan, CompShared, CqObj, MrObj, Notify, PdObj, QpObj, POLL_CHUNK,
+};
+
+/// Handles of PDs, MRs, CQs and QPs (`->handle`), for the application's logs only.
+static HANDLES: AtomicU32 = AtomicU32::new(1);
+
+fn next_handle() -> u32 {
+    HANDLES.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Returns NULL with `errno` = `e`.
+fn null_err<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    std::ptr::null_mut()
+}
+
+/// Returns `e` (the errno-returning calls) and sets `errno` to it too.
+fn err_ret(e: c_int) -> c_int {
+    set_errno(e);
+    e
+}
+
+// ------------------------------------------------------------------ devices
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_get_device_list(3)`: the soft device (none if `SOFTIWARP_DEVICE` is missing or
+/// wrong), NULL-terminated.
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut IbvDevice {
+    guard("ibv_get_device_list", std::ptr::null_mut(), || {
+        let dev = soft().map_or(0, |s| s.ibdev() as usize);
+        let n = c_int::from(dev != 0);
+        // SAFETY: contract 3 (NULL or writable).
+        unsafe { write_out(num_devices, n) };
+        into_raw([dev, 0usize]).cast::<*mut IbvDevice>()
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_free_device_list(3)`.
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut IbvDevice) {
+    guard("ibv_free_device_list", (), || {
+        if !list.is_null() {
+            // SAFETY: contract 1: a list of ours, made by `into_raw([usize; 2])`.
+            drop(unsafe { from_raw(list.cast::<[usize; 2]>()) });
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_get_device_name(3)`.
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char {
+    guard("ibv_get_device_name", std::ptr::null(), || {
+        // SAFETY: contract 1.
+        match unsafe { obj(device) } {
+            Some(d) => d.name.as_ptr(),
+            None => {
+                set_errno(libc::EINVAL);
+                std::ptr::null()
+            }
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_get_device_guid(3)`: the node GUID (network order), 0 for NULL.
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut IbvDevice) -> u64 {
+    guard("ibv_get_device_guid", 0, || match soft() {
+        Some(s) if device == s.ibdev() => s.guid(),
+        _ => {
+            set_errno(libc::EINVAL);
+            0
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.9";
+/// `ibv_get_device_index(3)`: 0 for the soft device.
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut IbvDevice) -> c_int {
+    guard("ibv_get_device_index", -1, || match soft() {
+        Some(s) if device == s.ibdev() => 0,
+        _ => -1,
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_open_device(3)`: a new context of the soft device.
+pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvContext {
+    guard("ibv_open_device", std::ptr::null_mut(), || match soft() {
+        Some(s) if device == s.ibdev() => crate::device::new_context(device),
+        Some(_) => null_err(libc::EINVAL),
+        None => null_err(NO_DEVICE),
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_close_device(3)`. The context of CM ids (`id->verbs`) is never freed.
+pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
+    guard("ibv_close_device", -1, || {
+        if context.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        if soft().is_some_and(|s| s.cm_ctx() == context) {
+            return 0;
+        }
+        // SAFETY: contract 1: a context of ours (`Context` starts with the C struct).
+        drop(unsafe { from_raw(context.cast::<crate::device::Context>()) });
+        0
+    })
+});
+
+/// The device behind `context` (NULL: `EINVAL`; no device: `ENODEV`).
+fn ctx_soft(context: *const IbvContext) -> Result<&'static crate::device::Soft, c_int> {
+    if context.is_null() {
+        return Err(libc::EINVAL);
+    }
+    soft().ok_or(NO_DEVICE)
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_device(3)`: the soft device's limits (`DeviceAttr::SOFT`).
+pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int {
+    guard("ibv_query_device", libc::EIO, || {
+        let s = match ctx_soft(context) {
+            Ok(s) => s,
+            Err(e) => return err_ret(e),
+        };
+        let a = s.device.query_device();
+        let mut d: IbvDeviceAttr = zeroed();
+        crate::boundary::copy_cstr(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
+        d.node_guid = s.guid();
+        d.sys_image_guid = s.guid();
+        d.max_mr_size = a.max_mr_size;
+        d.page_size_cap = 4096;
+        d.vendor_id = 0x626d74; // siw's vendor id ("bmt")
+        d.vendor_part_id = 0;
+        d.max_qp = 1 << 16;
+        d.max_qp_wr = i32::try_from(a.max_qp_wr).unwrap_or(i32::MAX);
+        d.max_sge = i32::try_from(a.max_sge).unwrap_or(i32::MAX);
+        d.max_sge_rd = d.max_sge;
+        d.max_cq = 1 << 16;
+        d.max_cqe = i32::try_from(a.max_cqe).unwrap_or(i32::MAX);
+        d.max_mr = 1 << 20;
+        d.max_pd = 1 << 16;
+        d.max_qp_rd_atom = i32::try_from(a.max_ord_ird).unwrap_or(i32::MAX);
+        d.max_qp_init_rd_atom = d.max_qp_rd_atom;
+        d.max_res_rd_atom = d.max_qp_rd_atom;
+        d.atomic_cap = IBV_ATOMIC_NONE;
+        d.max_pkeys = 1;
+        d.phys_port_cnt = 1;
+        // SAFETY: contract 3.
+        if !unsafe { write_out(attr, d) } {
+            return err_ret(libc::EINVAL);
+        }
+        0
+    })
+});
+
+/// The port attributes of the soft device's one port.
+fn port_attr(s: &crate::device::Soft) -> IbvPortAttr {
+    let mut p: IbvPortAttr = zeroed();
+    p.state = IBV_PORT_ACTIVE;
+    p.max_mtu = ibv_mtu(s.mtu);
+    p.active_mtu = ibv_mtu(s.mtu);
+    p.gid_tbl_len = 1;
+    p.max_msg_sz = u32::MAX;
+    p.pkey_tbl_len = 1;
+    p.active_width = 1;
+    p.active_speed = 1;
+    p.phys_state = 5; // LinkUp
+    p.link_layer = IBV_LINK_LAYER_ETHERNET;
+    p
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_port(3)` (the exported call behind the header inline: it is given a
+/// `struct _compat_ibv_port_attr`, so only the fields up to `flags` are written).
+pub unsafe extern "C" fn ibv_query_port(context: *mut IbvContext, port_num: u8, attr: *mut IbvPortAttr) -> c_int {
+    guard("ibv_query_port", libc::EIO, || {
+        let s = match ctx_soft(context) {
+            Ok(s) => s,
+            Err(e) => return err_ret(e),
+        };
+        if port_num != 1 || attr.is_null() {
+            return err_ret(libc::EINVAL);
+        }
+        let p = port_attr(s);
+        let n = std::mem::offset_of!(IbvPortAttr, flags) + 1;
+        // SAFETY: contract 3: `attr` is writable for the compat struct, which is
+        // `IbvPortAttr` up to and including `flags`.
+        unsafe { crate::boundary::write_prefix(attr, &p, n) };
+        0
+    })
+});
+
+/// The GID of index 0: the MAC in the first six bytes (siw's rule).
+fn gid(s: &crate::device::Soft) -> IbvGid {
+    let mut g = IbvGid { raw: [0; 16] };
+    g.raw[..6].copy_from_slice(&s.mac);
+    g
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_gid(3)`: index 0 only; -1 with `EINVAL` otherwise.
+pub unsafe extern "C" fn ibv_query_gid(context: *mut IbvContext, port_num: u8, index: c_int, out: *mut IbvGid) -> c_int {
+    guard("ibv_query_gid", -1, || {
+        let s = match ctx_soft(context) {
+            Ok(s) => s,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        // SAFETY: contract 3.
+        if port_num != 1 || index != 0 || !unsafe { write_out(out, gid(s)) } {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        0
+    })
+});
+
+c_fn!("IBVERBS_1.11";
+/// `ibv_query_gid_ex(3)` (what the header inline calls): index 0, type IB (0).
+pub unsafe extern "C" fn _ibv_query_gid_ex(context: *mut IbvContext, port_num: u32, gid_index: u32, entry: *mut IbvGidEntry, _flags: u32, entry_size: usize) -> c_int {
+    guard("ibv_query_gid_ex", libc::EIO, || {
+        let s = match ctx_soft(context) {
+            Ok(s) => s,
+            Err(e) => return err_ret(e),
+        };
+        if port_num != 1 || gid_index != 0 || entry_size < std::mem::size_of::<IbvGidEntry>() {
+            return err_ret(libc::EINVAL);
+        }
+        let e = IbvGidEntry {
+            gid: gid(s),
+            gid_index: 0,
+            port_num: 1,
+            gid_type: 0,
+            ndev_ifindex: 0,
+        };
+        // SAFETY: contract 3.
+        if !unsafe { write_out(entry, e) } {
+            return err_ret(libc::EINVAL);
+        }
+        0
+    })
+});
+
+c_fn!("IBVERBS_PRIVATE_34";
+/// `ibv_query_gid_type` (private to rdma-core's tools; `ibv_devinfo` calls it): type
+/// 0 (`IBV_GID_TYPE_SYSFS_IB_ROCE_V1`) for index 0.
+pub unsafe extern "C" fn ibv_query_gid_type(context: *mut IbvContext, port_num: u8, index: c_uint, gid_type: *mut c_int) -> c_int {
+    guard("ibv_query_gid_type", -1, || {
+        // SAFETY: contract 3.
+        if context.is_null() || port_num != 1 || index != 0 || !unsafe { write_out(gid_type, 0) } {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        0
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_pkey(3)`: 0xffff at index 0.
+pub unsafe extern "C" fn ibv_query_pkey(context: *mut IbvContext, port_num: u8, index: c_int, pkey: *mut u16) -> c_int {
+    guard("ibv_query_pkey", -1, || {
+        // SAFETY: contract 3.
+        if context.is_null() || port_num != 1 || index != 0 || !unsafe { write_out(pkey, 0xffffu16.to_be()) } {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        0
+    })
+});
+
+// ------------------------------------------------------------------ PD, MR
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_alloc_pd(3)`.
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
+    guard("ibv_alloc_pd", std::ptr::null_mut(), || {
+        let s = match ctx_soft(context) {
+            Ok(s) => s,
+            Err(e) => return null_err(e),
+        };
+        match s.device.alloc_pd() {
+            Ok(pd) => {
+                let mut c: IbvPd = zeroed();
+                c.context = context;
+                c.handle = next_handle();
+                into_raw(PdObj { c, pd }).cast::<IbvPd>()
+            }
+            Err(e) => null_err(e.errno()),
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_dealloc_pd(3)`: `EBUSY` while MRs or QPs use it.
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    guard("ibv_dealloc_pd", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(p) = (unsafe { obj(pd.cast::<PdObj>()) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        if let Err(e) = p.pd.dealloc() {
+            return err_ret(e.errno());
+        }
+        // SAFETY: contract 1 and 2: ours, and no call on it is in progress.
+        drop(unsafe { from_raw(pd.cast::<PdObj>()) });
+        0
+    })
+});
+
+/// Registers `[addr, addr + length)` of the application at `iova`.
+fn reg_mr(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut IbvMr {
+    // SAFETY: contract 1.
+    let Some(p) = (unsafe { obj(pd.cast::<PdObj>()) }) else {
+        return null_err(libc::EINVAL);
+    };
+    let Ok(flags) = AccessFlags::for_mr(access & !IBV_ACCESS_OPTIONAL_RANGE) else {
+        return null_err(libc::EINVAL);
+    };
+    // SAFETY: ibv_reg_mr(3)'s rule, the contract of `UserMemory::new`: the buffer is
+    // the application's and stays valid until ibv_dereg_mr, which drops the MR (and
+    // with it the UserMemory) only after the device is done with it.
+    let Some(mem) = (unsafe { sw::resources::user_memory::UserMemory::new(addr.cast(), length) })
+    else {
+        return null_err(libc::EINVAL);
+    };
+    match p.pd.reg_user_mr(mem, iova, flags, sw::MrOptions::default()) {
+        Ok(mr) => {
+            let mut c: IbvMr = zeroed();
+            c.context = p.c.context;
+            c.pd = pd;
+            c.addr = addr;
+            c.length = length;
+            c.handle = next_handle();
+            c.lkey = u32::from(mr.lkey());
+            c.rkey = u32::from(mr.rkey());
+            into_raw(MrObj { c, mr }).cast::<IbvMr>()
+        }
+        Err(e) => null_err(e.errno()),
+    }
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_reg_mr(3)`: an MR over the application's own memory, iova = `addr`.
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut IbvPd, addr: *mut c_void, length: usize, access: c_int) -> *mut IbvMr {
+    guard("ibv_reg_mr", std::ptr::null_mut(), || {
+        reg_mr(pd, addr, length, addr as u64, access as c_uint)
+    })
+});
+
+c_fn!("IBVERBS_1.8";
+/// `ibv_reg_mr_iova2(3)` (the header's `ibv_reg_mr` for non-constant access flags).
+pub unsafe extern "C" fn ibv_reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> *mut IbvMr {
+    guard("ibv_reg_mr_iova2", std::ptr::null_mut(), || {
+        reg_mr(pd, addr, length, iova, access)
+    })
+});
+
+c_fn!("IBVERBS_1.7";
+/// `ibv_reg_mr_iova(3)`.
+pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut IbvPd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut IbvMr {
+    guard("ibv_reg_mr_iova", std::ptr::null_mut(), || {
+        reg_mr(pd, addr, length, iova, access as c_uint)
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_dereg_mr(3)`.
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    guard("ibv_dereg_mr", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(m) = (unsafe { obj(mr.cast::<MrObj>()) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        if let Err(e) = m.mr.dereg() {
+            return err_ret(e.errno());
+        }
+        // SAFETY: contract 1 and 2.
+        drop(unsafe { from_raw(mr.cast::<MrObj>()) });
+        0
+    })
+});
+
+// ------------------------------------------------------------------ CQ, channel
+
+c_fn!("IBVERBS_1.0";
+/// `ibv_create_comp_channel(3)`: its fd is an eventfd, readable while an event waits.
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *mut IbvCompChannel {
+    guard("ibv_create_comp_channel", std::ptr::null_mut(), || {
+        if let Err(e) = ctx_soft(context) {
+            return null_err(e);
+        }
+        let fd = match crate::boundary::new_eventfd() {
+            Ok(fd) => fd,
+            Err(e) => return null_err(e),
+        };
+        let shared = Arc::new(CompShared {
+            fd,
+            queue: Mutex::new(Default::default()),
+            cqs: AtomicUsize::new(0),
+        });
+        let mut c: IbvCompChannel = zeroed();
+        c.context = context;
+        c.fd = std::os::fd::AsRawFd::as_raw_fd(&shared.fd);
+        into_raw(CompChan { c, shared }).cast::<IbvCompChannel>()
+    })
+});
+
+c_fn!("IBVERBS_1.0";
+/// `ibv_destroy_comp_channel(3)`: `EBUSY` while a CQ uses it.
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) -> c_int {
+    guard("ibv_destroy_comp_channel", -1, || {
+        // SAFETY: contract 1.
+        let Some(ch) = (unsafe { obj(channel.cast::<CompChan>()) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if ch.shared.cqs.load(Ordering::Acquire) > 0 {
+            set_errno(libc::EBUSY);
+            return -1;
+        }
+        // SAFETY: contract 1 and 2.
+        drop(unsafe { from_raw(channel.cast::<CompChan>()) });
+        0
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_create_cq(3)`.
+pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_context: *mut c_void, channel: *mut IbvCompChannel, _comp_vector: c_int) -> *mut IbvCq {
+    guard("ibv_create_cq", std::ptr::null_mut(), || {
+        let s = match ctx_soft(context) {
+            Ok(s) => s,
+            Err(e) => return null_err(e),
+        };
+        let Ok(n) = usize::try_from(cqe) else {
+            return null_err(libc::EINVAL);
+        };
+        if n == 0 {
+            return null_err(libc::EINVAL);
+        }
+        let cq = match s.device.create_cq(cq_capacity(n)) {
+            Ok(cq) => cq,
+            Err(e) => return null_err(e.errno()),
+        };
+        // SAFETY: contract 1.
+        let chan = unsafe { obj(channel.cast::<CompChan>()) }.map(|c| c.shared.clone());
+        let mut c: IbvCq = zeroed();
+        c.context = context;
+        c.channel = channel;
+        c.cq_context = cq_context;
+        c.handle = next_handle();
+        c.cqe = i32::try_from(cq.capacity()).unwrap_or(cqe);
+        let p = into_raw(CqObj {
+            c,
+            cq,
+            notify: None,
+            events: AtomicU32::new(0),
+            acked: AtomicU32::new(0),
+        });
+        if let Some(chan) = chan {
+            chan.cqs.fetch_add(1, Ordering::AcqRel);
+            let notify = Arc::new(Notify {
+                armed: AtomicBool::new(false),
+                chan,
+                cq: p as usize,
+            });
+            // SAFETY: `p` is ours and not yet handed out: no other reference exists.
+            unsafe { (*p).notify = Some(notify) };
+        }
+        p.cast::<IbvCq>()
+    })
+});
+
+/// The capacity given to a CQ asked for `cqe` entries: at least [`MIN_CQE`], rounded
+/// up to a power of two, capped at the device's maximum (ibv_create_cq(3): "the CQ
+/// will have at least cqe entries"; rdma-core's providers round up likewise, and
+/// programs sized for them, such as perftest's one-entry latency CQs, rely on it).
+fn cq_capacity(cqe: usize) -> usize {
+    let max = sw::DeviceAttr::SOFT.max_cqe;
+    cqe.max(MIN_CQE)
+        .checked_next_power_of_two()
+        .unwrap_or(max)
+        .min(max)
+        .max(cqe)
+}
+
+/// The smallest CQ made, entries.
+pub const MIN_CQE: usize = 64;
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_destroy_cq(3)`: `EBUSY` while a QP uses it (a destroyed QP's flush is waited
+/// for up to 2 s).
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    guard("ibv_destroy_cq", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(c) = (unsafe { obj(cq.cast::<CqObj>()) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match c.cq.destroy() {
+                Ok(()) => break,
+                Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return err_ret(e.errno()),
+            }
+        }
+        if let Some(n) = &c.notify {
+            n.retire();
+            n.chan.cqs.fetch_sub(1, Ordering::AcqRel);
+        }
+        // SAFETY: contract 1 and 2.
+        drop(unsafe { from_raw(cq.cast::<CqObj>()) });
+        0
+    })
+});
+
+/// `ibv_req_notify_cq` (ops slot): arms the CQ's event; one event for the next
+/// completion (or at once if one is queued: the event is level-checked, so a
+/// completion that raced the arm is never missed; it can be an event with nothing new
+/// to poll, which the verbs loop tolerates).
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    guard("ibv_req_notify_cq", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(c) = (unsafe { obj(cq.cast::<CqObj>()) }) else {
+            return libc::EINVAL;
+        };
+        let Some(n) = &c.notify else {
+            // No channel: there is nowhere to deliver the event (libibverbs arms anyway).
+            return 0;
+        };
+        n.armed.store(true, Ordering::Release);
+        let waker = std::task::Waker::from(n.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut fut = c.cq.wait_async();
+        if std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut cx).is_ready() {
+            n.fire();
+        }
+        0
+    })
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_get_cq_event(3)`: blocks until an armed CQ of the channel has a completion
+/// (`EAGAIN` at once if the fd is `O_NONBLOCK`).
+pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut IbvCompChannel, cq: *mut *mut IbvCq, cq_context: *mut *mut c_void) -> c_int {
+    guard("ibv_get_cq_event", -1, || {
+        // SAFETY: contract 1.
+        let Some(ch) = (unsafe { obj(channel.cast::<CompChan>()) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let fd = ch.c.fd;
+        // Our own reference: the channel may be destroyed while this call blocks.
+        let sh = ch.shared.clone();
+        loop {
+            if let Some(p) = sh.pop() {
+                let c = p as *mut CqObj;
+                // SAFETY: queued CQs are live (destroy removes its events first).
+                let co = unsafe { &*c };
+                co.events.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: contract 3.
+                unsafe {
+                    write_out(cq, c.cast::<IbvCq>());
+                    write_out(cq_context, co.c.cq_context);
+                }
+                return 0;
+            }
+            if crate::boundary::is_nonblocking(fd) {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            if let Err(e) = crate::boundary::wait_readable(fd) {
+                set_errno(e);
+                return -1;
+            }
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_ack_cq_events(3)`.
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
+    guard("ibv_ack_cq_events", (), || {
+        // SAFETY: contract 1.
+        if let Some(c) = unsafe { obj(cq.cast::<CqObj>()) } {
+            c.acked.fetch_add(nevents, Ordering::Relaxed);
+        }
+    })
+});
+
+/// `ibv_poll_cq` (ops slot): up to `num_entries` completions; -1 on a CQ in error.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc) -> c_int {
+    guard("ibv_poll_cq", -1, || {
+        // SAFETY: contract 1.
+        let Some(c) = (unsafe { obj(cq.cast::<CqObj>()) }) else {
+            return -1;
+        };
+        let Ok(n) = usize::try_from(num_entries) else {
+            return -1;
+        };
+        // SAFETY: contract 3: `wc` has `num_entries` writable entries.
+        let Some(out) = (unsafe { slice_mut(wc, n) }) else {
+            return -1;
+        };
+        let blank = WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0);
+        let mut buf = [blank; POLL_CHUNK];
+        let mut done = 0usize;
+        while done < n {
+            let want = (n - done).min(POLL_CHUNK);
+            match c.cq.poll_into(&mut buf[..want]) {
+                Ok(got) => {
+                    for (o, w) in out[done..].iter_mut().zip(&buf[..got]) {
+                        *o = to_ibv_wc(w);
+                    }
+                    done += got;
+                    if got < want {
+                        break;
+                    }
+                }
+                Err(_) if done > 0 => break,
+                Err(e) => {
+                    crate::stubs::warn_once("ibv_poll_cq", &e.to_string());
+                    return -1;
+                }
+            }
+        }
+        c_int::try_from(done).unwrap_or(c_int::MAX)
+    })
+}
+
+// ------------------------------------------------------------------ QP
+
+/// The soft SGE list of a C one.
+fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
+    list.iter()
+        .map(|s| Sge::new(s.addr, s.length, Stag::from_raw(s.lkey)))
+        .collect()
+}
+
+/// The soft send WR of a C one; `Err(errno)` for an opcode the device does not do.
+fn send_wr(wr: &IbvSendWr) -> Result<SendWr, c_int> {
+    let n = usize::try_from(wr.num_sge).map_err(|_| libc::EINVAL)?;
+    // SAFETY: contract 3: `sg_list` has `num_sge` readable entries.
+    let list = unsafe { slice(wr.sg_list, n) }.ok_or(libc::EINVAL)?;
+    let mut flags = SendFlags::empty();
+    for (bit, f) in [
+        (IBV_SEND_FENCE, SendFlags::FENCE),
+        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
+        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
+        (IBV_SEND_INLINE, SendFlags::INLINE),
+    ] {
+        if wr.send_flags & bit != 0 {
+            flags |= f;
+        }
+    }
+    let rdma = wr.rdma();
+    let rkey = Stag::from_raw(rdma.rkey);
+    let op = match wr.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+            invalidate_rkey: Stag::from_raw(wr.imm_data_or_invalidate_rkey),
+        },
+        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey,
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey,
+            imm_data: u32::from_be(wr.imm_data_or_invalidate_rkey),
+        },
+        IBV_WR_RDMA_READ => SendOp::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey,
+        },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            invalidate_stag: Stag::from_raw(wr.imm_data_or_invalidate_rkey),
+        },
+        _ => return Err(libc::EINVAL),
+    };
+    let payload = if flags.contains(SendFlags::INLINE) {
+        // SAFETY: contract 3: inline data is read from the SGEs' addresses at post
+        // time (ibv_post_send(3): "the buffers can be reused after the call").
+        Payload::Inline(unsafe { crate::boundary::gather(list) }.ok_or(libc::EINVAL)?)
+    } else {
+        Payload::Sges(sges(list))
+    };
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        flags,
+        payload,
+    })
+}
+
+/// `ibv_post_send` (ops slot): the WR list in order; on a refused WR, `*bad_wr` names
+/// it (the ones before it are posted) and its errno is returned.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+pub unsafe extern "C" fn post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad_wr: *mut *mut IbvSendWr,
+) -> c_int {
+    guard("ibv_post_send", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(q) = (unsafe { obj(qp.cast::<QpObj>()) }) else {
+            return libc::EINVAL;
+        };
+        let mut ptrs: Vec<*mut IbvSendWr> = Vec::new();
+        let mut wrs = Vec::new();
+        let mut cur = wr;
+        // SAFETY: contract 3: a NULL-terminated list of readable WRs.
+        while let Some(w) = unsafe { obj(cur) } {
+            match send_wr(w) {
+                Ok(s) => wrs.push(s),
+                Err(e) => {
+                    // Post the ones before it, then report it.
+                    let r = post_sends(q, wrs, &ptrs, bad_wr);
+                    if r != 0 {
+                        return r;
+                    }
+                    // SAFETY: contract 3.
+                    unsafe { write_out(bad_wr, cur) };
+                    return e;
+                }
+            }
+            ptrs.push(cur);
+            cur = w.next;
+        }
+        post_sends(q, wrs, &ptrs, bad_wr)
+    })
+}
+
+fn post_sends(
+    q: &QpObj,
+    wrs: Vec<SendWr>,
+    ptrs: &[*mut IbvSendWr],
+    bad_wr: *mut *mut IbvSendWr,
+) -> c_int {
+    if wrs.is_empty() {
+        return 0;
+    }
+    match q.qp.post_send_list(wrs) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::debug!(qpn = q.c.qp_num, index = e.index, error = %e.error, "ibv_post_send refused a WR");
+            if let Some(&p) = ptrs.get(e.index) {
+                // SAFETY: contract 3.
+                unsafe { write_out(bad_wr, p) };
+            }
+            e.error.errno()
+        }
+    }
+}
+
+/// `ibv_post_recv` (ops slot), as [`post_send`].
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+pub unsafe extern "C" fn post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad_wr: *mut *mut IbvRecvWr,
+) -> c_int {
+    guard("ibv_post_recv", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(q) = (unsafe { obj(qp.cast::<QpObj>()) }) else {
+            return libc::EINVAL;
+        };
+        let mut ptrs: Vec<*mut IbvRecvWr> = Vec::new();
+        let mut wrs = Vec::new();
+        let mut cur = wr;
+        // SAFETY: contract 3.
+        while let Some(w) = unsafe { obj(cur) } {
+            let n = usize::try_from(w.num_sge).unwrap_or(usize::MAX);
+            // SAFETY: contract 3.
+            let Some(list) = (unsafe { slice(w.sg_list, n) }) else {
+                // SAFETY: contract 3.
+                unsafe { write_out(bad_wr, cur) };
+                return libc::EINVAL;
+            };
+            wrs.push(RecvWr::new(w.wr_id, sges(list)));
+            ptrs.push(cur);
+            cur = w.next;
+        }
+        if wrs.is_empty() {
+            return 0;
+        }
+        match q.qp.post_recv_list(wrs) {
+            Ok(()) => 0,
+            Err(e) => {
+                if let Some(&p) = ptrs.get(e.index) {
+                    // SAFETY: contract 3.
+                    unsafe { write_out(bad_wr, p) };
+                }
+                e.error.errno()
+            }
+        }
+    })
+}
+
+/// The smallest send and receive queue made, WRs.
+pub const MIN_QP_WR: u32 = 16;
+
+/// The soft capabilities of C ones, the queue depths at least [`MIN_QP_WR`]
+/// (ibv_create_qp(3): "the actual capacity may be greater"; providers round up, and
+/// programs sized for them rely on it: perftest's `-e` latency tests post their next
+/// Send on a one-WR queue before the previous completion was seen).
+pub fn cap_of(c: &IbvQpCap) -> QpCap {
+    QpCap {
+        max_send_wr: c.max_send_wr.max(MIN_QP_WR),
+        max_recv_wr: c.max_recv_wr.max(MIN_QP_WR),
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// The C capabilities of soft ones.
+pub fn cap_to_c(c: &QpCap) -> IbvQpCap {
+    IbvQpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// The new `struct ibv_qp` of `qp`, on `pd`, from `attr` (capabilities written back
+/// into `attr`).
+pub(crate) fn qp_obj(
+    qp: Arc<sw::Qp>,
+    pd: *mut IbvPd,
+    attr: *mut IbvQpInitAttr,
+    id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
+    context: *mut IbvContext,
+) -> *mut IbvQp {
+    // SAFETY: contract 3 (checked non-NULL by the caller).
+    let a = unsafe { &mut *attr };
+    let cap = qp.query_qp().cap;
+    a.cap = cap_to_c(&cap);
+    let mut c: IbvQp = zeroed();
+    c.context = context;
+    c.qp_context = a.qp_context;
+    c.pd = pd;
+    c.send_cq = a.send_cq;
+    c.recv_cq = a.recv_cq;
+    c.handle = next_handle();
+    c.qp_num = qp.qp_num();
+    c.state = IBV_QPS_INIT;
+    c.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
+    into_raw(QpObj { c, qp, id, cap }).cast::<IbvQp>()
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_create_qp(3)`: an RC QP in Reset, not bound to a connection (an iWARP QP is
+/// connected by the RDMA CM: use `rdma_create_qp`).
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    guard("ibv_create_qp", std::ptr::null_mut(), || {
+        // SAFETY: contract 1 and 3.
+        let (Some(p), Some(a)) = (unsafe { obj(pd.cast::<PdObj>()) }, unsafe { obj(attr) }) else {
+            return null_err(libc::EINVAL);
+        };
+        if a.qp_type != cxgb4::ffi::types::IBV_QPT_RC {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        // SAFETY: contract 1.
+        let (Some(scq), Some(rcq)) = (unsafe { obj(a.send_cq.cast::<CqObj>()) }, unsafe {
+            obj(a.recv_cq.cast::<CqObj>())
+        }) else {
+            return null_err(libc::EINVAL);
+        };
+        let Some(s) = soft() else {
+            return null_err(NO_DEVICE);
+        };
+        let init = sw::QpInitAttr {
+            send_cq: &scq.cq,
+            recv_cq: &rcq.cq,
+            cap: cap_of(&a.cap),
+            sq_sig_all: a.sq_sig_all != 0,
+        };
+        match s.device.create_qp(&p.pd, init) {
+            Ok(qp) => qp_obj(Arc::new(qp), pd, attr, None, p.c.context),
+            Err(e) => null_err(e.errno()),
+        }
+    })
+});
+
+/// The soft state of a C `enum ibv_qp_state`.
+fn qp_state(s: c_int) -> Option<QpState> {
+    QpState::ALL.iter().copied().find(|q| *q as c_int == s)
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_modify_qp(3)`: the state (`IBV_QP_STATE`); on a QP of the RDMA CM only the move
+/// to Error is honoured (the CM drives the others on iWARP); other attributes are
+/// accepted and ignored.
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
+    guard("ibv_modify_qp", libc::EIO, || {
+        // SAFETY: contract 1 and 3.
+        let (Some(q), Some(a)) = (unsafe { obj(qp.cast::<QpObj>()) }, unsafe { obj(attr) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        if attr_mask & IBV_QP_STATE == 0 {
+            return 0;
+        }
+        let Some(to) = qp_state(a.qp_state) else {
+            return err_ret(libc::EINVAL);
+        };
+        if q.id.is_some() && to != QpState::Error {
+            return 0;
+        }
+        match q.qp.modify_state(to) {
+            Ok(()) => 0,
+            Err(e) => err_ret(e.errno()),
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_qp(3)`: state, capabilities, ORD/IRD, access flags.
+pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _attr_mask: c_int, init_attr: *mut IbvQpInitAttr) -> c_int {
+    guard("ibv_query_qp", libc::EIO, || {
+        // SAFETY: contract 1.
+        let Some(q) = (unsafe { obj(qp.cast::<QpObj>()) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        let qa = q.qp.query_qp();
+        let mut a: IbvQpAttr = zeroed();
+        a.qp_state = qa.state as c_int;
+        a.cur_qp_state = a.qp_state;
+        a.path_mtu = soft().map_or(3, |s| ibv_mtu(s.mtu));
+        a.qp_access_flags = qa.access.to_ibv();
+        a.cap = cap_to_c(&qa.cap);
+        a.max_rd_atomic = u8::try_from(qa.ord).unwrap_or(u8::MAX);
+        a.max_dest_rd_atomic = u8::try_from(qa.ird).unwrap_or(u8::MAX);
+        a.port_num = 1;
+        let mut i: IbvQpInitAttr = zeroed_init();
+        i.qp_context = q.c.qp_context;
+        i.send_cq = q.c.send_cq;
+        i.recv_cq = q.c.recv_cq;
+        i.cap = a.cap;
+        i.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
+        i.sq_sig_all = c_int::from(qa.sq_sig_all);
+        // SAFETY: contract 3.
+        unsafe {
+            write_out(attr, a);
+            write_out(init_attr, i);
+        }
+        0
+    })
+});
+
+fn zeroed_init() -> IbvQpInitAttr {
+    IbvQpInitAttr {
+        qp_context: std::ptr::null_mut(),
+        send_cq: std::ptr::null_mut(),
+        recv_cq: std::ptr::null_mut(),
+        srq: std::ptr::null_mut(),
+        cap: IbvQpCap::default(),
+        qp_type: 0,
+        sq_sig_all: 0,
+    }
+}
+
+/// Destroys the QP object at `qp` (both `ibv_destroy_qp` and `rdma_destroy_qp`): the
+/// CM's hold first (its id moves the QP to Error), then ours, waiting for the flush
+/// when ours is the last handle.
+///
+/// # Safety
+///
+/// Contract 1 and 2 for `qp` (non-NULL).
+pub unsafe fn destroy_qp_obj(qp: *mut IbvQp) -> c_int {
+    // SAFETY: the caller's contract.
+    let q = unsafe { from_raw(qp.cast::<QpObj>()) };
+    let QpObj { qp, id, .. } = *q;
+    if let Some(id) = id {
+        id.destroy_qp();
+    }
+    match Arc::try_unwrap(qp) {
+        Ok(qp) => match qp.destroy() {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        },
+        Err(shared) => {
+            let _ = shared.modify_state(QpState::Error);
+            0
+        }
+    }
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_destroy_qp(3)` (rping destroys its CM-made QP this way, even after its id).
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    guard("ibv_destroy_qp", libc::EIO, || {
+        if qp.is_null() {
+            return err_ret(libc::EINVAL);
+        }
+        // SAFETY: contract 1 and 2.
+        let r = unsafe { destroy_qp_obj(qp) };
+        if r != 0 {
+            set_errno(r);
+        }
+        r
+    })
+});
+
+// ------------------------------------------------------------------ async events
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_get_async_event(3)`: the soft device reports its errors as error completions
+/// and CM events, so no asynchronous event ever comes: this blocks on the context's
+/// `async_fd` (an eventfd never signalled), or fails with `EAGAIN` if the application
+/// made that fd `O_NONBLOCK` (as it would with rdma-core when none is pending).
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, _event: *mut c_void) -> c_int {
+    guard("ibv_get_async_event", -1, || {
+        // SAFETY: contract 1.
+        let Some(c) = (unsafe { obj(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let fd = c.async_fd;
+        if crate::boundary::is_nonblocking(fd) {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        match crate::boundary::wait_readable(fd) {
+            // Never signalled; should it be, there is still no event to report.
+            Ok(()) => {
+                set_errno(libc::EIO);
+                -1
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_ack_async_event(3)`: nothing to release.
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut c_void) {});
+
+// ------------------------------------------------------------------ strings, fork
+
+/// NUL-terminated copies of `names`, made once.
+fn c_strings(cell: &'static OnceLock<Vec<CString>>, names: &[&str]) -> &'static [CString] {
+    cell.get_or_init(|| {
+        names
+            .iter()
+            .map(|n| CString::new(*n).unwrap_or_default())
+            .collect()
+    })
+}
+
+static WC_STATUS: OnceLock<Vec<CString>> = OnceLock::new();
+static NODE_TYPE: OnceLock<Vec<CString>> = OnceLock::new();
+static PORT_STATE: OnceLock<Vec<CString>> = OnceLock::new();
+static EVENT_TYPE: OnceLock<Vec<CString>> = OnceLock::new();
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_wc_status_str(3)`: libibverbs' strings; "unknown" out of range.
+pub unsafe extern "C" fn ibv_wc_status_str(status: c_uint) -> *const c_char {
+    let mut names: Vec<&str> = WcStatus::ALL.iter().map(|s| s.as_str()).collect();
+    names.push("unknown");
+    let t = c_strings(&WC_STATUS, &names);
+    let i = (status as usize).min(t.len() - 1);
+    t[i].as_ptr()
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_node_type_str(3)`.
+pub unsafe extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
+    let t = c_strings(&NODE_TYPE, &["unknown", "InfiniBand channel adapter", "InfiniBand switch", "InfiniBand router", "iWARP NIC", "usNIC", "usNIC UDP", "unspecified"]);
+    let i = usize::try_from(node_type.saturating_add(1)).unwrap_or(0);
+    t[if i < t.len() { i } else { 0 }].as_ptr()
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_port_state_str(3)`.
+pub unsafe extern "C" fn ibv_port_state_str(port_state: c_int) -> *const c_char {
+    let t = c_strings(&PORT_STATE, &["no state change (NOP)", "down", "init", "armed", "active", "active defer", "unknown"]);
+    let i = usize::try_from(port_state).unwrap_or(usize::MAX).min(t.len() - 1);
+    t[i].as_ptr()
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_event_type_str(3)`.
+pub unsafe extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
+    let t = c_strings(&EVENT_TYPE, &["CQ error", "local work queue catastrophic error", "invalid request local work queue error", "local access violation work queue error", "communication established", "send queue drained", "path migrated", "path migration request error", "local catastrophic error", "port active", "port error", "LID change", "P_Key change", "SM change", "SRQ catastrophic error", "SRQ limit reached", "last WQE reached", "client reregistration", "GID table change", "WQ fatal", "unknown"]);
+    let i = usize::try_from(event).unwrap_or(usize::MAX).min(t.len() - 1);
+    t[i].as_ptr()
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_fork_init(3)`: nothing to do (no pinned pages: the device copies), 0.
+pub unsafe extern "C" fn ibv_fork_init() -> c_int { 0 });
+
+c_fn!("IBVERBS_1.13";
+/// `ibv_is_fork_initialized(3)`: `IBV_FORK_UNNEEDED` (2): copy-based, fork-safe.
+pub unsafe extern "C" fn ibv_is_fork_initialized() -> c_int { 2 });

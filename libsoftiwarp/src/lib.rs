@@ -1,0 +1,32 @@
+//! libsoftiwarp: the libibverbs and librdmacm C ABI of rdma-core 44 (Debian 12) over
+//! the soft iWARP device, so unmodified RDMA programs (rping, perftest, ibv_devinfo)
+//! run with no root and no kernel module:
+//!
+//! ```text
+//! SOFTIWARP_DEVICE=link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.9.0.1/24 \
+//!     LD_PRELOAD=/path/to/libsoftiwarp.so rping -s -a 10.9.0.1 -v
+//! ```
+//!
+//! or with `libibverbs.so.1` and `librdmacm.so.1` symlinked to `libsoftiwarp.so` in a
+//! directory on `LD_LIBRARY_PATH`. See README.md for what is implemented.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno` |
+//! | [`abi`] | C layouts beyond `cxgb4::ffi::types`, enum values |
+//! | [`device`] | the process's soft device from `SOFTIWARP_DEVICE`, its RDMA CM |
+//! | [`objects`] | the Rust objects behind the C pointers |
+//! | [`ibv`] | libibverbs entry points and the context's data-path ops |
+//! | [`cm`] | librdmacm entry points |
+//! | [`stubs`] | entry points not implemented: one warning, the man page's error |
+//!
+//! Every exported function is `sw_<name>` aliased to `<name>@@<rdma-core version>` by
+//! `.symver` (the version nodes come from `libsoftiwarp.map`, see build.rs).
+
+pub mod abi;
+pub mod boundary;
+pub mod cm;
+pub mod device;
+pub mod ibv;
+pub mod objects;
+pub mod stubs;

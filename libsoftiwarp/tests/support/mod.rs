@@ -1,0 +1,229 @@
+//! Helpers for running unmodified rdma-core programs over libsoftiwarp: the built .so
+//! in a world-readable temp dir with the `libibverbs.so.1` / `librdmacm.so.1` drop-in
+//! links, `SOFTIWARP_DEVICE` lines for the two ends of a UDP link, and programs
+//! spawned (as `nobody` when root) in their own process group, waited for with a
+//! deadline and killed by their group id.
+//!
+//! Programs missing (no rdmacm-utils / ibverbs-utils / perftest): [`require`] skips
+//! with a note, except under `CI`, where it fails.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How the library is put under the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `LD_PRELOAD=.../libsoftiwarp.so` (rdma-core's own libraries still load).
+    Preload,
+    /// `LD_LIBRARY_PATH=dir` with `libibverbs.so.1` and `librdmacm.so.1` -> libsoftiwarp.so.
+    DropIn,
+}
+
+/// The built `libsoftiwarp.so`: next to the test binary's `deps/` directory.
+pub fn built_so() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    for dir in [deps.parent().unwrap_or(deps), deps] {
+        let p = dir.join("libsoftiwarp.so");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libsoftiwarp.so not found next to {}", deps.display());
+}
+
+/// A temp dir (mode 755) holding libsoftiwarp.so (mode 755) and the drop-in links;
+/// removed on drop.
+pub struct LibDir {
+    /// The directory.
+    pub dir: PathBuf,
+}
+
+impl LibDir {
+    /// Makes one under /tmp named after `tag`.
+    pub fn new(tag: &str) -> LibDir {
+        let dir = std::env::temp_dir().join(format!("libsoftiwarp-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let so = dir.join("libsoftiwarp.so");
+        std::fs::copy(built_so(), &so).unwrap();
+        std::fs::set_permissions(&so, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for link in ["libibverbs.so.1", "librdmacm.so.1"] {
+            std::os::unix::fs::symlink("libsoftiwarp.so", dir.join(link)).unwrap();
+        }
+        LibDir { dir }
+    }
+
+    /// The environment that puts the library under a program in `mode`.
+    pub fn env(&self, mode: Mode) -> (&'static str, String) {
+        match mode {
+            Mode::Preload => (
+                "LD_PRELOAD",
+                self.dir.join("libsoftiwarp.so").display().to_string(),
+            ),
+            Mode::DropIn => ("LD_LIBRARY_PATH", self.dir.display().to_string()),
+        }
+    }
+}
+
+impl Drop for LibDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `SOFTIWARP_DEVICE` line of one end of a UDP link on 127.0.0.1: bound to `port`,
+/// peer at `peer_port`, address `ip`/24.
+pub fn device_line(port: u16, peer_port: u16, ip: &str) -> String {
+    format!("link=udp:127.0.0.1:{port},peer=127.0.0.1:{peer_port},ip={ip}/24")
+}
+
+/// The two ends of a UDP link using ports `base` and `base + 1`: (server line at
+/// 10.77.x.1, client line at 10.77.x.2, the server's address), x from `base`.
+pub fn link_pair(base: u16) -> (String, String, String) {
+    let net = base % 200;
+    let srv = format!("10.77.{net}.1");
+    (
+        device_line(base, base + 1, &srv),
+        device_line(base + 1, base, &format!("10.77.{net}.2")),
+        srv,
+    )
+}
+
+/// True when running as root (then programs run as `nobody` through runuser).
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// True if `prog` is installed; otherwise prints a skip note (and panics under `CI`).
+pub fn require(prog: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).exists()));
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{prog} is not installed (CI installs rdmacm-utils, ibverbs-utils, perftest)"
+        );
+        eprintln!("skipping: {prog} is not installed (apt-get install rdmacm-utils ibverbs-utils perftest)");
+    }
+    found
+}
+
+/// A spawned program: its process group is its pid.
+pub struct Proc {
+    /// The child (runuser, or the program itself when not root).
+    pub child: Child,
+    /// What it is, for messages.
+    pub what: String,
+}
+
+/// Spawns `prog args` with `env` (plus the library's), as `nobody` when root, in a new
+/// process group, stdout and stderr piped.
+pub fn spawn(lib: &LibDir, mode: Mode, device: &str, prog: &str, args: &[&str]) -> Proc {
+    let (k, v) = lib.env(mode);
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--", "env"]);
+        c.arg(format!("{k}={v}"));
+        c.arg(format!("SOFTIWARP_DEVICE={device}"));
+        c.arg(prog);
+        c
+    } else {
+        let mut c = Command::new(prog);
+        c.env(k, v).env("SOFTIWARP_DEVICE", device);
+        c
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+    Proc {
+        child,
+        what: format!("{prog} {}", args.join(" ")),
+    }
+}
+
+/// How a program ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Its status; `None` if it was killed at the deadline.
+    pub status: Option<ExitStatus>,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+impl Outcome {
+    /// Exit code 0.
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    /// Ended by itself with an exit code (not a signal, not killed at the deadline).
+    pub fn exited(&self) -> Option<i32> {
+        self.status.and_then(|s| s.code())
+    }
+
+    /// The signal that ended it, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        self.status.and_then(|s| s.signal())
+    }
+}
+
+impl Proc {
+    /// Kills the process group (SIGKILL) by its id: the program and runuser.
+    pub fn kill(&mut self) {
+        let pgid = self.child.id();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pgid}")])
+            .status();
+    }
+
+    /// Waits up to `limit`; kills the group at the deadline. Collects the output.
+    pub fn wait(mut self, limit: Duration) -> Outcome {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        Outcome {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+/// Path of a file in `dir`, for messages.
+pub fn show(p: &Path) -> String {
+    p.display().to_string()
+}
