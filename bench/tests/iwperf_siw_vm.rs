@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use bench::iwperf::EXIT_DEVICE_REMOVAL;
 use netlab::siwvm::{ensure_built, script_path};
 
 const IWPERF: &str = env!("CARGO_BIN_EXE_iwperf");
@@ -79,6 +80,34 @@ impl Lab {
             .args(args)
             .args(["--tap", &self.host_tap, "--ip", &format!("{HOST_IP}/24")]);
         c
+    }
+}
+
+impl Lab {
+    /// Starts `iwperf server --timeout 120 EXTRA` on the host's soft device and waits
+    /// for its READY; (the process, the rest of its stdout).
+    fn host_server(
+        &self,
+        extra: &[&str],
+        what: &str,
+    ) -> (
+        std::process::Child,
+        std::io::Lines<BufReader<std::process::ChildStdout>>,
+    ) {
+        let mut server = self
+            .host_iwperf(&[&["server", "--timeout", "120"], extra].concat())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("host server");
+        let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+        let ready = lines
+            .next()
+            .and_then(Result::ok)
+            .is_some_and(|l| l == "READY");
+        assert!(ready, "{what}: the server did not get ready");
+        (server, lines)
     }
 }
 
@@ -303,19 +332,7 @@ fn soft_server_rdma_core_client(
     client: &[&str],
 ) -> (serde_json::Value, serde_json::Value) {
     let what = format!("{op}: soft server, client --device siw0 in the VM");
-    let mut server = lab
-        .host_iwperf(&["server", "--timeout", "120", "--json"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("host server");
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let ready = lines
-        .next()
-        .and_then(Result::ok)
-        .is_some_and(|l| l == "READY");
-    assert!(ready, "{what}: the server did not get ready");
+    let (mut server, lines) = lab.host_server(&["--json"], &what);
     let cmd = format!(
         "{GUEST_IWPERF} client --device siw0 --peer {HOST_IP} {}",
         client.join(" ")
@@ -335,6 +352,73 @@ fn soft_server_rdma_core_client(
     );
     assert!(status.success(), "{what}: server {status:?}\n{err}");
     (json_of(&out), json_of(&rest.join("\n")))
+}
+
+/// Issue 17's test 3: device removal on the rdma-core backend. The soft server on the
+/// host; `iwperf client --device siw0 --verify` in the VM writes until, once it
+/// printed progress, `rdma link delete siw0` runs from another process in the
+/// background (with a timeout: it blocks until every verbs fd of the device is
+/// closed). The client must get exactly one `DeviceRemoval` for its one id, complete
+/// every WR it posted (the in-flight ones flushed), and exit with
+/// `EXIT_DEVICE_REMOVAL` (5) within 5 s of the delete; the delete then finishes.
+/// Returns (the exit's delay in ms, the client's removal line).
+fn removal_on_rdma_core(lab: &Lab) -> (f64, String) {
+    let what = "removal: soft server (host) <- client --device siw0 (VM)";
+    let (mut server, _lines) = lab.host_server(&[], what);
+    // /proc/uptime: the guest's clock in 10 ms steps, read just before the delete
+    // starts and just after the client exits.
+    let cmd = format!(
+        "{GUEST_IWPERF} client --device siw0 --peer {HOST_IP} --op write --size 65536 \
+         --duration 60 --progress --verify > /tmp/rm.out 2> /tmp/rm.err & P=$!; \
+         n=0; while ! grep -q '^PROGRESS' /tmp/rm.out && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; \
+         T0=$(cut -d' ' -f1 /proc/uptime); \
+         ( timeout 30 rdma link delete siw0; echo \"DEL_RC=$?\" > /tmp/del.rc ) & \
+         wait $P; RC=$?; T1=$(cut -d' ' -f1 /proc/uptime); \
+         n=0; while [ ! -s /tmp/del.rc ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done; \
+         echo \"RC=$RC T0=$T0 T1=$T1\"; cat /tmp/del.rc; cat /tmp/rm.err"
+    );
+    let (rc, out) = lab.exec(&cmd, Duration::from_secs(120));
+    // The host's server sees its connection end; it has no more to do.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if server.try_wait().ok().flatten().is_none() {
+        let _ = server.kill();
+    }
+    let _ = server.wait();
+    assert_eq!(rc, 0, "{what}:\n{out}");
+    let field = |key: &str| -> String {
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("{what}: no {key} in:\n{out}"))
+            .to_string()
+    };
+    assert_eq!(
+        field("RC="),
+        EXIT_DEVICE_REMOVAL.to_string(),
+        "{what}: the client's exit status:\n{out}"
+    );
+    let t0: f64 = field("T0=").parse().unwrap();
+    let t1: f64 = field("T1=").parse().unwrap();
+    let ms = (t1 - t0) * 1000.0;
+    assert!(
+        ms <= 5000.0,
+        "{what}: exit {ms} ms after the delete:\n{out}"
+    );
+    assert_eq!(field("DEL_RC="), "0", "{what}: rdma link delete:\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("iwperf: DeviceRemoval: "))
+        .unwrap_or_else(|| panic!("{what}: no removal line:\n{out}"))
+        .trim()
+        .to_string();
+    assert!(
+        line.contains("1 events for 1 ids (1 live)"),
+        "{what}: {line}"
+    );
+    assert!(line.ends_with(" 0 outstanding"), "{what}: {line}");
+    (ms, line.trim_start_matches("iwperf: ").to_string())
 }
 
 #[test]
@@ -372,6 +456,11 @@ fn iwperf_on_kernel_siw_and_on_the_soft_device_both_directions() {
         check_lat_server(&summary, op, &what);
         rows.push(format!("| {op:5} | 8 B latency | {sides} | {t:.1} us |"));
     }
+    // Last (siw0 is gone after it): the removal on the rdma-core backend.
+    let (ms, line) = removal_on_rdma_core(&lab);
+    rows.push(format!(
+        "| write | removal: exit {ms:.0} ms after `rdma link delete siw0` | {from_vm} | {line} |"
+    ));
     println!(
         "{ITERS} messages (--verify) / {LAT_ITERS} round trips; as the client measured (under emulation: the VM's speed)"
     );

@@ -301,6 +301,17 @@ fn client(core: Arc<RdmaCore>, addr: SocketAddr, connected: Option<mpsc::Sender<
     )?;
     let wc = one_wc(&cq)?;
     assert_eq!((wc.wr_id, wc.opcode), (10, WcOpcode::RdmaWrite));
+    // iw_cxgb4's Read-sink rule, asked for on siw (which does not check): a Read into
+    // an MR without REMOTE_WRITE is refused at post_send, nothing posted.
+    let local_only = pd.reg_mr(LEN, AccessFlags::LOCAL_WRITE)?;
+    pd.set_strict_read_sink(true);
+    match qp.post_send(
+        &SendWr::rdma_read(13, vec![local_only.sge(0, LEN).unwrap()], raddr, rkey).with_flags(sig),
+    ) {
+        Err(e) => println!("client: strict Read sink without REMOTE_WRITE refused: {e}"),
+        Ok(()) => return Err("a Read into an MR without REMOTE_WRITE was posted".into()),
+    }
+    drop(local_only);
     qp.post_send(
         &SendWr::rdma_read(11, vec![src.sge(LEN, LEN).unwrap()], raddr, rkey).with_flags(sig),
     )?;

@@ -434,6 +434,7 @@ impl CmId {
         .map_err(cm("rdma_create_qp"))?;
         Ok(Qp {
             raw,
+            sinks: pd.sinks.clone(),
             cap: QpCap {
                 max_send_wr: got.max_send_wr,
                 max_recv_wr: got.max_recv_wr,

@@ -8,6 +8,7 @@ use crate::ffi::handles::{RawCompChannel, RawContext, RawCq, RawPd};
 use crate::ffi::types::*;
 use crate::ffi::RdmaCore;
 use crate::pd::Pd;
+use crate::read_sink::ReadSinkRule;
 use crate::translate::{async_event_from_ibv, verbs_error};
 use std::sync::Arc;
 use verbs::{AsyncEvent, VerbsError};
@@ -179,7 +180,12 @@ impl Context {
     /// [`Error::Verbs`] (`ENOMEM` as out of resources).
     pub fn alloc_pd(&self) -> Result<Pd> {
         let raw = RawPd::alloc(&self.raw).map_err(|e| verbs_error("ibv_alloc_pd", e))?;
-        Ok(Pd { raw: Arc::new(raw) })
+        // The Read-sink rule is on where the device has it (a failed query: off).
+        let strict = self.caps().is_ok_and(|c| c.read_sink_needs_remote_write);
+        Ok(Pd {
+            raw: Arc::new(raw),
+            sinks: Arc::new(ReadSinkRule::new(strict)),
+        })
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel(3)`).

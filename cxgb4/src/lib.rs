@@ -96,6 +96,7 @@ pub mod ffi;
 pub mod pd;
 pub mod provider;
 pub mod qp;
+mod read_sink;
 pub mod translate;
 
 pub use caps::{DeviceCaps, CHELSIO_VENDOR_ID};

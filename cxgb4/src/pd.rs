@@ -2,6 +2,7 @@
 
 use crate::error::Result;
 use crate::ffi::handles::{RawMr, RawPd};
+use crate::read_sink::ReadSinkRule;
 use crate::translate::{mr_access_to_ibv, verbs_error};
 use std::sync::Arc;
 use verbs::{AccessFlags, Sge, Stag, VerbsError};
@@ -11,6 +12,8 @@ use verbs::{AccessFlags, Sge, Stag, VerbsError};
 #[derive(Clone)]
 pub struct Pd {
     pub(crate) raw: Arc<RawPd>,
+    /// Its MRs without `REMOTE_WRITE`, for the Read-sink rule of its QPs.
+    pub(crate) sinks: Arc<ReadSinkRule>,
 }
 
 impl std::fmt::Debug for Pd {
@@ -20,6 +23,16 @@ impl std::fmt::Debug for Pd {
 }
 
 impl Pd {
+    /// Refuses (`true`) or allows (`false`) RDMA Reads into this PD's MRs registered
+    /// without `REMOTE_WRITE`, on every QP made on it, whatever the device. On by
+    /// default where the device needs it (iw_cxgb4:
+    /// [`verbs::DeviceCaps::read_sink_needs_remote_write`]); on elsewhere it makes an
+    /// application fail on kernel siw as it would on Chelsio hardware (the soft
+    /// device's `DeviceConfig::strict_read_sink`).
+    pub fn set_strict_read_sink(&self, on: bool) {
+        self.sinks.set_enforce(on);
+    }
+
     /// Registers a zero-filled buffer of `len` bytes that the MR owns
     /// (`ibv_reg_mr(3)`).
     ///
@@ -48,7 +61,12 @@ impl Pd {
         }
         let raw =
             RawMr::register(&self.raw, buf, bits).map_err(|e| verbs_error("ibv_reg_mr", e))?;
-        Ok(Mr { raw, access })
+        self.sinks.registered(raw.lkey(), access);
+        Ok(Mr {
+            raw,
+            access,
+            sinks: self.sinks.clone(),
+        })
     }
 }
 
@@ -59,6 +77,13 @@ impl Pd {
 pub struct Mr {
     raw: RawMr,
     access: AccessFlags,
+    sinks: Arc<ReadSinkRule>,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.sinks.deregistered(self.raw.lkey());
+    }
 }
 
 impl std::fmt::Debug for Mr {

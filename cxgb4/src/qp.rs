@@ -13,6 +13,8 @@ use verbs::{QpCap, RecvWr, SendWr, WorkQueue};
 pub struct Qp {
     pub(crate) raw: RawQp,
     pub(crate) cap: QpCap,
+    /// The PD's Read-sink record ([`crate::read_sink`]).
+    pub(crate) sinks: std::sync::Arc<crate::read_sink::ReadSinkRule>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -43,12 +45,15 @@ impl Qp {
     /// # Errors
     ///
     /// The [`verbs::VerbsError`] of the validation or translation
-    /// ([`crate::translate::send_wr_to_ibv`]); from the provider, `ENOMEM`
+    /// ([`crate::translate::send_wr_to_ibv`]); `InvalidArgument` for an RDMA Read
+    /// into an MR of the PD without `REMOTE_WRITE` where the rule holds
+    /// ([`crate::Pd::set_strict_read_sink`]); from the provider, `ENOMEM`
     /// as [`verbs::VerbsError::QueueFull`], others by
     /// [`crate::translate::verbs_error`] (libcxgb4: `EINVAL` for an opcode
     /// it lacks or more than one SGE in a Read).
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         wr.validate(&self.cap)?;
+        self.sinks.check(wr)?;
         let (ibv_wr, payload) = send_wr_to_ibv(wr)?;
         self.raw
             .post_send(ibv_wr, payload.as_send_payload())

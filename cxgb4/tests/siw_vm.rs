@@ -136,6 +136,7 @@ fn smoke_on_kernel_siw_in_the_vm() {
             "client: transport Iwarp, port 1 max message ",
             "client: QP with another context's CQ refused: invalid argument: rdma_create_qp",
             "server: a second CQ on the channel refused: completion channel already has a CQ",
+            "client: strict Read sink without REMOTE_WRITE refused: invalid argument: RDMA Read sink MR without REMOTE_WRITE (iw_cxgb4 requires it)",
             "client: RDMA Write and Read of 4 KiB verified",
             "client: idle CM channel errno 11, idle async fd errno 11",
             "server: receive of 5 bytes, 4 KiB written by the peer verified",

@@ -127,9 +127,18 @@ struct MpaArgs {
 #[derive(Args, Debug, Clone)]
 struct SideArgs {
     /// The TAP interface the soft device opens (in this process's namespace).
-    #[arg(long, required_unless_present = "device", conflicts_with = "device")]
+    #[arg(long, required_unless_present_any = ["device", "udp"], conflicts_with_all = ["device", "udp"])]
     tap: Option<String>,
-    /// This side's IPv4 address and prefix length on the TAP, e.g. 10.234.0.1/24.
+    /// A UDP link instead of a TAP, no root needed: the local ADDR:PORT to bind
+    /// (Ethernet frames as UDP datagrams, as QEMU's `-netdev dgram`); needs
+    /// --udp-peer, the other end's ADDR:PORT.
+    #[arg(long, requires = "udp_peer", conflicts_with = "device")]
+    udp: Option<std::net::SocketAddr>,
+    /// The UDP link's other end, ADDR:PORT (with --udp).
+    #[arg(long, requires = "udp")]
+    udp_peer: Option<std::net::SocketAddr>,
+    /// This side's IPv4 address and prefix length on the TAP or UDP link, e.g.
+    /// 10.234.0.1/24.
     #[arg(long, required_unless_present = "device", conflicts_with = "device")]
     ip: Option<String>,
     /// This side's MAC address on the TAP, six hex octets (e.g. 02:00:0a:ea:00:01).
@@ -372,24 +381,47 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
     if l.bind.is_some() {
         return Err(usage("--bind goes with --device"));
     }
-    let (Some(tap), Some(ip)) = (&l.tap, &l.ip) else {
-        return Err(usage("--tap and --ip, or --device"));
+    let Some(ip) = &l.ip else {
+        return Err(usage("--tap and --ip, --udp and --ip, or --device"));
     };
-    let link = netlab::LinkArgs {
+    let (tap, link) = match (&l.tap, l.udp, l.udp_peer) {
+        (Some(tap), _, _) => (tap.clone(), None),
+        (None, Some(bind), Some(peer)) => {
+            let mut cfg = softiwarp::link::UdpConfig::new(bind, peer);
+            if let Some(mtu) = l.mtu {
+                if !(68..=softiwarp::link::UDP_MAX_MTU).contains(&mtu) {
+                    return Err(usage(format!(
+                        "--mtu {mtu} on a UDP link (68..={})",
+                        softiwarp::link::UDP_MAX_MTU
+                    )));
+                }
+                cfg.mtu = mtu;
+            }
+            (String::new(), Some(LinkChoice::Udp(cfg)))
+        }
+        _ => return Err(usage("--tap and --ip, --udp and --ip, or --device")),
+    };
+    let args = netlab::LinkArgs {
         tap: tap.clone(),
         ip: ip.clone(),
         mac: l.mac.clone(),
         pcap: l.pcap.clone(),
     };
-    let (ip, prefix_len) = link.cidr().map_err(usage)?;
-    let mac = link.mac().map_err(usage)?;
-    if let Some(mtu) = l.mtu {
-        netlab::netns::run_ip(&["link", "set", "dev", tap, "mtu", &mtu.to_string()])
-            .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
-    }
+    let (ip, prefix_len) = args.cidr().map_err(usage)?;
+    let mac = args.mac().map_err(usage)?;
+    let link = match link {
+        Some(udp) => udp,
+        None => {
+            if let Some(mtu) = l.mtu {
+                netlab::netns::run_ip(&["link", "set", "dev", &tap, "mtu", &mtu.to_string()])
+                    .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
+            }
+            LinkChoice::Tap(tap)
+        }
+    };
     Ok(Backend::Soft(DeviceOptions {
         name: name.into(),
-        link: LinkChoice::Tap(tap.clone()),
+        link,
         ip,
         prefix_len,
         mac,
@@ -441,6 +473,9 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
             }
         },
     );
+    if let Some(r) = &summary.removal {
+        eprintln!("iwperf: {r}");
+    }
     if json {
         print_json(&summary);
     } else {
@@ -511,6 +546,9 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         );
     }
     let (report, err) = run_client(dev, &test, tuning(&a.mpa, 512), &mut progress);
+    if let Some(r) = &report.removal {
+        eprintln!("iwperf: {r}");
+    }
     if json {
         print_json(&report);
     } else {

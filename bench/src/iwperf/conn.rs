@@ -50,6 +50,9 @@ pub enum LinkChoice {
     Tap(String),
     /// One end of an in-process memory link pair.
     Memory(MemoryLink),
+    /// A UDP link (Ethernet frames as UDP datagrams, `softiwarp::link::UdpLink`): no
+    /// root, no TAP.
+    Udp(softiwarp::link::UdpConfig),
 }
 
 /// How to open a side's soft device.
@@ -117,6 +120,10 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
             Box::new(tap)
         }
         LinkChoice::Memory(m) => Box::new(m),
+        LinkChoice::Udp(cfg) => Box::new(
+            softiwarp::link::UdpLink::open(&cfg)
+                .map_err(|e| setup(&format!("open the UDP link {}", cfg.bind), &e))?,
+        ),
     };
     let link: Box<dyn Link> = match &opts.pcap {
         None => link,
@@ -307,6 +314,8 @@ pub struct CmStatus {
     removed: AtomicBool,
     established: AtomicUsize,
     disconnected: AtomicUsize,
+    /// The id of each `DeviceRemoval` event, in arrival order.
+    removals: std::sync::Mutex<Vec<u64>>,
 }
 
 impl CmStatus {
@@ -325,9 +334,27 @@ impl CmStatus {
         self.disconnected.load(Ordering::Acquire)
     }
 
-    fn count(&self, kind: CmEventKind) {
+    /// `DeviceRemoval` events so far: (events, distinct ids, most events for one id).
+    /// design.md section 5 (and librdmacm) promise exactly one per live id.
+    pub fn removals(&self) -> (usize, usize, usize) {
+        let keys = self.removals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut per_id: std::collections::HashMap<u64, usize> = Default::default();
+        for k in keys.iter() {
+            *per_id.entry(*k).or_default() += 1;
+        }
+        let most = per_id.values().copied().max().unwrap_or(0);
+        (keys.len(), per_id.len(), most)
+    }
+
+    fn count(&self, kind: CmEventKind, id: u64) {
         match kind {
-            CmEventKind::DeviceRemoval => self.removed.store(true, Ordering::Release),
+            CmEventKind::DeviceRemoval => {
+                self.removals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(id);
+                self.removed.store(true, Ordering::Release);
+            }
             CmEventKind::Established => {
                 self.established.fetch_add(1, Ordering::AcqRel);
             }
@@ -450,7 +477,7 @@ fn pump<P: Provider>(p: &P, status: &CmStatus, stop: &AtomicBool, tx: Sender<Ev<
             }
         };
         let kind = ev.kind();
-        status.count(kind);
+        status.count(kind, ev.id_key());
         tracing::debug!(id = ev.id_key(), %kind, status = ev.status(), "rdma-cm event");
         let e = Ev {
             key: ev.id_key(),
@@ -788,6 +815,11 @@ impl<'p, P: Provider> CmSide<'p, P> {
             let _ = self.rx.recv_timeout(Duration::from_millis(10));
         }
         self.status.disconnected()
+    }
+
+    /// The ids alive now: one per connection in `conns`, and the listener's.
+    pub fn live_ids(&self, conns: &[Conn<P>]) -> usize {
+        conns.len() + usize::from(self.listener.is_some())
     }
 
     /// Destroys `conns`' QPs and ids (each QP before its id), the listener, and the

@@ -47,6 +47,7 @@ use verbs::{
 };
 
 use super::conn::{CmStatus, VerbsSetup};
+use super::ledger::{WrCounts, WrLedger};
 use super::report::{gbps, BwResult, LatStats};
 use super::wire::{AcceptInfo, Ctrl, Mode, MrInfo, Op, TestParams, VerifyStatus, CTRL_LEN};
 use super::IwperfError;
@@ -272,6 +273,8 @@ pub struct QpBufs<P: Provider> {
     pub data_recvs: u32,
     /// Client: the server's answer; server: what it answered.
     pub accept: AcceptInfo,
+    /// The side's WR ledger (shared by its QPs).
+    ledger: Arc<WrLedger>,
     /// Client: the RDMA Reads it may have in flight (its ORD as negotiated: at most
     /// what it asked for and what the server's IRD allows).
     pub ord: u16,
@@ -281,6 +284,42 @@ pub struct QpBufs<P: Provider> {
     /// ([`VerbsSetup::retire_qp`]); the run leaves it out (its buffers stay until
     /// [`Side::release`]: positions in the list are in the WR ids).
     retired: bool,
+}
+
+impl<P: Provider> QpBufs<P> {
+    /// Posts `wrs` on the send queue in order (one doorbell) and counts them in the
+    /// ledger once posted (a refused list counts none).
+    fn post_sends(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), ProviderError> {
+        let (mut signaled, mut unsignaled) = (0, 0);
+        self.qp.post_send_list(wrs.into_iter().inspect(|w| {
+            if w.flags.contains(SendFlags::SIGNALED) {
+                signaled += 1;
+            } else {
+                unsignaled += 1;
+            }
+        }))?;
+        self.ledger.posted_sends(signaled, unsignaled);
+        Ok(())
+    }
+
+    /// Posts one send-queue WR and counts it ([`Self::post_sends`]).
+    fn post_send(&self, wr: SendWr) -> Result<(), ProviderError> {
+        self.post_sends(std::iter::once(wr))
+    }
+
+    /// Posts `wrs` on the receive queue in order and counts them once posted.
+    fn post_recvs(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), ProviderError> {
+        let mut n = 0;
+        self.qp
+            .post_recv_list(wrs.into_iter().inspect(|_| n += 1))?;
+        self.ledger.posted_recvs(n);
+        Ok(())
+    }
+
+    /// Posts one receive WR and counts it.
+    fn post_recv(&self, wr: RecvWr) -> Result<(), ProviderError> {
+        self.post_recvs(std::iter::once(wr))
+    }
 }
 
 impl<P: Provider> std::fmt::Debug for QpBufs<P> {
@@ -317,6 +356,8 @@ pub struct Side<P: Provider> {
     caps: Option<DeviceCaps>,
     /// The connections' buffers, in the order their QPs were made.
     pub qps: Vec<QpBufs<P>>,
+    /// Every WR posted and completion polled on this side.
+    ledger: Arc<WrLedger>,
 }
 
 impl<P: Provider> std::fmt::Debug for Side<P> {
@@ -340,11 +381,37 @@ impl<P: Provider> Side<P> {
             cq: None,
             caps: None,
             qps: Vec::new(),
+            ledger: Arc::default(),
         }
     }
 
     fn cq(&self) -> &P::Cq {
         self.cq.as_ref().expect("CQ made with the first QP")
+    }
+
+    /// After a `DeviceRemoval` ended the run: polls the CQ until every WR this side
+    /// posted has completed, successfully or flushed ([`WrCounts::outstanding`] is 0),
+    /// or until `limit` passes; returns the counts then. Every posted WR completes
+    /// exactly once (design.md section 5): a WR still outstanding is a lost one.
+    pub fn drain_after_removal(&self, limit: Duration) -> WrCounts {
+        let Some(cq) = self.cq.as_ref() else {
+            return self.ledger.counts();
+        };
+        let deadline = Instant::now() + limit;
+        let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
+        while self.ledger.counts().outstanding() > 0 && Instant::now() < deadline {
+            match poll_counted(cq, &mut wcs, &self.ledger) {
+                Ok(0) => {
+                    let _ = cq.wait(Duration::from_millis(5));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "poll CQ after the removal");
+                    break;
+                }
+            }
+        }
+        self.ledger.counts()
     }
 
     /// The inline data asked for at QP creation: [`MAX_INLINE`], or less if the device
@@ -476,8 +543,10 @@ impl<P: Provider> Side<P> {
                 vec![sge(&data, u64::from(slot) * u64::from(slot_len), slot_len)],
             ));
         }
+        let n_recvs = recvs.len() as u64;
         qp.post_recv_list(recvs)
             .map_err(|e| IwperfError::Setup(format!("post receives: {e}")))?;
+        self.ledger.posted_recvs(n_recvs);
         let accept = AcceptInfo {
             mr: MrInfo {
                 iova: data.iova(),
@@ -501,6 +570,7 @@ impl<P: Provider> Side<P> {
             ctrl,
             data_recvs,
             accept,
+            ledger: self.ledger.clone(),
             ord: 0,
             patterns,
             retired: false,
@@ -742,12 +812,24 @@ fn poll_ok<'w, C: CompletionQueue>(
     cq: &C,
     wcs: &'w mut [WorkCompletion],
     status: &CmStatus,
+    ledger: &WrLedger,
 ) -> Result<&'w [WorkCompletion], IwperfError> {
-    let n = cq.poll_into(wcs).map_err(poll_err)?;
+    let n = poll_counted(cq, wcs, ledger)?;
     match wcs[..n].iter().find(|wc| !wc.is_success()) {
         Some(wc) => Err(wc_error(wc, status)),
         None => Ok(&wcs[..n]),
     }
+}
+
+/// Polls up to `wcs.len()` completions and counts them in `ledger`; how many.
+fn poll_counted<C: CompletionQueue>(
+    cq: &C,
+    wcs: &mut [WorkCompletion],
+    ledger: &WrLedger,
+) -> Result<usize, IwperfError> {
+    let n = cq.poll_into(wcs).map_err(poll_err)?;
+    ledger.completed(&wcs[..n]);
+    Ok(n)
 }
 
 fn post_err(e: impl std::fmt::Display) -> IwperfError {
@@ -763,7 +845,7 @@ fn read_ctrl<M: MemoryRegion>(mr: &M, offset: usize, len: u32) -> Result<Ctrl, I
 }
 
 fn repost_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, slot: u64) -> Result<(), IwperfError> {
-    q.qp.post_recv(RecvWr::new(
+    q.post_recv(RecvWr::new(
         wr_id(K_CTRL_RECV, pos, slot),
         vec![sge(&q.ctrl, slot * CTRL_SLOT as u64, CTRL_SLOT as u32)],
     ))
@@ -771,7 +853,7 @@ fn repost_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, slot: u64) -> Result<(), 
 }
 
 fn send_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, c: Ctrl) -> Result<(), ProviderError> {
-    q.qp.post_send(SendWr::send_inline(
+    q.post_send(SendWr::send_inline(
         wr_id(K_CTRL_SEND, pos, 0),
         c.encode_distinct(q.params.size as usize),
     ))
@@ -892,7 +974,11 @@ fn client_bw_loop<P: Provider>(
     peak: &mut [f64; 3],
 ) -> Result<(), IwperfError> {
     let Side {
-        cq, qps, tuning, ..
+        cq,
+        qps,
+        tuning,
+        ledger,
+        ..
     } = side;
     let cq = cq.as_ref().expect("CQ made with the first QP");
     let (iters, until) = match length {
@@ -966,12 +1052,12 @@ fn client_bw_loop<P: Provider>(
                 s.last_posted = last;
             }
             if !batch.is_empty() {
-                q.qp.post_send_list(batch.drain(..)).map_err(post_err)?;
+                q.post_sends(batch.drain(..)).map_err(post_err)?;
                 moved = true;
             }
         }
         // Completions.
-        for wc in poll_ok(cq, &mut wcs, status)? {
+        for wc in poll_ok(cq, &mut wcs, status, ledger)? {
             moved = true;
             let pos = wr_pos(wc.wr_id);
             let (Some(q), Some(s)) = (qps.get(pos), st.get_mut(pos)) else {
@@ -1208,6 +1294,7 @@ fn server_bw_loop<P: Provider>(
     st: &mut [ServerQp],
 ) -> Result<(), IwperfError> {
     let cq = side.cq();
+    let ledger = &*side.ledger;
     let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
     let mut idle = Idle::new(side.tuning.spin, side.tuning.nap);
     let mut buf = Vec::new();
@@ -1216,7 +1303,7 @@ fn server_bw_loop<P: Provider>(
             return Err(removed_err());
         }
         let mut moved = false;
-        let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
+        let n = poll_counted(cq, &mut wcs, ledger)?;
         for wc in &wcs[..n] {
             moved = true;
             let pos = wr_pos(wc.wr_id);
@@ -1292,7 +1379,7 @@ fn server_bw_loop<P: Provider>(
             if !s.reposts.is_empty() {
                 // One doorbell for the batch.
                 s.unreported += s.reposts.len() as u32;
-                if let Err(e) = q.qp.post_recv_list(s.reposts.drain(..)) {
+                if let Err(e) = q.post_recvs(s.reposts.drain(..)) {
                     s.fail(q, post_err(e));
                     continue;
                 }
@@ -1397,7 +1484,11 @@ fn client_lat_loop<P: Provider>(
 ) -> Result<(), IwperfError> {
     let max_inline = side.max_inline();
     let Side {
-        cq, qps, tuning, ..
+        cq,
+        qps,
+        tuning,
+        ledger,
+        ..
     } = side;
     let cq = cq.as_ref().expect("CQ made with the first QP");
     let q = &mut qps[0];
@@ -1447,7 +1538,7 @@ fn client_lat_loop<P: Provider>(
             )
             .with_flags(SendFlags::SIGNALED),
         };
-        q.qp.post_send(wr).map_err(post_err)?;
+        q.post_send(wr).map_err(post_err)?;
         // Wait for the answer.
         idle.progressed();
         loop {
@@ -1463,11 +1554,11 @@ fn client_lat_loop<P: Provider>(
                 )));
             }
             let mut answered = false;
-            for wc in poll_ok(cq, &mut wcs, status)? {
+            for wc in poll_ok(cq, &mut wcs, status, ledger)? {
                 match (q.params.op, wr_kind(wc.wr_id)) {
                     (Op::Send, K_DATA_RECV) => {
                         answered = true;
-                        q.qp.post_recv(RecvWr::new(
+                        q.post_recv(RecvWr::new(
                             wc.wr_id,
                             vec![sge(&q.data, u64::from(q.slot_len), q.slot_len)],
                         ))
@@ -1522,7 +1613,11 @@ pub fn server_latency<P: Provider>(
 ) -> Result<u64, IwperfError> {
     let max_inline = side.max_inline();
     let Side {
-        cq, qps, tuning, ..
+        cq,
+        qps,
+        tuning,
+        ledger,
+        ..
     } = side;
     let cq = cq.as_ref().expect("CQ made with the first QP");
     let q = qps
@@ -1556,7 +1651,7 @@ pub fn server_latency<P: Provider>(
             }
         }
         let mut moved = false;
-        let n = cq.poll_into(&mut wcs).map_err(poll_err)?;
+        let n = poll_counted(cq, &mut wcs, ledger)?;
         for wc in &wcs[..n] {
             moved = true;
             if wc.qp_num != q.qp.qp_num() {
@@ -1576,8 +1671,8 @@ pub fn server_latency<P: Provider>(
                 } else {
                     SendWr::send(id, vec![sge(&q.data, 0, size)])
                 };
-                q.qp.post_send(wr).map_err(post_err)?;
-                q.qp.post_recv(RecvWr::new(
+                q.post_send(wr).map_err(post_err)?;
+                q.post_recv(RecvWr::new(
                     wc.wr_id,
                     vec![sge(&q.data, u64::from(q.slot_len), q.slot_len)],
                 ))
@@ -1601,7 +1696,7 @@ pub fn server_latency<P: Provider>(
                         .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
                     SendWr::rdma_write(id, vec![sge(&q.data, 0, size)], remote_in, rkey)
                 };
-                q.qp.post_send(wr).map_err(post_err)?;
+                q.post_send(wr).map_err(post_err)?;
                 answered += 1;
                 moved = true;
             }

@@ -27,6 +27,7 @@
 pub mod conn;
 pub mod datapath;
 pub mod demo;
+pub mod ledger;
 pub mod netdev;
 pub mod peer;
 pub mod report;

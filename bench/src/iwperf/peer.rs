@@ -17,6 +17,7 @@ use super::datapath::{
     client_bandwidth, client_latency, server_bandwidth, server_latency, Progress, Role, RunLength,
     ServerReport, Side, Tuning,
 };
+use super::ledger::WrCounts;
 use super::report::{BwResult, LatStats};
 use super::wire::{Mode, MrInfo, Op, TestParams, VerifyStatus};
 use super::IwperfError;
@@ -170,6 +171,9 @@ pub struct ClientReport {
     /// CPU time (user + system) of this process at the end, in seconds.
     #[serde(default)]
     pub cpu_seconds: f64,
+    /// When a `DeviceRemoval` ended the run: its events and the WRs' fate.
+    #[serde(default)]
+    pub removal: Option<RemovalReport>,
 }
 
 /// What a server run saw (also what `iwperf server --json` prints).
@@ -192,21 +196,73 @@ pub struct ServerSummary {
     /// CPU time (user + system) of this process at the end, in seconds.
     #[serde(default)]
     pub cpu_seconds: f64,
+    /// When a `DeviceRemoval` ended the run: its events and the WRs' fate.
+    #[serde(default)]
+    pub removal: Option<RemovalReport>,
 }
+
+/// How a run ended by a `DeviceRemoval` ended, as iwperf reports it (the JSON's
+/// `removal`, and one line on stderr). The rules it shows: exactly one `DeviceRemoval`
+/// per live id, and every posted WR completes, successfully or flushed (design.md
+/// section 5; librdmacm's `RDMA_CM_EVENT_DEVICE_REMOVAL`, rdma_get_cm_event(3)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovalReport {
+    /// `DeviceRemoval` events received.
+    pub events: usize,
+    /// Distinct ids those events were for.
+    pub ids: usize,
+    /// The most events one id received (1 when the rule holds).
+    pub most_per_id: usize,
+    /// Ids alive when the removal ended the run (connections, and a server's listener).
+    pub live_ids: usize,
+    /// WRs posted and completions polled, after draining the CQ ([`DRAIN_LIMIT`]).
+    pub wrs: WrCounts,
+    /// Signaled WRs never completed ([`WrCounts::outstanding`]; 0 when none was lost).
+    pub outstanding: u64,
+}
+
+impl std::fmt::Display for RemovalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = &self.wrs;
+        write!(
+            f,
+            "DeviceRemoval: {} events for {} ids ({} live); WRs: {} sends ({} unsignaled) and {} receives posted, {} completed, {} flushed, {} in error, {} outstanding",
+            self.events,
+            self.ids,
+            self.live_ids,
+            w.sends_signaled + w.sends_unsignaled,
+            w.sends_unsignaled,
+            w.recvs,
+            w.completed,
+            w.flushed,
+            w.errors,
+            self.outstanding
+        )
+    }
+}
+
+/// How long a side drains its CQ after a `DeviceRemoval` (for the flushes of every WR
+/// still posted).
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Ends a side: disconnect (or wait for the peer's), then destroy: the QPs, their
 /// ids, then the MRs, CQ and PD. `already` is the count of `Disconnected` events
 /// before (of connections dropped before the test started), left out. Returns the
-/// `Disconnected` events counted.
+/// `Disconnected` events counted, and the removal's report when a `DeviceRemoval`
+/// ended the run (the CQ drained first: [`Side::drain_after_removal`]).
 fn teardown<P: Provider>(
     cm: CmSide<'_, P>,
     conns: Vec<Conn<P>>,
     mut side: Side<P>,
     initiate: bool,
     already: usize,
-) -> usize {
+) -> (usize, Option<RemovalReport>) {
     let n = conns.len();
     let t0 = Instant::now();
+    let status = cm.status();
+    let drained = status
+        .removed()
+        .then(|| (cm.live_ids(&conns), side.drain_after_removal(DRAIN_LIMIT)));
     let disconnected = if initiate {
         cm.disconnect_all(&conns, already, Duration::from_secs(2))
     } else {
@@ -225,7 +281,18 @@ fn teardown<P: Provider>(
     cm.close(conns);
     side.release();
     tracing::debug!(elapsed = ?t0.elapsed(), "ids and verbs objects destroyed");
-    disconnected
+    let removal = drained.map(|(live_ids, wrs)| {
+        let (events, ids, most_per_id) = status.removals();
+        RemovalReport {
+            events,
+            ids,
+            most_per_id,
+            live_ids,
+            wrs,
+            outstanding: wrs.outstanding(),
+        }
+    });
+    (disconnected, removal)
 }
 
 /// Opens the soft device of `opts` and its RDMA CM, runs `run` on them (the server or
@@ -301,6 +368,7 @@ pub fn run_server(
         error: None,
         exit_code: 0,
         cpu_seconds: 0.0,
+        removal: None,
     };
     let err = match dev.into() {
         Backend::Soft(opts) => {
@@ -396,7 +464,7 @@ fn serve<P: Provider>(
             },
         };
         let removed = status.removed();
-        summary.disconnected = teardown(cm, conns, side, removed, already);
+        (summary.disconnected, summary.removal) = teardown(cm, conns, side, removed, already);
         err
     })
 }
@@ -421,6 +489,7 @@ pub fn run_client(
         error: None,
         exit_code: 0,
         cpu_seconds: 0.0,
+        removal: None,
     };
     let err = if let Err(e) = test.validate() {
         Some(e)
@@ -500,7 +569,7 @@ fn drive<P: Provider>(
                 err
             }
         };
-        report.disconnected = teardown(cm, conns, side, true, 0);
+        (report.disconnected, report.removal) = teardown(cm, conns, side, true, 0);
         err
     })
 }

@@ -7,6 +7,7 @@
 //! ```text
 //! iwping --tap TAP --ip 10.77.0.9/24 -s [-vVd] [-S size] [-C count] [-a addr] [-p port]
 //! iwping --tap TAP --ip 10.77.0.9/24 -c [-vVd] [-S size] [-C count] -a addr [-p port]
+//! iwping --udp 127.0.0.1:4701 --udp-peer 127.0.0.1:4702 --ip 10.77.0.9/24 -s|-c ...  # no root
 //!        [--mac M] [--pcap FILE] [--crc if-peer-asks|wanted|required] [--mpa-rev 1|2] [--p2p]
 //! iwping --device siw0 -s|-c [-vVd] [-S size] [-C count] [-a addr] [-p port] [--ird-ord I,O]
 //! ```
@@ -101,11 +102,19 @@ struct Cli {
     debug: bool,
     /// An rdma-core device to run on (siw0, cxgb4_0) in place of the soft device on
     /// `--tap`/`--ip`.
-    #[arg(long, conflicts_with_all = ["tap", "ip", "mac", "pcap"])]
+    #[arg(long, conflicts_with_all = ["tap", "udp", "ip", "mac", "pcap"])]
     device: Option<String>,
     /// The soft device: the TAP interface to open (in this process's namespace).
-    #[arg(long, required_unless_present = "device")]
+    #[arg(long, required_unless_present_any = ["device", "udp"], conflicts_with = "udp")]
     tap: Option<String>,
+    /// The soft device on a UDP link instead of a TAP (no root): the local ADDR:PORT
+    /// to bind; Ethernet frames go as UDP datagrams to --udp-peer (as QEMU's
+    /// `-netdev dgram`; libsoftiwarp's `link=udp:`).
+    #[arg(long, requires = "udp_peer")]
+    udp: Option<std::net::SocketAddr>,
+    /// The UDP link's other end, ADDR:PORT (with --udp).
+    #[arg(long, requires = "udp")]
+    udp_peer: Option<std::net::SocketAddr>,
     /// The soft device: this side's IPv4 address and prefix length, e.g. 10.234.0.1/24.
     #[arg(long, required_unless_present = "device")]
     ip: Option<String>,
@@ -253,7 +262,10 @@ fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     let (ip, prefix_len) = link_args.cidr()?;
     let opts = options(cli, None);
     opts.check()?;
-    let mut link = LinkConfig::tap(&link_args.tap);
+    let mut link = match (cli.udp, cli.udp_peer) {
+        (Some(bind), Some(peer)) => LinkConfig::udp(softiwarp::link::UdpConfig::new(bind, peer)),
+        _ => LinkConfig::tap(&link_args.tap),
+    };
     if let Some(p) = &link_args.pcap {
         link = link.with_pcap(p);
     }
