@@ -27,7 +27,10 @@ fn iwping() -> Option<PathBuf> {
         "{} not built (cargo build -p iwping)",
         p.display()
     );
-    eprintln!("skipping: {} not built (cargo build -p iwping)", p.display());
+    eprintln!(
+        "skipping: {} not built (cargo build -p iwping)",
+        p.display()
+    );
     None
 }
 
@@ -63,7 +66,9 @@ fn ping_line(n: usize) -> String {
 /// `text`'s lines that start with `prefix`, which must be exactly ten pings in order.
 fn check_pings(text: &str, prefix: &str, who: &str) {
     let got: Vec<&str> = text.lines().filter(|l| l.starts_with(prefix)).collect();
-    let want: Vec<String> = (0..10).map(|n| format!("{prefix}{}", ping_line(n))).collect();
+    let want: Vec<String> = (0..10)
+        .map(|n| format!("{prefix}{}", ping_line(n)))
+        .collect();
     assert_eq!(got, want, "{who}:\n{text}");
 }
 
