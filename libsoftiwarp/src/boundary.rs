@@ -377,3 +377,86 @@ macro_rules! c_fn {
     };
 }
 pub(crate) use c_fn;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_is_the_error_value_with_eio() {
+        set_errno(0);
+        let r = guard("test_call", -7, || -> c_int { panic!("boom") });
+        assert_eq!((r, errno()), (-7, libc::EIO));
+        assert_eq!(guard("test_call", -7, || 3), 3);
+    }
+
+    #[test]
+    fn sockaddrs_round_trip_and_other_families_are_refused() {
+        let a: SocketAddrV4 = "10.9.0.1:7174".parse().unwrap();
+        let sin = sockaddr_in(a);
+        assert_eq!(sin.sin_port.to_ne_bytes(), [0x1c, 0x06], "network order");
+        // SAFETY: a live sockaddr_in.
+        let back = unsafe { read_sockaddr(std::ptr::addr_of!(sin).cast()) };
+        assert_eq!(back, Ok(Some(SocketAddr::V4(a))));
+        let ss = sockaddr_storage(Some(SocketAddr::V4(a)));
+        // SAFETY: a live sockaddr_storage.
+        let back = unsafe { read_sockaddr(std::ptr::addr_of!(ss).cast()) };
+        assert_eq!(back, Ok(Some(SocketAddr::V4(a))));
+        // SAFETY: NULL is allowed.
+        assert_eq!(unsafe { read_sockaddr(std::ptr::null()) }, Ok(None));
+        let mut un: libc::sockaddr_storage = zeroed_storage();
+        un.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        // SAFETY: a live sockaddr_storage.
+        let r = unsafe { read_sockaddr(std::ptr::addr_of!(un).cast()) };
+        assert_eq!(r, Err(libc::EAFNOSUPPORT));
+        // A v4-mapped IPv6 address is the IPv4 one.
+        let mut s6: libc::sockaddr_in6 = {
+            // SAFETY: plain data; zero is "unset".
+            unsafe { std::mem::zeroed() }
+        };
+        s6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        s6.sin6_port = 7174u16.to_be();
+        s6.sin6_addr.s6_addr = std::net::Ipv4Addr::new(10, 9, 0, 1)
+            .to_ipv6_mapped()
+            .octets();
+        // SAFETY: a live sockaddr_in6.
+        let r = unsafe { read_sockaddr(std::ptr::addr_of!(s6).cast()) };
+        assert_eq!(r, Ok(Some(SocketAddr::V4(a))));
+    }
+
+    fn zeroed_storage() -> libc::sockaddr_storage {
+        sockaddr_storage(None)
+    }
+
+    #[test]
+    fn c_strings_are_truncated_and_terminated() {
+        let mut b = [7 as c_char; 6];
+        copy_cstr(&mut b, "softiwarp0");
+        assert_eq!(b, [115, 111, 102, 116, 105, 0].map(|v| v as c_char));
+        copy_cstr(&mut b, "ab");
+        assert_eq!(&b[..3], &[97, 98, 0].map(|v| v as c_char));
+    }
+
+    #[test]
+    fn an_eventfd_is_readable_after_a_signal_and_not_after_a_drain() {
+        let fd = new_eventfd().unwrap();
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let ready = |fd| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd for the call.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        assert!(!ready(raw));
+        drain_eventfd(raw); // does not block on a zero counter
+        signal_eventfd(raw);
+        signal_eventfd(raw);
+        assert!(ready(raw));
+        drain_eventfd(raw);
+        assert!(!ready(raw));
+        assert!(!is_nonblocking(raw));
+    }
+}

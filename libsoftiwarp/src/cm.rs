@@ -32,7 +32,7 @@ use crate::boundary::{
     sockaddr_storage, write_out, zeroed,
 };
 use crate::device::{soft, NO_DEVICE};
-use crate::objects::{lock, ChanObj, CqObj, EventObj, FdWaker, IdObj, PdObj};
+use crate::objects::{lock, ChanObj, ChanShared, CqObj, EventObj, FdWaker, IdObj, PdObj};
 
 /// Live ids by serial (the key of their events): the address of their [`IdObj`].
 fn registry() -> &'static Mutex<HashMap<u64, usize>> {
@@ -118,17 +118,13 @@ fn new_channel() -> Result<*mut ChanObj, c_int> {
     let c = RdmaEventChannel {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
     };
-    let obj = ChanObj {
-        c,
+    let shared = std::sync::Arc::new(ChanShared {
         state: Mutex::new((ch.stream(), Default::default())),
         ch,
         waker: std::sync::Arc::new(FdWaker { fd }),
-    };
-    let p = into_raw(obj);
-    // SAFETY: just made, not handed out.
-    let o = unsafe { &*p };
-    o.refill(&mut lock(&o.state));
-    Ok(p)
+    });
+    shared.refill(&mut lock(&shared.state));
+    Ok(into_raw(ChanObj { c, shared }))
 }
 
 c_fn!("RDMACM_1.0";
@@ -166,7 +162,7 @@ pub unsafe extern "C" fn rdma_create_id(channel: *mut RdmaEventChannel, id: *mut
         let Some(s) = soft() else { return fail(NO_DEVICE) };
         // SAFETY: contract 1.
         let ch = unsafe { &*chan };
-        let cmid = s.cm.create_id_with_channel(&ch.ch);
+        let cmid = s.cm.create_id_with_channel(&ch.shared.ch);
         let p = new_id_obj(cmid, chan, own, context, ps, (0, 0));
         // SAFETY: contract 3.
         unsafe { write_out(id, p) };
@@ -219,11 +215,12 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
         let ch = unsafe { &*chan };
         {
             // Events of the id taken from the channel but not yet returned go with it.
-            let mut st = lock(&ch.state);
+            let sh = &ch.shared;
+            let mut st = lock(&sh.state);
             st.1.retain(|e: &ChannelEvent<SoftDevice>| {
                 e.id().serial() != serial && e.listener().is_none_or(|l| l.serial() != serial)
             });
-            ch.refill(&mut st);
+            sh.refill(&mut st);
         }
         // SAFETY: contract 1; Rust field only.
         let taken = lock(unsafe { &(*id.cast::<IdObj>()).id }).take();
@@ -334,9 +331,37 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnPara
             Ok(p) => p,
             Err(e) => return fail(e),
         };
-        id_call(id, |r| r.accept(&p))
+        let r = id_call(id, |r| r.accept(&p));
+        if r == 0 {
+            wait_ready_to_send(id);
+        }
+        r
     })
 });
+
+/// How long `rdma_accept` waits for the QP to reach RTS.
+const ACCEPT_RTS_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (up to [`ACCEPT_RTS_WAIT`]) until the id's QP leaves Init/RTR: with kernel siw
+/// the passive side's QP is in RTS when `rdma_accept` returns, and programs post at once
+/// without waiting for ESTABLISHED (perftest's `ib_write_lat` server posts its first RDMA
+/// Write right after accepting).
+fn wait_ready_to_send(id: *mut RdmaCmId) {
+    // SAFETY: contract 1 (the id's own `qp` field).
+    let qp = unsafe { (*id).qp };
+    // SAFETY: contract 1: the id's QP is one of ours.
+    let Some(q) = (unsafe { obj(qp.cast::<crate::objects::QpObj>()) }) else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + ACCEPT_RTS_WAIT;
+    while matches!(
+        q.qp.state(),
+        verbs::QpState::Reset | verbs::QpState::Init | verbs::QpState::Rtr
+    ) && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
 
 c_fn!("RDMACM_1.0";
 /// `rdma_reject(3)`.
@@ -351,9 +376,20 @@ pub unsafe extern "C" fn rdma_reject(id: *mut RdmaCmId, private_data: *const c_v
 });
 
 c_fn!("RDMACM_1.0";
-/// `rdma_disconnect(3)`.
+/// `rdma_disconnect(3)`. On an id already disconnected (the peer closed first, or a
+/// second call) it succeeds, as the kernel's `iw_cm_disconnect` does in CLOSING/IDLE;
+/// perftest disconnects twice and after its peer.
 pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
-    guard("rdma_disconnect", -1, || id_call(id, |r| r.disconnect()))
+    guard("rdma_disconnect", -1, || {
+        id_call(id, |r| match r.disconnect() {
+            Err(rdma_cm::CmError::InvalidState { .. })
+                if r.state() == rdma_cm::IdState::Disconnect =>
+            {
+                Ok(())
+            }
+            other => other,
+        })
+    })
 });
 
 // ------------------------------------------------------------------ QPs
@@ -469,15 +505,17 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
             return fail(libc::EINVAL);
         }
         let fd = ch.c.fd;
+        // Our own reference: the channel may be destroyed while this call blocks.
+        let sh = ch.shared.clone();
         loop {
             let ev = {
-                let mut st = lock(&ch.state);
+                let mut st = lock(&sh.state);
                 if st.1.is_empty() {
-                    ch.refill(&mut st);
+                    sh.refill(&mut st);
                 }
                 let ev = st.1.pop_front();
                 if ev.is_some() {
-                    ch.refill(&mut st);
+                    sh.refill(&mut st);
                 }
                 ev
             };

@@ -5,6 +5,14 @@
 //! the process without a device: `ibv_get_device_list` returns an empty list,
 //! `rdma_create_event_channel` fails with `ENODEV`, and one line on stderr names the
 //! key and the problem ([`softiwarp::spec::SpecError`]).
+//!
+//! One default differs from the line's own: without a `p2p` key the library runs MPA
+//! peer-to-peer mode (`p2p=on`). MPA forbids the Responder to send an FPDU before it
+//! has received one (RFC 5044 section 7.1.2), and programs such as `ib_write_lat` have
+//! the passive side write first: the Initiator's ready-to-receive message of
+//! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode; kernel siw runs
+//! without it and lets its responder send first instead).
+//! `p2p=off` restores plain MPA.
 
 use std::ffi::c_int;
 use std::sync::{Arc, OnceLock};
@@ -25,6 +33,9 @@ pub const ENV: &str = "SOFTIWARP_DEVICE";
 pub struct Context {
     /// What the application sees; `ops` routes the header-inline data-path calls here.
     pub c: IbvContext,
+    /// `c.async_fd`: an eventfd that is never signalled (no asynchronous events; see
+    /// `ibv_get_async_event`), closed with the context.
+    pub async_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The device and its RDMA CM.
@@ -72,6 +83,13 @@ pub fn soft() -> Option<&'static Soft> {
 }
 
 fn open() -> Option<Soft> {
+    if let Ok(filter) = std::env::var("SOFTIWARP_LOG") {
+        // Diagnostics on request only: `SOFTIWARP_LOG=debug` (an EnvFilter) to stderr.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let line = match std::env::var(ENV) {
         Ok(v) => v,
         Err(_) => {
@@ -88,6 +106,10 @@ fn open() -> Option<Soft> {
             return None;
         }
     };
+    let mut spec = spec;
+    if !names_key(&line, "p2p") {
+        spec.p2p = true;
+    }
     let config = spec.to_config();
     let mac = config.interface.mac;
     let device = match sw::Device::open(config) {
@@ -135,6 +157,12 @@ fn open() -> Option<Soft> {
     })
 }
 
+/// True if the `SOFTIWARP_DEVICE` line sets `key`.
+fn names_key(line: &str, key: &str) -> bool {
+    line.split(',')
+        .any(|kv| kv.split('=').next().map(str::trim) == Some(key))
+}
+
 /// A new context of `dev` whose ops are this library's data path.
 pub fn new_context(dev: *mut IbvDevice) -> *mut IbvContext {
     let mut c: IbvContext = zeroed();
@@ -144,9 +172,12 @@ pub fn new_context(dev: *mut IbvDevice) -> *mut IbvContext {
     c.ops.post_send = Some(crate::ibv::post_send);
     c.ops.post_recv = Some(crate::ibv::post_recv);
     c.cmd_fd = -1;
-    c.async_fd = -1;
+    let async_fd = crate::boundary::new_eventfd().ok();
+    c.async_fd = async_fd
+        .as_ref()
+        .map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
     c.num_comp_vectors = 1;
-    into_raw(Context { c }).cast::<IbvContext>()
+    into_raw(Context { c, async_fd }).cast::<IbvContext>()
 }
 
 /// The errno of "no device": `ENODEV`.

@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -438,6 +438,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *m
         let shared = Arc::new(CompShared {
             fd,
             queue: Mutex::new(Default::default()),
+            cqs: AtomicUsize::new(0),
         });
         let mut c: IbvCompChannel = zeroed();
         c.context = context;
@@ -455,7 +456,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
             set_errno(libc::EINVAL);
             return -1;
         };
-        if Arc::strong_count(&ch.shared) > 1 {
+        if ch.shared.cqs.load(Ordering::Acquire) > 0 {
             set_errno(libc::EBUSY);
             return -1;
         }
@@ -496,6 +497,7 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
             acked: AtomicU32::new(0),
         });
         if let Some(chan) = chan {
+            chan.cqs.fetch_add(1, Ordering::AcqRel);
             let notify = Arc::new(Notify {
                 armed: AtomicBool::new(false),
                 chan,
@@ -529,6 +531,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
         }
         if let Some(n) = &c.notify {
             n.retire();
+            n.chan.cqs.fetch_sub(1, Ordering::AcqRel);
         }
         // SAFETY: contract 1 and 2.
         drop(unsafe { from_raw(cq.cast::<CqObj>()) });
@@ -551,7 +554,8 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -
             return libc::EINVAL;
         };
         let Some(n) = &c.notify else {
-            return libc::EINVAL;
+            // No channel: there is nowhere to deliver the event (libibverbs arms anyway).
+            return 0;
         };
         n.armed.store(true, Ordering::Release);
         let waker = std::task::Waker::from(n.clone());
@@ -575,8 +579,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut IbvCompChannel, cq: *mut
             return -1;
         };
         let fd = ch.c.fd;
+        // Our own reference: the channel may be destroyed while this call blocks.
+        let sh = ch.shared.clone();
         loop {
-            if let Some(p) = ch.shared.pop() {
+            if let Some(p) = sh.pop() {
                 let c = p as *mut CqObj;
                 // SAFETY: queued CQs are live (destroy removes its events first).
                 let co = unsafe { &*c };
@@ -1030,17 +1036,32 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
 // ------------------------------------------------------------------ async events
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_get_async_event(3)`: the soft device reports its asynchronous events through
-/// completions and CM events; this blocks on the context's async fd (never readable),
-/// or fails with `EAGAIN` if it is `O_NONBLOCK`.
+/// `ibv_get_async_event(3)`: the soft device reports its errors as error completions
+/// and CM events, so no asynchronous event ever comes: this blocks on the context's
+/// `async_fd` (an eventfd never signalled), or fails with `EAGAIN` if the application
+/// made that fd `O_NONBLOCK` (as it would with rdma-core when none is pending).
 pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, _event: *mut c_void) -> c_int {
     guard("ibv_get_async_event", -1, || {
-        if context.is_null() {
+        // SAFETY: contract 1.
+        let Some(c) = (unsafe { obj(context) }) else {
             set_errno(libc::EINVAL);
             return -1;
+        };
+        let fd = c.async_fd;
+        if crate::boundary::is_nonblocking(fd) {
+            set_errno(libc::EAGAIN);
+            return -1;
         }
-        loop {
-            std::thread::sleep(Duration::from_secs(3600));
+        match crate::boundary::wait_readable(fd) {
+            // Never signalled; should it be, there is still no event to report.
+            Ok(()) => {
+                set_errno(libc::EIO);
+                -1
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
         }
     })
 });

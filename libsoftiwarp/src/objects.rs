@@ -48,6 +48,9 @@ pub struct CompShared {
     pub fd: OwnedFd,
     /// CQs (addresses of [`CqObj`]) with a completion event not yet taken.
     pub queue: Mutex<VecDeque<usize>>,
+    /// CQs created on the channel and not destroyed (`ibv_destroy_comp_channel` is
+    /// `EBUSY` while any remain).
+    pub cqs: std::sync::atomic::AtomicUsize,
 }
 
 impl CompShared {
@@ -185,6 +188,14 @@ pub fn to_ibv_wc(wc: &WorkCompletion) -> IbvWc {
 pub struct ChanObj {
     /// C view.
     pub c: RdmaEventChannel,
+    /// The channel; a call blocked on it holds its own reference, so
+    /// `rdma_destroy_event_channel` under a blocked `rdma_get_cm_event` (rping does this
+    /// at exit) frees nothing that thread still uses.
+    pub shared: Arc<ChanShared>,
+}
+
+/// The state of an event channel.
+pub struct ChanShared {
     /// The rdma-cm channel.
     pub ch: EventChannel<SoftDevice>,
     /// Events taken from the channel and not yet returned, and the stream they come
@@ -210,7 +221,7 @@ impl Wake for FdWaker {
     }
 }
 
-impl ChanObj {
+impl ChanShared {
     /// Restores the fd rule after the stash changed: with events stashed the fd is
     /// readable; with none, the fd is drained first and then the stream polled, so an
     /// event queued after the poll signals the fd through the waker (no wake-up lost).

@@ -159,3 +159,36 @@ fn a_peer_killed_mid_run_ends_the_survivor_with_an_error_not_a_hang() {
     let s = server.wait(Duration::from_secs(60));
     assert!(s.exited().is_some(), "server hung or crashed: {s:?}");
 }
+
+#[test]
+fn an_unimplemented_call_is_one_warning_and_the_man_page_error_not_a_crash() {
+    if !require("rdma_server") {
+        return;
+    }
+    let lib = LibDir::new("unimpl");
+    let (dev, _, addr) = link_pair(7350);
+    for mode in [Mode::Preload, Mode::DropIn] {
+        // rdma_server's synchronous endpoint API (rdma_create_ep) is not implemented.
+        let o =
+            spawn(&lib, mode, &dev, "rdma_server", &["-s", &addr]).wait(Duration::from_secs(20));
+        assert!(
+            o.exited().is_some_and(|c| c != 0),
+            "{mode:?}: a clean failure exit: {o:?}"
+        );
+        let warnings: Vec<&str> = o
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("libsoftiwarp:"))
+            .collect();
+        assert_eq!(
+            warnings,
+            ["libsoftiwarp: rdma_create_ep is not implemented by the soft device"],
+            "{mode:?}: {}",
+            o.stderr
+        );
+        assert!(
+            o.stdout.contains("rdma_create_ep") || o.stderr.contains("rdma_create_ep"),
+            "{o:?}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Test-only helpers shared by the workspace's tests (a dev-dependency only; it depends on
 //! nothing of ours): a seeded PRNG, a watchdog that fails a hung test with a state dump
-//! and every thread's backtrace, and a polling wait.
+//! and every thread's backtrace, a polling wait, and a check of `#[repr(C)]` layouts
+//! against C headers ([`check_c_layout`]).
 //!
 //! Its room: helpers for tests only, the workspace's one test PRNG ([`Rng`]) among them.
 //! It touches nothing of ours, and no crate has it as a normal dependency (checked by
@@ -141,6 +142,79 @@ pub fn eventually_every(timeout: Duration, step: Duration, mut f: impl FnMut() -
 /// [`eventually_every`] with a 1 ms step.
 pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
     eventually_every(timeout, Duration::from_millis(1), f)
+}
+
+/// Compares `#[repr(C)]` layouts with C headers: a C file including `includes` prints
+/// each row's C expression (`sizeof(...)`, `offsetof(...)`, a constant), it is compiled
+/// with `$CC` (default `cc`) and run, and every number is compared with the row's Rust
+/// value. Returns how many rows matched; `Ok(None)` when one of `headers` is missing
+/// (skip with a note), which is an error under `CI` (set by the CI runner).
+///
+/// # Errors
+///
+/// The compiler or the program failed, or the mismatches (`expr: C x, Rust y`, one per
+/// line).
+pub fn check_c_layout(headers: &[&str], rows: &[(&str, usize)]) -> Result<Option<usize>, String> {
+    if headers.iter().any(|h| !std::path::Path::new(h).exists()) {
+        if std::env::var_os("CI").is_some() {
+            return Err(format!("CI is set but {headers:?} are missing"));
+        }
+        return Ok(None);
+    }
+    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n");
+    for h in headers {
+        c.push_str(&format!("#include \"{h}\"\n"));
+    }
+    c.push_str("int main(void) {\n");
+    for (expr, _) in rows {
+        c.push_str(&format!("    printf(\"%zu\\n\", (size_t)({expr}));\n"));
+    }
+    c.push_str("    return 0;\n}\n");
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("c-layout-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let (src, exe) = (dir.join("layout.c"), dir.join("layout"));
+    std::fs::write(&src, &c).map_err(|e| e.to_string())?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = std::process::Command::new(&cc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("running {cc}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cc} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let run = std::process::Command::new(&exe)
+        .output()
+        .map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).ok();
+    let printed: Vec<usize> = String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect();
+    if !run.status.success() || printed.len() != rows.len() {
+        return Err(format!(
+            "the layout program printed {} of {} rows",
+            printed.len(),
+            rows.len()
+        ));
+    }
+    let mismatches: Vec<String> = rows
+        .iter()
+        .zip(&printed)
+        .filter(|((_, rust), c)| rust != *c)
+        .map(|((expr, rust), c)| format!("{expr}: C {c}, Rust {rust}"))
+        .collect();
+    if mismatches.is_empty() {
+        Ok(Some(rows.len()))
+    } else {
+        Err(format!("layout mismatches:\n{}", mismatches.join("\n")))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,149 @@
+//! The `#[repr(C)]` layouts of `libsoftiwarp::abi` (the structs beyond
+//! `cxgb4::ffi::types`, whose own test covers those) against Debian's rdma-core headers,
+//! and the sizes of the objects whose first field is a C struct the application reads.
+
+use core::mem::{offset_of, size_of};
+use softiwarp::abi::*;
+
+const HEADERS: [&str; 2] = [
+    "/usr/include/infiniband/verbs.h",
+    "/usr/include/rdma/rdma_cma.h",
+];
+
+#[test]
+fn abi_layouts_match_rdma_core_headers() {
+    let rows = vec![
+        (
+            "sizeof(struct ibv_global_route)",
+            size_of::<IbvGlobalRoute>(),
+        ),
+        ("sizeof(struct ibv_ah_attr)", size_of::<IbvAhAttr>()),
+        (
+            "offsetof(struct ibv_ah_attr, port_num)",
+            offset_of!(IbvAhAttr, port_num),
+        ),
+        ("sizeof(struct ibv_qp_attr)", size_of::<IbvQpAttr>()),
+        (
+            "offsetof(struct ibv_qp_attr, qp_access_flags)",
+            offset_of!(IbvQpAttr, qp_access_flags),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, cap)",
+            offset_of!(IbvQpAttr, cap),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, ah_attr)",
+            offset_of!(IbvQpAttr, ah_attr),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, alt_ah_attr)",
+            offset_of!(IbvQpAttr, alt_ah_attr),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, pkey_index)",
+            offset_of!(IbvQpAttr, pkey_index),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, max_rd_atomic)",
+            offset_of!(IbvQpAttr, max_rd_atomic),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, max_dest_rd_atomic)",
+            offset_of!(IbvQpAttr, max_dest_rd_atomic),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, port_num)",
+            offset_of!(IbvQpAttr, port_num),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, alt_timeout)",
+            offset_of!(IbvQpAttr, alt_timeout),
+        ),
+        (
+            "offsetof(struct ibv_qp_attr, rate_limit)",
+            offset_of!(IbvQpAttr, rate_limit),
+        ),
+        ("sizeof(struct ibv_gid_entry)", size_of::<IbvGidEntry>()),
+        (
+            "offsetof(struct ibv_gid_entry, gid_type)",
+            offset_of!(IbvGidEntry, gid_type),
+        ),
+        ("sizeof(struct rdma_addrinfo)", size_of::<RdmaAddrinfo>()),
+        (
+            "offsetof(struct rdma_addrinfo, ai_src_len)",
+            offset_of!(RdmaAddrinfo, ai_src_len),
+        ),
+        (
+            "offsetof(struct rdma_addrinfo, ai_src_addr)",
+            offset_of!(RdmaAddrinfo, ai_src_addr),
+        ),
+        (
+            "offsetof(struct rdma_addrinfo, ai_dst_addr)",
+            offset_of!(RdmaAddrinfo, ai_dst_addr),
+        ),
+        (
+            "offsetof(struct rdma_addrinfo, ai_connect_len)",
+            offset_of!(RdmaAddrinfo, ai_connect_len),
+        ),
+        (
+            "offsetof(struct rdma_addrinfo, ai_next)",
+            offset_of!(RdmaAddrinfo, ai_next),
+        ),
+        // rdma_create_qp_ex reads these two at fixed offsets.
+        ("offsetof(struct ibv_qp_init_attr_ex, comp_mask)", 60),
+        ("offsetof(struct ibv_qp_init_attr_ex, pd)", 64),
+        // ibv_query_port writes the compat struct: up to and including `flags`.
+        (
+            "offsetof(struct ibv_port_attr, flags) + 1",
+            offset_of!(cxgb4::ffi::types::IbvPortAttr, flags) + 1,
+        ),
+        ("IBV_NODE_RNIC", IBV_NODE_RNIC as usize),
+        ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
+        ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as usize),
+        ("IBV_QPS_INIT", IBV_QPS_INIT as usize),
+        ("IBV_QPS_RTS", IBV_QPS_RTS as usize),
+        ("IBV_QPS_ERR", IBV_QPS_ERR as usize),
+        ("IBV_QP_STATE", IBV_QP_STATE as usize),
+        ("IBV_SEND_FENCE", IBV_SEND_FENCE as usize),
+        ("IBV_SEND_SIGNALED", IBV_SEND_SIGNALED as usize),
+        ("IBV_SEND_SOLICITED", IBV_SEND_SOLICITED as usize),
+        ("IBV_SEND_INLINE", IBV_SEND_INLINE as usize),
+        ("IBV_WR_RDMA_WRITE", IBV_WR_RDMA_WRITE as usize),
+        (
+            "IBV_WR_RDMA_WRITE_WITH_IMM",
+            IBV_WR_RDMA_WRITE_WITH_IMM as usize,
+        ),
+        ("IBV_WR_SEND", IBV_WR_SEND as usize),
+        ("IBV_WR_SEND_WITH_IMM", IBV_WR_SEND_WITH_IMM as usize),
+        ("IBV_WR_RDMA_READ", IBV_WR_RDMA_READ as usize),
+        ("IBV_WR_LOCAL_INV", IBV_WR_LOCAL_INV as usize),
+        ("IBV_WR_SEND_WITH_INV", IBV_WR_SEND_WITH_INV as usize),
+        (
+            "IBV_ACCESS_OPTIONAL_RANGE",
+            IBV_ACCESS_OPTIONAL_RANGE as usize,
+        ),
+        ("RDMA_PS_TCP", RDMA_PS_TCP as usize),
+        ("RAI_PASSIVE", RAI_PASSIVE as usize),
+        ("IBV_MTU_1024", ibv_mtu(1500) as usize),
+        ("IBV_MTU_4096", ibv_mtu(9000) as usize),
+    ];
+    match testkit::check_c_layout(&HEADERS, &rows) {
+        Ok(Some(n)) => assert_eq!(n, rows.len()),
+        Ok(None) => println!("skipped: libibverbs-dev/librdmacm-dev not installed"),
+        Err(e) => panic!("{e} (install libibverbs-dev librdmacm-dev)"),
+    }
+}
+
+#[test]
+fn objects_start_with_their_c_struct() {
+    use softiwarp::objects::*;
+    assert_eq!(offset_of!(PdObj, c), 0);
+    assert_eq!(offset_of!(MrObj, c), 0);
+    assert_eq!(offset_of!(CqObj, c), 0);
+    assert_eq!(offset_of!(QpObj, c), 0);
+    assert_eq!(offset_of!(CompChan, c), 0);
+    assert_eq!(offset_of!(ChanObj, c), 0);
+    assert_eq!(offset_of!(IdObj, c), 0);
+    assert_eq!(offset_of!(EventObj, c), 0);
+    assert_eq!(offset_of!(softiwarp::device::Context, c), 0);
+}
