@@ -355,11 +355,13 @@ fn soft_server_rdma_core_client(
 }
 
 /// Issue 17's test 3: device removal on the rdma-core backend. The soft server on the
-/// host; `iwperf client --device siw0 --verify` in the VM writes until, once it
-/// printed progress, `rdma link delete siw0` runs from another process in the
-/// background (with a timeout: it blocks until every verbs fd of the device is
-/// closed). The client must get exactly one `DeviceRemoval` for its one id, complete
-/// every WR it posted (the in-flight ones flushed), and exit with
+/// host; `iwperf client --device siw0 --verify` in the VM runs two connections, one
+/// writing and one reading (RDMA Reads in flight on the ORQ are the WRs whose flushes
+/// kernel siw's removal can lose: `cxgb4::wr_track`) until, once it printed progress,
+/// `rdma link delete siw0` runs from another process in the background (with a
+/// timeout: it blocks until every verbs fd of the device is closed). The client must
+/// get exactly one `DeviceRemoval` for each of its two ids, complete every WR it posted
+/// (the in-flight ones flushed), and exit with
 /// `EXIT_DEVICE_REMOVAL` (5) within 5 s of the delete; the delete then finishes.
 /// Returns (the exit's delay in ms, the client's removal line).
 fn removal_on_rdma_core(lab: &Lab) -> (f64, String) {
@@ -368,7 +370,7 @@ fn removal_on_rdma_core(lab: &Lab) -> (f64, String) {
     // /proc/uptime: the guest's clock in 10 ms steps, read just before the delete
     // starts and just after the client exits.
     let cmd = format!(
-        "{GUEST_IWPERF} client --device siw0 --peer {HOST_IP} --op write --size 65536 \
+        "{GUEST_IWPERF} client --device siw0 --peer {HOST_IP} --op write,read --qps 2 --size 65536 \
          --duration 60 --progress --verify > /tmp/rm.out 2> /tmp/rm.err & P=$!; \
          n=0; while ! grep -q '^PROGRESS' /tmp/rm.out && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; \
          T0=$(cut -d' ' -f1 /proc/uptime); \
@@ -414,7 +416,7 @@ fn removal_on_rdma_core(lab: &Lab) -> (f64, String) {
         .trim()
         .to_string();
     assert!(
-        line.contains("1 events for 1 ids (1 live)"),
+        line.contains("2 events for 2 ids (2 live)"),
         "{what}: {line}"
     );
     assert!(line.ends_with(" 0 outstanding"), "{what}: {line}");
@@ -459,7 +461,7 @@ fn iwperf_on_kernel_siw_and_on_the_soft_device_both_directions() {
     // Last (siw0 is gone after it): the removal on the rdma-core backend.
     let (ms, line) = removal_on_rdma_core(&lab);
     rows.push(format!(
-        "| write | removal: exit {ms:.0} ms after `rdma link delete siw0` | {from_vm} | {line} |"
+        "| write+read | removal: exit {ms:.0} ms after `rdma link delete siw0` | {from_vm} | {line} |"
     ));
     println!(
         "{ITERS} messages (--verify) / {LAT_ITERS} round trips; as the client measured (under emulation: the VM's speed)"

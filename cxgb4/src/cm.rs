@@ -35,6 +35,7 @@ use crate::ffi::RdmaCore;
 use crate::pd::Pd;
 use crate::qp::Qp;
 use crate::translate::{verbs_error, CmEventKind};
+use crate::wr_track::WrTracker;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
@@ -54,6 +55,7 @@ impl ChannelShared {
         let shared = Arc::new(IdShared {
             raw,
             chan: self.clone(),
+            qp_wrs: Mutex::default(),
         });
         self.ids
             .lock()
@@ -172,6 +174,13 @@ impl EventChannel {
                 tracing::debug!(%kind, "event for a destroyed id; acked");
                 continue;
             };
+            if kind == CmEventKind::DeviceRemoval {
+                // Its QP's flushes may never reach the CQ ring (see wr_track).
+                let qp = id.shared.qp_wrs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(t) = qp.upgrade() {
+                    t.lose();
+                }
+            }
             let (param, private_data) = raw.conn_param();
             return Ok(CmEvent {
                 status: raw.status(),
@@ -236,6 +245,8 @@ struct IdShared {
     // with its last reference rdma_destroy_id runs.
     raw: Arc<RawCmId>,
     chan: Arc<ChannelShared>,
+    /// The WRs of the id's QP ([`crate::wr_track`]): lost with a `DeviceRemoval`.
+    qp_wrs: Mutex<Weak<WrTracker>>,
 }
 
 impl Drop for IdShared {
@@ -432,8 +443,13 @@ impl CmId {
             sq_sig_all,
         )
         .map_err(cm("rdma_create_qp"))?;
+        let wrs = Arc::new(WrTracker::new(raw.qp_num()));
+        send_cq.trackers.add(&wrs);
+        recv_cq.trackers.add(&wrs);
+        *self.shared.qp_wrs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&wrs);
         Ok(Qp {
             raw,
+            wrs,
             sinks: pd.sinks.clone(),
             cap: QpCap {
                 max_send_wr: got.max_send_wr,

@@ -55,6 +55,8 @@ impl CompChannel {
 pub struct Cq {
     pub(crate) raw: Arc<RawCq>,
     pub(crate) channel: Option<Arc<RawCompChannel>>,
+    /// The WRs of the QPs completing here ([`crate::wr_track`]).
+    pub(crate) trackers: Arc<crate::wr_track::CqTrackers>,
 }
 
 impl std::fmt::Debug for Cq {
@@ -70,7 +72,10 @@ impl Cq {
     }
 
     /// Polls up to `max` completions (`ibv_poll_cq(3)`), appending them to
-    /// `out` as [`WorkCompletion`]s; returns how many were appended.
+    /// `out` as [`WorkCompletion`]s; returns how many were appended. Once a QP of
+    /// this CQ lost its device (`DeviceRemoval` on its id), its WRs that the kernel's
+    /// flush did not bring follow as flushed completions, each WR exactly once
+    /// ([`crate::wr_track`]).
     ///
     /// # Errors
     ///
@@ -85,9 +90,12 @@ impl Cq {
                 .raw
                 .poll(&mut wcs[..want])
                 .map_err(|e| verbs_error("ibv_poll_cq", e))?;
+            let from = out.len();
             out.extend(wcs[..n].iter().map(wc_from_ibv));
-            total += n;
+            self.trackers.retire(out, from);
+            total += out.len() - from;
             if n < want {
+                total += self.trackers.flushes(max - total, out);
                 break;
             }
         }

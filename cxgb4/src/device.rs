@@ -228,6 +228,7 @@ impl Context {
         Ok(Cq {
             raw,
             channel: channel.map(|c| c.raw.clone()),
+            trackers: Arc::default(),
         })
     }
 

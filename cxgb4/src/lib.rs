@@ -98,6 +98,7 @@ pub mod provider;
 pub mod qp;
 mod read_sink;
 pub mod translate;
+mod wr_track;
 
 pub use caps::{DeviceCaps, CHELSIO_VENDOR_ID};
 pub use cm::{CmEvent, CmId, ConnParam, EventChannel};

@@ -13,6 +13,8 @@ use verbs::{QpCap, RecvWr, SendWr, WorkQueue};
 pub struct Qp {
     pub(crate) raw: RawQp,
     pub(crate) cap: QpCap,
+    /// Its WRs not yet completed ([`crate::wr_track`]).
+    pub(crate) wrs: std::sync::Arc<crate::wr_track::WrTracker>,
     /// The PD's Read-sink record ([`crate::read_sink`]).
     pub(crate) sinks: std::sync::Arc<crate::read_sink::ReadSinkRule>,
 }
@@ -57,7 +59,9 @@ impl Qp {
         let (ibv_wr, payload) = send_wr_to_ibv(wr)?;
         self.raw
             .post_send(ibv_wr, payload.as_send_payload())
-            .map_err(|e| post_error(WorkQueue::Send, self.cap.max_send_wr, e).into())
+            .map_err(|e| post_error(WorkQueue::Send, self.cap.max_send_wr, e))?;
+        self.wrs.posted_send(wr.wr_id, wr.op.wc_opcode());
+        Ok(())
     }
 
     /// Posts one receive WR (`ibv_post_recv(3)`), after [`RecvWr::validate`].
@@ -70,7 +74,9 @@ impl Qp {
         let sges = recv_sges(wr)?;
         self.raw
             .post_recv(wr.wr_id, sges.as_slice())
-            .map_err(|e| post_error(WorkQueue::Recv, self.cap.max_recv_wr, e).into())
+            .map_err(|e| post_error(WorkQueue::Recv, self.cap.max_recv_wr, e))?;
+        self.wrs.posted_recv(wr.wr_id);
+        Ok(())
     }
 
     /// Destroys the QP now (`rdma_destroy_qp(3)`); the same as dropping it.
