@@ -82,6 +82,9 @@ pub struct DemoConfig {
     pub progress: softiwarp::ProgressMode,
     /// TCP socket buffers (both the baseline and the device), bytes.
     pub tcp_buffer: usize,
+    /// TAP checksum and segmentation offload for the baseline and the devices
+    /// (`--no-offload` turns it off).
+    pub offload: bool,
     /// How the iWARP peers wait.
     pub tuning: Tuning,
     /// The iwperf binary run as the peers (TAP mode).
@@ -114,6 +117,7 @@ impl Default for DemoConfig {
             spin: Duration::from_micros(50),
             progress: softiwarp::ProgressMode::Hybrid,
             tcp_buffer: 256 * 1024,
+            offload: true,
             tuning: Tuning::default(),
             exe: std::env::current_exe().unwrap_or_default(),
             echo: false,
@@ -436,6 +440,7 @@ fn device_options(
         engine_spin: cfg.spin,
         progress: cfg.progress,
         tcp_buffer: cfg.tcp_buffer,
+        offload: cfg.offload,
     }
 }
 
@@ -594,12 +599,16 @@ fn endpoint_args(e: &Endpoint) -> Vec<String> {
 }
 
 fn common_args(cfg: &DemoConfig) -> Vec<String> {
-    vec![
+    let mut v = vec![
         "--spin-us".into(),
         cfg.spin.as_micros().to_string(),
         "--tcp-buffer".into(),
         cfg.tcp_buffer.to_string(),
-    ]
+    ];
+    if !cfg.offload {
+        v.push("--no-offload".into());
+    }
+    v
 }
 
 fn harness(e: netlab::HarnessError) -> IwperfError {

@@ -701,6 +701,11 @@ impl<L: Link> Stack<L> {
         Cx<'_>,
     ) {
         let mtu = self.dev.inner.link().mtu();
+        let tx_batch_max = if self.dev.inner.offload() {
+            TX_BATCH_BYTES.min(self.dev.inner.tcp_payload_max())
+        } else {
+            TX_BATCH_BYTES
+        };
         (
             &mut self.conns,
             &mut self.sockets,
@@ -712,6 +717,7 @@ impl<L: Link> Stack<L> {
                 progress: &mut self.progress,
                 listeners: &mut self.listeners,
                 mtu,
+                tx_batch_max,
             },
         )
     }
