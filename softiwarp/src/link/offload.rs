@@ -19,6 +19,8 @@
 
 use smoltcp::wire::{checksum, IpProtocol, Ipv4Address};
 
+#[allow(unused_imports)] // doc links
+use super::Link;
 use super::LinkError;
 
 /// Longest frame in bytes of the offload interface: an Ethernet II header (14 bytes) and

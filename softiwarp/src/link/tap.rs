@@ -13,6 +13,13 @@
 //! default features pull in tokio-core 0.1 and mio 0.6. The MTU and the link state come
 //! from rtnetlink, which the failure detection needs anyway.
 //!
+//! [`TapLink::open_with`] with [`TapOffload::Tcp4`] attaches with `IFF_VNET_HDR` as well
+//! and asks for checksum and TCP segmentation offload (`TUNSETOFFLOAD`, `TUN_F_CSUM |
+//! TUN_F_TSO4`): every read and write then starts with a 10-byte `virtio_net_hdr`, a
+//! write may carry a TCP super-segment for the kernel to cut, and a read may return a
+//! coalesced one (see [`super::offload`]). A refusal is logged once and the link runs
+//! without the offload.
+//!
 //! All of this is done in the calling thread's network namespace: open a TAP from a
 //! thread that has `setns(2)`-ed into the TAP's namespace.
 //!

@@ -12,6 +12,17 @@
 //! which the engine polls. While the link is not up, `transmit` offers no token, so smoltcp
 //! keeps what it has to send (its timers, including the TCP user timeout, keep running).
 //!
+//! # Offload
+//!
+//! Over a link that offloads TCP ([`Link::tcp_offload`], a TAP opened with
+//! `TapOffload::Tcp4`), read once when the device is made: the buffers are
+//! [`OFFLOAD_MAX_FRAME`] bytes; the capabilities turn smoltcp's TCP checksums off (the
+//! link completes them on send; smoltcp requires that for segmentation) and give it a
+//! TSO limit of [`tso_payload_max`] payload bytes; every TCP frame goes out through
+//! [`Link::send_tcp_offload`] with smoltcp's `segmentation_offload_size`. On receive,
+//! a frame the link did not vouch for ([`RxCsum::Unverified`]) has its TCP checksum
+//! checked here, and a bad one is dropped and counted ([`DeviceStats::rx_csum_errors`]).
+//!
 //! # Example
 //!
 //! ```
@@ -128,8 +139,8 @@ impl<L: Link> LinkDevice<L> {
         }
     }
 
-    /// Whether the device hands TCP checksums and segmentation to its link (module
-    /// docs, "Offload").
+    /// Whether the device hands TCP checksums and segmentation to its link ([module
+    /// docs](self), "Offload").
     pub fn offload(&self) -> bool {
         self.offload
     }
