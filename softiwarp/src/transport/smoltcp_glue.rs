@@ -572,6 +572,22 @@ mod tests {
     }
 
     #[test]
+    fn tso_limit_is_whole_segments_in_one_datagram() {
+        assert_eq!(tso_payload_max(1500), 44 * 1460);
+        assert_eq!(tso_payload_max(9000), 7 * 8960);
+        assert_eq!(tso_payload_max(65000), 64960);
+        assert_eq!(tso_payload_max(65521), 65481);
+        // A memory link never offloads: its device keeps smoltcp's checksums and MSS.
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = LinkDevice::new(a);
+        assert!(!dev.offload());
+        assert_eq!(dev.tcp_payload_max(), 1460);
+        let caps = dev.capabilities();
+        assert!(caps.segmentation.tcpv4.is_none());
+        assert!(caps.checksum.tcp.rx() && caps.checksum.tcp.tx());
+    }
+
+    #[test]
     fn mss_is_mtu_minus_40() {
         assert_eq!(mss_for_mtu(1500), 1460);
         assert_eq!(mss_for_mtu(9000), 8960);
