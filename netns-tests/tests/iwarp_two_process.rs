@@ -60,6 +60,18 @@ impl Drop for TempFile {
     }
 }
 
+/// The peers' log filter: warnings, and the TAP link's one line at attach (which says
+/// whether the offload is on).
+const TAP_LOG: &str = "warn,softiwarp::link::tap=info";
+
+/// The lines of a peer's log that report its TAP's attachment.
+fn attach_lines(out: &PeerOutput) -> Vec<&str> {
+    out.stderr
+        .lines()
+        .filter(|l| l.contains("TAP attached") || l.contains("TUNSETOFFLOAD"))
+        .collect()
+}
+
 /// Starts the server in A, waits for READY, starts the client in B with `client_args`,
 /// and waits for both.
 fn transfer(
@@ -71,6 +83,7 @@ fn transfer(
     let (a, b) = (topo.a(), topo.b());
     let mut server = topo
         .peer(Side::A, "server", PEER)
+        .env("RUST_LOG", TAP_LOG)
         .arg("server")
         .args(a.peer_args())
         .args(["--peer-ip".to_owned(), b.ip.to_string()])
@@ -79,6 +92,7 @@ fn transfer(
     server.wait_for_line(|l| l == "READY", Duration::from_secs(20))?;
     let client = topo
         .peer(Side::B, "client", PEER)
+        .env("RUST_LOG", TAP_LOG)
         .arg("client")
         .args(b.peer_args())
         .args(["--peer-ip".to_owned(), a.ip.to_string()])
@@ -222,6 +236,17 @@ fn offloaded_super_segments_reach_the_wire_one_fpdu_per_segment() {
     assert_eq!(server.bytes, BYTES, "every ULPDU byte arrived");
     assert_eq!(server.crc32c, client.crc32c, "CRC32c over all ULPDU bytes");
     assert_eq!(client.emss, 1460);
+    // Each side says once how its TAP was attached: the server without the offload
+    // (and works), the client with it.
+    let (s_log, c_log) = (attach_lines(&outs[0]), attach_lines(&outs[1]));
+    assert!(
+        s_log.len() == 1 && s_log[0].contains("offload=false"),
+        "{s_log:?}"
+    );
+    assert!(
+        c_log.len() == 1 && c_log[0].contains("offload=true"),
+        "{c_log:?}"
+    );
 
     check_capture(&pcap.0);
     let report = iwdump::dissect_file(&pcap.0).expect("iwdump");
