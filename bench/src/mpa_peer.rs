@@ -61,6 +61,8 @@ pub struct MpaPeerOptions {
     pub tcp: TcpConfig,
     /// Limit for link-up, connection setup and the peer's arrival.
     pub setup_timeout: Duration,
+    /// TAP checksum and segmentation offload (`TapOffload::Tcp4`); default on.
+    pub offload: bool,
 }
 
 impl MpaPeerOptions {
@@ -86,6 +88,7 @@ impl MpaPeerOptions {
             spin: softiwarp::EngineConfig::default().spin,
             tcp: TcpConfig::default(),
             setup_timeout: Duration::from_secs(20),
+            offload: true,
         }
     }
 }
@@ -112,7 +115,8 @@ pub enum MpaPeerError {
 
 fn open_link(opts: &MpaPeerOptions) -> Result<Box<dyn Link>, MpaPeerError> {
     let err = |e: softiwarp::link::LinkError| MpaPeerError::Link(e.to_string());
-    let mut tap = TapLink::open(&opts.tap).map_err(err)?;
+    let mut tap =
+        TapLink::open_with(&opts.tap, crate::tcp::tap_offload(opts.offload)).map_err(err)?;
     // A TAP just attached has no carrier until the kernel's linkwatch work has run.
     let t0 = Instant::now();
     loop {

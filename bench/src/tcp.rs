@@ -165,6 +165,16 @@ pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// The TAP offloads for `on` (`--no-offload` gives `false`): TCP checksum and
+/// segmentation offload (`TapOffload::Tcp4`) or none.
+pub fn tap_offload(on: bool) -> softiwarp::link::TapOffload {
+    if on {
+        softiwarp::link::TapOffload::Tcp4
+    } else {
+        softiwarp::link::TapOffload::Off
+    }
+}
+
 /// Waits until `link` reports up (draining its events), at most `timeout`. A TAP just
 /// attached is down (no carrier) until the kernel's linkwatch work has run.
 ///

@@ -1,6 +1,7 @@
 //! Root-only: `iwperf demo --json` as README runs it, short: two namespaces with a TAP
 //! each, the raw TCP baseline, iWARP Write, Read and Send with `--verify`, the latency
-//! pair, and a capture of every iWARP run. Checks: exit 0; every operation present
+//! pair, and a capture of every iWARP run. Checks: exit 0; the kernel TCP (veth)
+//! reference measured and the TAP offload on; every operation present
 //! with Gbit/s > 0 and verify `passed`; the latency row; nothing left behind (the
 //! namespaces it reports, and no TAP, bridge or veth of its naming scheme anywhere);
 //! every capture decodes with `iwdump` with zero errors and holds the run's MPA
@@ -68,6 +69,9 @@ fn demo_json_verified_clean_and_its_captures_decode() {
     assert_eq!(j["link"], "tap", "{j}");
     assert_eq!(j["mtu"], 65000);
     assert!(j["baseline_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
+    // The absolute reference (issue 19), and the TAP offload on by default.
+    assert!(j["kernel_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
+    assert_eq!(j["offload"], true, "{j}");
     let results = j["results"].as_array().expect("results");
     let ops: Vec<&str> = results.iter().map(|r| r["op"].as_str().unwrap()).collect();
     assert_eq!(ops, ["write", "read", "send"], "{j}");

@@ -34,6 +34,7 @@ fn options(name: &str, link: MemoryLink, ip: Ipv4Addr) -> DeviceOptions {
         engine_spin: Duration::ZERO,
         progress: softiwarp::ProgressMode::Engine,
         tcp_buffer: 256 << 10,
+        offload: true,
     }
 }
 

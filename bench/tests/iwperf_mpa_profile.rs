@@ -35,6 +35,7 @@ fn options(name: &str, link: MemoryLink, ip: Ipv4Addr, profile: MpaProfile) -> D
         engine_spin: Duration::ZERO,
         progress: softiwarp::ProgressMode::Hybrid,
         tcp_buffer: 256 << 10,
+        offload: true,
     }
 }
 

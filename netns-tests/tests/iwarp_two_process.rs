@@ -6,6 +6,11 @@
 //! malformed, no bad CRC). A second test aborts a transfer midway and checks that the
 //! failure is reported and everything is removed all the same.
 //!
+//! A third moves ULPDUs from a client whose TAP has segmentation offload (issue 19) to a
+//! server whose TAP has none, so the kernel cuts the client's super-segments before the
+//! server reads them, and checks the server's capture of them: every TCP segment of
+//! the client holds exactly one FPDU, none larger than the MSS.
+//!
 //! Each test skips (with a message) when not run as root. tshark is required when the
 //! `CI` environment variable is set (`.ci/run` installs it), optional elsewhere.
 
@@ -40,10 +45,31 @@ fn tshark_installed() -> bool {
 /// Removes a file when dropped.
 struct TempFile(PathBuf);
 
+impl TempFile {
+    /// A new capture path in the temporary directory, `PREFIX<tag>.pcap`, after removing
+    /// the captures of killed earlier runs with that prefix.
+    fn pcap(prefix: &str) -> TempFile {
+        netlab::capture::remove_stale_files(&std::env::temp_dir(), prefix);
+        TempFile(std::env::temp_dir().join(format!("{prefix}{}.pcap", netlab::netns::unique_tag())))
+    }
+}
+
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// The peers' log filter: warnings, and the TAP link's one line at attach (which says
+/// whether the offload is on).
+const TAP_LOG: &str = "warn,softiwarp::link::tap=info";
+
+/// The lines of a peer's log that report its TAP's attachment.
+fn attach_lines(out: &PeerOutput) -> Vec<&str> {
+    out.stderr
+        .lines()
+        .filter(|l| l.contains("TAP attached") || l.contains("TUNSETOFFLOAD"))
+        .collect()
 }
 
 /// Starts the server in A, waits for READY, starts the client in B with `client_args`,
@@ -57,6 +83,7 @@ fn transfer(
     let (a, b) = (topo.a(), topo.b());
     let mut server = topo
         .peer(Side::A, "server", PEER)
+        .env("RUST_LOG", TAP_LOG)
         .arg("server")
         .args(a.peer_args())
         .args(["--peer-ip".to_owned(), b.ip.to_string()])
@@ -65,6 +92,7 @@ fn transfer(
     server.wait_for_line(|l| l == "READY", Duration::from_secs(20))?;
     let client = topo
         .peer(Side::B, "client", PEER)
+        .env("RUST_LOG", TAP_LOG)
         .arg("client")
         .args(b.peer_args())
         .args(["--peer-ip".to_owned(), a.ip.to_string()])
@@ -80,12 +108,7 @@ fn one_gib_of_ulpdus_between_two_namespaces_verified_and_captured() {
     }
     const BYTES: u64 = 1 << 30;
     const PCAP_LIMIT: u64 = 20 << 20;
-    // Captures of killed earlier runs; this run's is removed by its guard.
-    netlab::capture::remove_stale_files(&std::env::temp_dir(), "iwarp-two-process-");
-    let pcap = TempFile(std::env::temp_dir().join(format!(
-        "iwarp-two-process-{}.pcap",
-        netlab::netns::unique_tag()
-    )));
+    let pcap = TempFile::pcap("iwarp-two-process-");
     let topo = Topology::create(1500).expect("topology");
     let names = topo.namespaces();
     let t0 = Instant::now();
@@ -169,6 +192,114 @@ fn check_capture(path: &Path) {
     assert_eq!(t.malformed, 0, "{t:?}");
     assert_eq!(t.bad_crc_frames, 0, "{t:?}");
     assert_eq!(t.expert_errors, 0, "{t:?}");
+}
+
+/// Kernel counters of interface `dev` in namespace `ns`: (rx_packets, tx_packets).
+fn packet_counts(ns: &str, dev: &str) -> (u64, u64) {
+    let out = netlab::netns::ip_output(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .expect("ip -s link");
+    let j: serde_json::Value = serde_json::from_str(&out).expect("ip -j output");
+    let s = &j[0]["stats64"];
+    let n = |d: &str| s[d]["packets"].as_u64().unwrap_or_else(|| panic!("{out}"));
+    (n("rx"), n("tx"))
+}
+
+#[test]
+fn offloaded_super_segments_reach_the_wire_one_fpdu_per_segment() {
+    if skip_unless_root("offloaded_super_segments_reach_the_wire_one_fpdu_per_segment") {
+        return;
+    }
+    const BYTES: u64 = 64 << 20;
+    let pcap = TempFile::pcap("iwarp-offload-");
+    let topo = Topology::create(1500).expect("topology");
+    let names = topo.namespaces();
+    let b = topo.b().clone();
+    let outs = transfer(
+        &topo,
+        // The server: no offload (its TAP gets the kernel's cut segments), captured.
+        &[
+            "--no-offload".into(),
+            "--pcap".into(),
+            pcap.0.display().to_string(),
+            "--pcap-limit".into(),
+            (20u64 << 20).to_string(),
+        ],
+        &["--bytes".into(), BYTES.to_string()],
+        Duration::from_secs(120),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Frames the client wrote to its TAP (the TAP's kernel RX side), before cleanup.
+    let (client_writes, _) = packet_counts(&b.netns, &b.tap);
+    drop(topo);
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
+    let (server, client) = (result(&outs[0]), result(&outs[1]));
+    assert_eq!(server.bytes, BYTES, "every ULPDU byte arrived");
+    assert_eq!(server.crc32c, client.crc32c, "CRC32c over all ULPDU bytes");
+    assert_eq!(client.emss, 1460);
+    // Each side says once how its TAP was attached: the server without the offload
+    // (and works), the client with it.
+    let (s_log, c_log) = (attach_lines(&outs[0]), attach_lines(&outs[1]));
+    assert!(
+        s_log.len() == 1 && s_log[0].contains("offload=false"),
+        "{s_log:?}"
+    );
+    assert!(
+        c_log.len() == 1 && c_log[0].contains("offload=true"),
+        "{c_log:?}"
+    );
+
+    check_capture(&pcap.0);
+    let report = iwdump::dissect_file(&pcap.0).expect("iwdump");
+    let client_ip = std::net::IpAddr::V4(b.ip);
+    // Per FPDU of the client, in stream order: the frames of its first and last octet.
+    let mut spans: Vec<(u64, u64, u64)> = report
+        .pdus
+        .iter()
+        .filter(|p| p.src.ip() == client_ip && matches!(p.kind, iwdump::report::PduKind::Fpdu(_)))
+        .map(|p| (p.offset, p.first_frame, p.frame))
+        .collect();
+    spans.sort_unstable();
+    let mut prev_last = 0u64;
+    let (mut whole, mut split) = (0u64, 0u64);
+    for (offset, first, last) in &spans {
+        // No segment carries octets of two FPDUs: each FPDU starts in a frame after
+        // the one where the previous FPDU ended.
+        assert!(
+            *first > prev_last,
+            "FPDU at stream offset {offset} starts in frame {first}, where the previous one ended ({prev_last})"
+        );
+        prev_last = *last;
+        if first == last {
+            whole += 1;
+        } else {
+            split += 1;
+        }
+    }
+    let wire_max = report
+        .pdus
+        .iter()
+        .filter(|p| p.src.ip() == client_ip)
+        .map(|p| p.wire_len)
+        .max()
+        .unwrap_or(0);
+    assert!(wire_max <= 1460, "an FPDU over the MSS: {wire_max} bytes");
+    let fpdus = spans.len() as u64;
+    println!(
+        "client FPDUs captured: {fpdus}, {whole} in one segment each, {split} cut by the window; client TAP writes in all: {client_writes}"
+    );
+    assert!(fpdus > 10_000, "{fpdus} FPDUs");
+    // Only the receiver's window cuts an FPDU (into segments that hold nothing else).
+    assert!(
+        whole * 10 > fpdus * 9,
+        "{whole} of {fpdus} FPDUs in one segment"
+    );
+    // The whole transfer (64 MiB, about 46,000 segments) went out in far fewer
+    // writes: super-segments, cut by the kernel.
+    let segments = BYTES / 1454;
+    assert!(
+        client_writes * 4 < segments,
+        "{client_writes} TAP writes for {segments} segments: no super-segments"
+    );
 }
 
 #[test]

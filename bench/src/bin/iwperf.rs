@@ -120,6 +120,10 @@ struct MpaArgs {
     /// TCP send and receive buffer, bytes.
     #[arg(long, default_value_t = 256 * 1024)]
     tcp_buffer: usize,
+    /// Open the TAP without checksum and segmentation offload (IFF_VNET_HDR,
+    /// TUNSETOFFLOAD): every frame one MTU, one system call each.
+    #[arg(long)]
+    no_offload: bool,
 }
 
 /// One side's device: the soft device on a TAP (netlab's `--tap --ip --mac --pcap`) or
@@ -340,6 +344,9 @@ struct TcpPeerArgs {
     spin_us: u64,
     #[arg(long, default_value_t = 256 * 1024)]
     tcp_buffer: usize,
+    /// Open the TAP without checksum and segmentation offload.
+    #[arg(long)]
+    no_offload: bool,
 }
 
 fn usage(m: impl Into<String>) -> IwperfError {
@@ -460,6 +467,7 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
         engine_spin: Duration::from_micros(m.spin_us),
         progress: m.progress_mode.mode(),
         tcp_buffer: m.tcp_buffer,
+        offload: !m.no_offload,
     }))
 }
 
@@ -643,7 +651,8 @@ fn tcp_peer(a: &TcpPeerArgs) -> Result<(), IwperfError> {
     cfg.amount = Amount::Time(Duration::from_secs_f64(a.duration));
     cfg.timeout = Duration::from_secs_f64(a.duration + 60.0);
     let bench = |e: bench::BenchError| IwperfError::Bench(e);
-    let mut link = TapLink::open(&a.tap).map_err(|e| IwperfError::Setup(e.to_string()))?;
+    let mut link = TapLink::open_with(&a.tap, tcp::tap_offload(!a.no_offload))
+        .map_err(|e| IwperfError::Setup(e.to_string()))?;
     tcp::wait_link_up(&mut link, Duration::from_secs(5)).map_err(bench)?;
     match (a.ping_pong, role) {
         (None, Role::Server) => {
@@ -690,6 +699,7 @@ fn run_demo(a: &DemoArgs) -> Result<(), IwperfError> {
         spin: Duration::from_micros(a.mpa.spin_us),
         progress: a.mpa.progress_mode.mode(),
         tcp_buffer: a.mpa.tcp_buffer,
+        offload: !a.mpa.no_offload,
         tuning: tuning(&a.mpa, 512),
         exe: std::env::current_exe().map_err(|e| IwperfError::Setup(format!("own path: {e}")))?,
         echo: a.echo,

@@ -85,6 +85,9 @@ pub struct DeviceOptions {
     pub progress: softiwarp::ProgressMode,
     /// TCP send and receive buffer in bytes.
     pub tcp_buffer: usize,
+    /// TAP checksum and segmentation offload (`softiwarp::link::TapOffload::Tcp4`;
+    /// `--no-offload` turns it off). Memory links ignore it.
+    pub offload: bool,
 }
 
 /// Whose MPA defaults the soft device starts from (`--mpa-profile`); `crc`, `markers`
@@ -113,8 +116,8 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
     }
     let link: Box<dyn Link> = match opts.link {
         LinkChoice::Tap(name) => {
-            let mut tap =
-                TapLink::open(&name).map_err(|e| setup(&format!("open TAP {name}"), &e))?;
+            let mut tap = TapLink::open_with(&name, crate::tcp::tap_offload(opts.offload))
+                .map_err(|e| setup(&format!("open TAP {name}"), &e))?;
             crate::tcp::wait_link_up(&mut tap, Duration::from_secs(5))
                 .map_err(|e| setup("TAP", &e))?;
             Box::new(tap)

@@ -82,6 +82,9 @@ pub struct DemoConfig {
     pub progress: softiwarp::ProgressMode,
     /// TCP socket buffers (both the baseline and the device), bytes.
     pub tcp_buffer: usize,
+    /// TAP checksum and segmentation offload for the baseline and the devices
+    /// (`--no-offload` turns it off).
+    pub offload: bool,
     /// How the iWARP peers wait.
     pub tuning: Tuning,
     /// The iwperf binary run as the peers (TAP mode).
@@ -114,6 +117,7 @@ impl Default for DemoConfig {
             spin: Duration::from_micros(50),
             progress: softiwarp::ProgressMode::Hybrid,
             tcp_buffer: 256 * 1024,
+            offload: true,
             tuning: Tuning::default(),
             exe: std::env::current_exe().unwrap_or_default(),
             echo: false,
@@ -125,6 +129,8 @@ impl Default for DemoConfig {
 #[derive(Debug, Clone, Default)]
 struct RoundResult {
     tcp_gbps: f64,
+    /// Kernel TCP over the veth (TAP mode).
+    kernel_gbps: Option<f64>,
     /// Raw TCP Gbit per CPU-second of the busier peer (TAP mode).
     tcp_cpu_gbps: Option<f64>,
     ops: Vec<BwResult>,
@@ -234,6 +240,11 @@ pub fn run(cfg: &DemoConfig, say: Say<'_>, to_stderr: bool) -> Result<DemoOutcom
     } else {
         let topo = Topology::create(cfg.mtu).map_err(|e| IwperfError::Bench(e.into()))?;
         namespaces = topo.namespaces().to_vec();
+        // Kernel addresses on the bridges, for the kernel TCP reference.
+        for (side, n) in [(Side::A, KERNEL_HOST_A), (Side::B, KERNEL_HOST_B)] {
+            topo.add_kernel_address(side, n)
+                .map_err(|e| IwperfError::Bench(e.into()))?;
+        }
         say(&format!(
             "iwperf demo: namespaces {} and {}, a TAP in each on a bridge, joined by a veth; MTU {}",
             namespaces[0], namespaces[1], cfg.mtu
@@ -352,6 +363,13 @@ fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoRepo
         seconds: cfg.seconds,
         crc: cfg.crc,
         baseline_tcp_gbps: median(&tcp).unwrap_or(0.0),
+        kernel_tcp_gbps: median(
+            &rounds
+                .iter()
+                .filter_map(|r| r.kernel_gbps)
+                .collect::<Vec<_>>(),
+        ),
+        offload: cfg.offload && !memory,
         results,
         latency,
     }
@@ -436,6 +454,7 @@ fn device_options(
         engine_spin: cfg.spin,
         progress: cfg.progress,
         tcp_buffer: cfg.tcp_buffer,
+        offload: cfg.offload,
     }
 }
 
@@ -574,6 +593,80 @@ fn memory_round(
 
 // ------------------------------------------------------------------- TAP peers
 
+/// Host numbers ([`netlab::host_ip`]) of the kernel addresses on the bridges.
+const KERNEL_HOST_A: u8 = 3;
+const KERNEL_HOST_B: u8 = 4;
+/// The kernel TCP reference's port.
+const KERNEL_TCP_PORT: u16 = 5202;
+
+/// Kernel TCP over the veth, the absolute reference ("kernel TCP (veth)"): a
+/// `std::net` bulk transfer from a thread in namespace B to one in namespace A, between
+/// the kernel addresses on the two bridges (so over the same bridges and veth as the
+/// TAP runs, but no TAP), pinned like the peers, for `cfg.seconds`. Returns the
+/// receiver's Gbit/s.
+///
+/// Errors: [`IwperfError::Setup`] if a socket call fails.
+fn kernel_tcp(cfg: &DemoConfig, topo: &Topology, to_stderr: bool) -> Result<f64, IwperfError> {
+    use std::io::{Read, Write};
+    let setup = |e: std::io::Error| IwperfError::Setup(format!("kernel TCP reference: {e}"));
+    let a_ip = netlab::host_ip(KERNEL_HOST_A);
+    let (pin, seconds) = (cfg.pin, cfg.seconds);
+    let _ticker = Ticker::start("kernel TCP (veth)".into(), to_stderr);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = topo.pair().a.spawn(move || -> std::io::Result<f64> {
+        if pin {
+            let _ = crate::pin_to_cpu(1);
+        }
+        let l = std::net::TcpListener::bind((a_ip, KERNEL_TCP_PORT))?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept()?;
+        let mut buf = vec![0u8; 1 << 17];
+        let mut n = 0u64;
+        let mut t0 = None;
+        loop {
+            let k = s.read(&mut buf)?;
+            if k == 0 {
+                break;
+            }
+            t0.get_or_insert_with(Instant::now);
+            n += k as u64;
+        }
+        let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        Ok(if secs > 0.0 {
+            n as f64 * 8.0 / secs / 1e9
+        } else {
+            0.0
+        })
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| IwperfError::Setup("kernel TCP reference: no listener".into()))?;
+    let client = topo.pair().b.spawn(move || -> std::io::Result<()> {
+        if pin {
+            let _ = crate::pin_to_cpu(0);
+        }
+        let mut s = std::net::TcpStream::connect((a_ip, KERNEL_TCP_PORT))?;
+        let buf = vec![0x5au8; 1 << 17];
+        let end = Instant::now() + Duration::from_secs_f64(seconds);
+        while Instant::now() < end {
+            s.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    joined(client).map_err(setup)?;
+    joined(server).map_err(setup)
+}
+
+/// The result of a thread spawned in a namespace (`NetNs::spawn`): entering it, then
+/// what the thread returned; a panic is an error too.
+fn joined<T>(
+    h: std::thread::JoinHandle<std::io::Result<std::io::Result<T>>>,
+) -> std::io::Result<T> {
+    h.join()
+        .map_err(|_| std::io::Error::other("thread panicked"))
+        .and_then(|r| r.and_then(|r| r))
+}
+
 fn cpu_args(cfg: &DemoConfig, cpu: usize) -> Vec<String> {
     if cfg.pin {
         vec!["--cpu".into(), cpu.to_string()]
@@ -594,12 +687,16 @@ fn endpoint_args(e: &Endpoint) -> Vec<String> {
 }
 
 fn common_args(cfg: &DemoConfig) -> Vec<String> {
-    vec![
+    let mut v = vec![
         "--spin-us".into(),
         cfg.spin.as_micros().to_string(),
         "--tcp-buffer".into(),
         cfg.tcp_buffer.to_string(),
-    ]
+    ];
+    if !cfg.offload {
+        v.push("--no-offload".into());
+    }
+    v
 }
 
 fn harness(e: netlab::HarnessError) -> IwperfError {
@@ -712,6 +809,7 @@ fn tap_round(
     let server: TransferReport = json_line(&so)?;
     let client: TransferReport = json_line(&co)?;
     out.tcp_gbps = server.gbit_per_s;
+    out.kernel_gbps = Some(kernel_tcp(cfg, topo, to_stderr)?);
     out.tcp_cpu_gbps = Some(TransferReport::rate(
         server.bytes,
         (server.cpu_user + server.cpu_sys).max(client.cpu_user + client.cpu_sys),

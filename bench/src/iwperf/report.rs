@@ -205,6 +205,11 @@ pub struct DemoReport {
     pub crc: bool,
     /// Median raw smoltcp TCP Gbit/s.
     pub baseline_tcp_gbps: f64,
+    /// Median Gbit/s of kernel TCP between the two namespaces over the same bridges and
+    /// veth (TAP mode; the absolute reference), `None` over a memory link.
+    pub kernel_tcp_gbps: Option<f64>,
+    /// TAP checksum and segmentation offload on.
+    pub offload: bool,
     /// One row per operation.
     pub results: Vec<DemoRow>,
     /// The latency row, if measured.
@@ -242,6 +247,8 @@ impl DemoReport {
             "seconds": self.seconds,
             "crc": self.crc,
             "baseline_tcp_gbps": self.baseline_tcp_gbps,
+            "kernel_tcp_gbps": self.kernel_tcp_gbps,
+            "offload": self.offload,
             "results": results,
             "latency_us": latency,
         })
@@ -253,7 +260,7 @@ impl DemoReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "iWARP over {} (MTU {}, MPA CRC {}), medians of {} round(s) of {:.1} s; baseline: raw smoltcp TCP on the same path",
+            "iWARP over {} (MTU {}, MPA CRC {}, offload {}), medians of {} round(s) of {:.1} s; baseline: raw smoltcp TCP on the same path",
             if self.link == "tap" {
                 "TAPs in two network namespaces"
             } else {
@@ -261,9 +268,16 @@ impl DemoReport {
             },
             self.mtu,
             if self.crc { "on" } else { "off" },
+            if self.offload { "on" } else { "off" },
             self.rounds,
             self.seconds
         );
+        if let Some(k) = self.kernel_tcp_gbps {
+            let _ = writeln!(
+                s,
+                "kernel TCP (veth): {k:.2} Gbit/s between the namespaces' bridges over the same veth (the absolute reference)"
+            );
+        }
         let _ = writeln!(
             s,
             "| op    |    size | Gbit/s |   Mpps | baseline Gbit/s | ratio  | ratio, CPU-normalized | verify |"
@@ -416,6 +430,8 @@ mod tests {
             seconds: 1.0,
             crc: true,
             baseline_tcp_gbps: 4.0,
+            kernel_tcp_gbps: None,
+            offload: true,
             results: vec![DemoRow {
                 op: Op::Read,
                 size: 65536,

@@ -74,6 +74,10 @@ struct Cli {
     /// Engine busy-poll time in microseconds after activity.
     #[arg(long)]
     spin_us: Option<u64>,
+    /// Open the TAP without checksum and segmentation offload: the kernel then cuts
+    /// the peer's super-segments before this side reads them (and captures them).
+    #[arg(long)]
+    no_offload: bool,
 }
 
 fn main() -> ExitCode {
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
     opts.transfer.ulpdu_size = cli.ulpdu_size;
     opts.transfer.abort_after = cli.abort_after;
     opts.pcap = cli.link.pcap.map(|p| (p, cli.pcap_limit));
+    opts.offload = !cli.no_offload;
     if let Some(us) = cli.spin_us {
         opts.spin = Duration::from_micros(us);
     }

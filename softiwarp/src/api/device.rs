@@ -21,7 +21,9 @@ use crate::engine::{
     run_engine, Command, DeviceError, DeviceEvent, Driving, Engine, EngineConfig, Handle,
     PendingRequest, Shared,
 };
-use crate::link::{FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink};
+use crate::link::{
+    FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink, TapOffload,
+};
 use crate::resources::event_queue::{DeviceEnd, EventQueue};
 use crate::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 use crate::transport::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
@@ -154,6 +156,12 @@ pub struct DeviceConfig {
     /// (`siw_proc_rresp` checks `LOCAL_WRITE` only); turn it on to find, on the soft
     /// device, the applications that would fail on Chelsio hardware.
     pub strict_read_sink: bool,
+    /// TCP checksum and segmentation offload on a TAP link ([`TapOffload::Tcp4`]):
+    /// smoltcp hands TCP super-segments of up to 64 KiB to the kernel, which cuts them
+    /// into MSS-sized segments (each still one FPDU: "One FPDU per TCP segment" in
+    /// [`crate::transport`]), and reads coalesced frames. Default `true`; a kernel that
+    /// refuses it is logged once and the device runs without. Other links ignore it.
+    pub offload: bool,
 }
 
 impl DeviceConfig {
@@ -178,6 +186,7 @@ impl DeviceConfig {
             engine: EngineConfig::default(),
             netns: None,
             strict_read_sink: false,
+            offload: true,
         }
     }
 }
@@ -296,9 +305,16 @@ struct Started {
     driving: Arc<Driving>,
 }
 
-fn open_link(cfg: LinkConfig) -> Result<Box<dyn Link>, LinkError> {
+fn open_link(cfg: LinkConfig, offload: bool) -> Result<Box<dyn Link>, LinkError> {
     let mut link: Box<dyn Link> = match cfg.spec {
-        LinkSpec::Tap(name) => Box::new(TapLink::open(&name)?),
+        LinkSpec::Tap(name) => {
+            let o = if offload {
+                TapOffload::Tcp4
+            } else {
+                TapOffload::Off
+            };
+            Box::new(TapLink::open_with(&name, o)?)
+        }
         LinkSpec::Memory(m) => Box::new(m),
         LinkSpec::Udp(c) => Box::new(crate::link::UdpLink::open(&c)?),
         LinkSpec::Boxed(l) => l,
@@ -344,6 +360,7 @@ impl Device {
             engine,
             netns,
             strict_read_sink,
+            offload,
         } = config;
         let stack_cfg = StackConfig {
             interface,
@@ -362,7 +379,7 @@ impl Device {
                     if let Some(ns) = &netns {
                         enter_netns(ns).map_err(DeviceError::Thread)?;
                     }
-                    let link = open_link(link)?;
+                    let link = open_link(link, offload)?;
                     Ok(Stack::new(link, stack_cfg, smoltcp::time::Instant::ZERO)?)
                 };
                 let start = StdInstant::now();

@@ -17,6 +17,13 @@
 //! on send, a held frame goes out after the next sent frame, or at the next `recv` or
 //! `poll_event` call, whichever comes first.
 //!
+//! Over a link with TCP offload ([`Link::tcp_offload`]) the faults still hit wire
+//! segments: received offloaded frames (partial checksums, coalesced segments) are cut
+//! into their segments with complete checksums first, every frame then reaches the
+//! device unverified ([`RxMeta`](super::RxMeta)'s default); super-segments sent are cut
+//! in software (the default [`Link::send_tcp_offload`]) and each piece goes through the
+//! faults.
+//!
 //! There is no Ethernet FCS on a TAP or memory link, so a corrupted frame reaches the
 //! stack as is: what catches it is the IPv4 header checksum, the TCP checksum, or
 //! (for the Ethernet header) a destination MAC that no longer matches; an ARP frame has
@@ -28,7 +35,7 @@ use std::os::fd::BorrowedFd;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{Link, LinkError, LinkEvent};
+use super::{segment_tcp4, Link, LinkError, LinkEvent, RxCsum};
 
 /// Which way a frame travels, seen from the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +128,9 @@ pub struct Faults<L> {
     rx_stats: FaultStats,
     /// Frames to return from `recv` before reading the inner link.
     ready: VecDeque<Vec<u8>>,
+    /// Wire segments of an offloaded frame received from the inner link, not yet
+    /// through the faults.
+    wire: VecDeque<Vec<u8>>,
     held_rx: Option<Vec<u8>>,
     held_tx: Option<Vec<u8>>,
     scratch: Vec<u8>,
@@ -145,6 +155,7 @@ impl<L: Link> Faults<L> {
             tx_stats: FaultStats::default(),
             rx_stats: FaultStats::default(),
             ready: VecDeque::new(),
+            wire: VecDeque::new(),
             held_rx: None,
             held_tx: None,
             scratch: Vec::new(),
@@ -236,6 +247,40 @@ impl<L: Link> Faults<L> {
         v
     }
 
+    /// Copies a queued frame into `buf` (cut to its length), keeps its buffer for
+    /// reuse, and returns the length copied.
+    fn hand_out(&mut self, f: Vec<u8>, buf: &mut [u8]) -> usize {
+        let n = f.len().min(buf.len());
+        buf[..n].copy_from_slice(&f[..n]);
+        self.pool.push(f);
+        n
+    }
+
+    /// The next frame of the inner link into `buf`, as the wire carries it: a frame
+    /// the link offloaded (a partial checksum, several segments coalesced) is cut into
+    /// its segments with complete checksums first ([`segment_tcp4`]), so that every
+    /// fault hits one wire segment and a corruption is caught by the TCP checksum.
+    fn next_inner(&mut self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        loop {
+            if let Some(f) = self.wire.pop_front() {
+                return Ok(Some(self.hand_out(f, buf)));
+            }
+            let Some(m) = self.inner.recv_meta(buf)? else {
+                return Ok(None);
+            };
+            if m.csum != RxCsum::Partial && m.gso_size.is_none() {
+                return Ok(Some(m.len));
+            }
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let _ = segment_tcp4(&buf[..m.len], m.gso_size, &mut scratch, |piece| {
+                let copy = self.copy_of(piece);
+                self.wire.push_back(copy);
+                Ok(())
+            });
+            self.scratch = scratch;
+        }
+    }
+
     /// Sends a held TX frame, if any. A failure loses it, like a frame lost on the wire.
     fn release_tx(&mut self) {
         if let Some(held) = self.held_tx.take() {
@@ -260,16 +305,17 @@ impl<L: Link> Link for Faults<L> {
         self.inner.max_frame_len()
     }
 
+    fn tcp_offload(&self) -> bool {
+        self.inner.tcp_offload()
+    }
+
     fn recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
         self.release_tx();
         loop {
             if let Some(f) = self.ready.pop_front() {
-                let n = f.len().min(buf.len());
-                buf[..n].copy_from_slice(&f[..n]);
-                self.pool.push(f);
-                return Ok(Some(n));
+                return Ok(Some(self.hand_out(f, buf)));
             }
-            let Some(n) = self.inner.recv(buf)? else {
+            let Some(n) = self.next_inner(buf)? else {
                 if let Some(h) = self.held_rx.take() {
                     self.ready.push_back(h);
                     continue;

@@ -64,6 +64,7 @@ use nix::errno::Errno;
 
 pub mod faults;
 pub mod memory;
+pub mod offload;
 pub mod pcap;
 pub(crate) mod rtnl;
 pub mod tap;
@@ -71,8 +72,9 @@ pub mod udp;
 
 pub use faults::{CorruptedFrame, Direction, FaultConfig, FaultStats, Faults};
 pub use memory::{MemoryConfig, MemoryControl, MemoryLink};
+pub use offload::{segment_tcp4, RxCsum, RxMeta, OFFLOAD_MAX_FRAME};
 pub use pcap::{Pcap, PcapClock, PCAP_LINKTYPE_ETHERNET, PCAP_SNAPLEN};
-pub use tap::{TapLink, TapOptions, TAP_MAX_MTU};
+pub use tap::{TapLink, TapOffload, TapOptions, TAP_MAX_MTU};
 pub use udp::{UdpConfig, UdpLink, UDP_MAX_MTU};
 
 /// Length in bytes of an Ethernet II header (two 6-byte MACs and a 2-byte EtherType),
@@ -215,6 +217,44 @@ pub trait Link: Send {
     /// An fd that is readable while a frame or an event is pending; poll it for `POLLIN`.
     fn poll_fd(&self) -> BorrowedFd<'_>;
 
+    /// Whether the link does the TCP/IPv4 offloads of the [`offload`] module: checksum
+    /// offload both ways, segmentation of [`Link::send_tcp_offload`] super-segments,
+    /// and coalesced received frames of up to [`OFFLOAD_MAX_FRAME`] bytes. `false` by
+    /// default (memory and UDP links); a TAP opened with offload says `true` when the
+    /// kernel accepted it (`TUNSETOFFLOAD`).
+    fn tcp_offload(&self) -> bool {
+        false
+    }
+
+    /// As [`Link::recv`], with what the link knows about the frame's checksum and
+    /// coalescing ([`RxMeta`]). With [`Link::tcp_offload`], `buf` should hold
+    /// [`OFFLOAD_MAX_FRAME`] bytes. Default: `recv`, every frame
+    /// [`RxCsum::Unverified`] and not coalesced.
+    ///
+    /// Errors: as [`Link::recv`].
+    fn recv_meta(&mut self, buf: &mut [u8]) -> Result<Option<RxMeta>, LinkError> {
+        Ok(self.recv(buf)?.map(|len| RxMeta {
+            len,
+            ..RxMeta::default()
+        }))
+    }
+
+    /// Sends an Ethernet II / IPv4 / TCP `frame` whose TCP checksum is not computed, and
+    /// whose payload, with `gso_size`, is cut into pieces of `gso_size` bytes on the way
+    /// (TSO; [`offload`] module docs); `frame` is at most [`OFFLOAD_MAX_FRAME`] bytes and
+    /// may be changed (its checksum field). Default: the cutting and the checksums in
+    /// software ([`segment_tcp4`]), each piece through [`Link::send`].
+    ///
+    /// Errors: as [`Link::send`], for the first piece that fails.
+    fn send_tcp_offload(
+        &mut self,
+        frame: &mut [u8],
+        gso_size: Option<u16>,
+    ) -> Result<(), LinkError> {
+        let mut scratch = Vec::new();
+        segment_tcp4(frame, gso_size, &mut scratch, |piece| self.send(piece))
+    }
+
     /// Takes the next pending state change, oldest first. Call it after each wake-up.
     fn poll_event(&mut self) -> Option<LinkEvent>;
 
@@ -241,6 +281,19 @@ impl<L: Link + ?Sized> Link for Box<L> {
     }
     fn poll_fd(&self) -> BorrowedFd<'_> {
         (**self).poll_fd()
+    }
+    fn tcp_offload(&self) -> bool {
+        (**self).tcp_offload()
+    }
+    fn recv_meta(&mut self, buf: &mut [u8]) -> Result<Option<RxMeta>, LinkError> {
+        (**self).recv_meta(buf)
+    }
+    fn send_tcp_offload(
+        &mut self,
+        frame: &mut [u8],
+        gso_size: Option<u16>,
+    ) -> Result<(), LinkError> {
+        (**self).send_tcp_offload(frame, gso_size)
     }
     fn poll_event(&mut self) -> Option<LinkEvent> {
         (**self).poll_event()

@@ -19,7 +19,7 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Link, LinkError, LinkEvent};
+use super::{segment_tcp4, Link, LinkError, LinkEvent, RxCsum, RxMeta};
 
 /// Pcap link type for Ethernet II frames (`LINKTYPE_ETHERNET`, tcpdump.org link-layer
 /// header types).
@@ -47,6 +47,8 @@ pub struct Pcap<L, W: Write + Send = BufWriter<File>> {
     out: Option<W>,
     clock: PcapClock,
     frames: u64,
+    /// Segments of an offloaded frame being recorded.
+    scratch: Vec<u8>,
 }
 
 impl<L, W: Write + Send> std::fmt::Debug for Pcap<L, W> {
@@ -87,6 +89,7 @@ impl<L: Link, W: Write + Send> Pcap<L, W> {
             out: Some(out),
             clock,
             frames: 0,
+            scratch: Vec::new(),
         })
     }
 
@@ -122,6 +125,17 @@ impl<L: Link, W: Write + Send> Pcap<L, W> {
     /// writer is not flushed.
     pub fn into_parts(self) -> (L, Option<W>) {
         (self.inner, self.out)
+    }
+
+    /// Records an offloaded TCP frame as the wire carries it: cut into segments of
+    /// `gso_size` payload bytes with complete checksums ([`segment_tcp4`]).
+    fn record_wire(&mut self, frame: &[u8], gso_size: Option<u16>) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let _ = segment_tcp4(frame, gso_size, &mut scratch, |piece| {
+            self.record(piece);
+            Ok(())
+        });
+        self.scratch = scratch;
     }
 
     fn record(&mut self, frame: &[u8]) {
@@ -180,16 +194,42 @@ impl<L: Link, W: Write + Send> Link for Pcap<L, W> {
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
-        let got = self.inner.recv(buf)?;
-        if let Some(n) = got {
-            self.record(&buf[..n]);
-        }
-        Ok(got)
+        Ok(self.recv_meta(buf)?.map(|m| m.len))
     }
 
     fn send(&mut self, frame: &[u8]) -> Result<(), LinkError> {
         self.inner.send(frame)?;
         self.record(frame);
+        Ok(())
+    }
+
+    fn tcp_offload(&self) -> bool {
+        self.inner.tcp_offload()
+    }
+
+    fn recv_meta(&mut self, buf: &mut [u8]) -> Result<Option<RxMeta>, LinkError> {
+        let got = self.inner.recv_meta(buf)?;
+        if let Some(m) = got {
+            if m.csum == RxCsum::Partial || m.gso_size.is_some() {
+                self.record_wire(&buf[..m.len], m.gso_size);
+            } else {
+                self.record(&buf[..m.len]);
+            }
+        }
+        Ok(got)
+    }
+
+    fn send_tcp_offload(
+        &mut self,
+        frame: &mut [u8],
+        gso_size: Option<u16>,
+    ) -> Result<(), LinkError> {
+        // Recorded first: the link may change the frame (its partial checksum).
+        let capture = self.out.is_some().then(|| frame.to_vec());
+        self.inner.send_tcp_offload(frame, gso_size)?;
+        if let Some(c) = capture {
+            self.record_wire(&c, gso_size);
+        }
         Ok(())
     }
 

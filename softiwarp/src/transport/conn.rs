@@ -20,7 +20,7 @@ use super::smoltcp_glue::mss_for_mtu;
 use super::Listener;
 use super::{
     ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId, RxHook, StackConfig,
-    StackEvent, StackStats, TimeoutPhase, Ulp, MAX_HELD_ULPDUS, RX_CHUNK, TX_BATCH_BYTES,
+    StackEvent, StackStats, TimeoutPhase, Ulp, MAX_HELD_ULPDUS, RX_CHUNK,
 };
 
 /// Where a connection is in its life, as far as the stack's bookkeeping goes.
@@ -172,6 +172,12 @@ pub(super) struct Cx<'a> {
     pub(super) listeners: &'a mut std::collections::BTreeMap<ListenerId, Listener>,
     /// The link's IP MTU in bytes.
     pub(super) mtu: usize,
+    /// Bytes of FPDUs a connection writes in one round at most: [`TX_BATCH_BYTES`](super::TX_BATCH_BYTES), or
+    /// with TCP segmentation offload at most what smoltcp puts in one super-segment, so
+    /// that all a round wrote leaves as one super-segment the link cuts where smoltcp
+    /// would have (one FPDU per wire segment; "One FPDU per TCP segment" in the module
+    /// docs).
+    pub(super) tx_batch_max: usize,
 }
 
 pub(super) fn micros(t: Instant) -> u64 {
@@ -660,7 +666,7 @@ impl Conn {
                                 cx.stats.fpdus_batched += 1;
                             }
                             batch += direct;
-                            if batch + self.emss > TX_BATCH_BYTES || !self.may_batch(cx, direct) {
+                            if batch + self.emss > cx.tx_batch_max || !self.may_batch(cx, direct) {
                                 break;
                             }
                         }

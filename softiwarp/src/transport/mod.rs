@@ -81,6 +81,12 @@
 //!   stale one only means fewer FPDUs written ahead. At MTU 1500 this is one
 //!   connection round per up to 44 FPDUs instead of one per FPDU;
 //!   [`StackStats::fpdus_batched`] counts the FPDUs written ahead.
+//! * With TCP segmentation offload ([`crate::link::Link::tcp_offload`]) smoltcp sends
+//!   all unsent bytes up to its TSO limit (whole EMSS-sized segments,
+//!   [`smoltcp_glue::tso_payload_max`]) as one super-segment, which the link cuts every
+//!   EMSS bytes from its start: the same segments as without the offload. A round then
+//!   writes at most that many bytes of FPDUs (instead of 64 KiB), so that what it wrote
+//!   leaves as one super-segment and every cut falls between two FPDUs.
 //! * Retransmissions are smoltcp's: after an RTO it resends from the oldest unacknowledged
 //!   byte in MSS-sized pieces, which may cross FPDU boundaries. Receivers (ours, siw,
 //!   Chelsio) reassemble the stream, so this costs only the "one FPDU per segment"
@@ -701,6 +707,11 @@ impl<L: Link> Stack<L> {
         Cx<'_>,
     ) {
         let mtu = self.dev.inner.link().mtu();
+        let tx_batch_max = if self.dev.inner.offload() {
+            TX_BATCH_BYTES.min(self.dev.inner.tcp_payload_max())
+        } else {
+            TX_BATCH_BYTES
+        };
         (
             &mut self.conns,
             &mut self.sockets,
@@ -712,6 +723,7 @@ impl<L: Link> Stack<L> {
                 progress: &mut self.progress,
                 listeners: &mut self.listeners,
                 mtu,
+                tx_batch_max,
             },
         )
     }

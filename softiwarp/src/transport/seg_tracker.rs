@@ -547,6 +547,10 @@ impl<L: Link> TxToken for TrackedTx<'_, L> {
             r
         })
     }
+
+    fn set_meta(&mut self, meta: smoltcp::phy::PacketMeta) {
+        self.inner.set_meta(meta);
+    }
 }
 
 impl<L: Link> Device for TrackedDevice<L> {

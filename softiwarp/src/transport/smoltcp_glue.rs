@@ -12,6 +12,17 @@
 //! which the engine polls. While the link is not up, `transmit` offers no token, so smoltcp
 //! keeps what it has to send (its timers, including the TCP user timeout, keep running).
 //!
+//! # Offload
+//!
+//! Over a link that offloads TCP ([`Link::tcp_offload`], a TAP opened with
+//! `TapOffload::Tcp4`), read once when the device is made: the buffers are
+//! [`OFFLOAD_MAX_FRAME`] bytes; the capabilities turn smoltcp's TCP checksums off (the
+//! link completes them on send; smoltcp requires that for segmentation) and give it a
+//! TSO limit of [`tso_payload_max`] payload bytes; every TCP frame goes out through
+//! [`Link::send_tcp_offload`] with smoltcp's `segmentation_offload_size`. On receive,
+//! a frame the link did not vouch for ([`RxCsum::Unverified`]) has its TCP checksum
+//! checked here, and a bad one is dropped and counted ([`DeviceStats::rx_csum_errors`]).
+//!
 //! # Example
 //!
 //! ```
@@ -37,15 +48,17 @@
 //! ```
 
 use std::net::Ipv4Addr;
+use std::num::{NonZeroU16, NonZeroUsize};
 use std::time::Duration;
 
 use smoltcp::iface::{Config, Interface};
-use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
+use smoltcp::phy::{Checksum, Device, DeviceCapabilities, Medium, PacketMeta, RxToken, TxToken};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
-use crate::link::{Link, LinkError};
+use crate::link::offload::{fill_tcp_csum, tcp4_layout, tcp_csum_ok};
+use crate::link::{Link, LinkError, RxCsum, OFFLOAD_MAX_FRAME};
 
 /// Length in bytes of an IPv4 header without options (RFC 791).
 pub const IPV4_HEADER_LEN: usize = 20;
@@ -75,6 +88,25 @@ pub struct DeviceStats {
     pub rx_errors: u64,
     /// Frames smoltcp sent that the link refused (link down or gone, OS error); lost.
     pub tx_errors: u64,
+    /// TCP super-segments sent for the link to cut ([`Link::send_tcp_offload`] with a
+    /// segment size), included in `tx_frames`.
+    pub tx_super_segments: u64,
+    /// Coalesced frames received (more than one segment's payload), in `rx_frames`.
+    pub rx_coalesced: u64,
+    /// Received TCP frames dropped for a wrong checksum, verified here because the link
+    /// offloads checksums and had not verified them ([`RxCsum::Unverified`]).
+    pub rx_csum_errors: u64,
+}
+
+/// Largest TCP payload in bytes of one super-segment for an IP MTU in bytes, with TCP
+/// segmentation offload: the most whole MSS-sized segments (`mss_for_mtu`) that fit in
+/// one IPv4 datagram of 65535 bytes with 40 bytes of headers (at MTU 1500: 44 x 1460 =
+/// 64240). Whole segments, so that a super-segment smoltcp cuts at this size ends where
+/// its segments would have ended without the offload.
+pub fn tso_payload_max(mtu: usize) -> usize {
+    let mss = mss_for_mtu(mtu).max(1);
+    let room = 65_535 - IPV4_HEADER_LEN - TCP_HEADER_LEN;
+    (room / mss).max(1) * mss
 }
 
 /// A smoltcp device over a [`Link`]. See the [module docs](self).
@@ -84,17 +116,42 @@ pub struct LinkDevice<L> {
     rx_buf: Vec<u8>,
     tx_buf: Vec<u8>,
     stats: DeviceStats,
+    /// The link does the TCP offloads ([`Link::tcp_offload`], read once at `new`).
+    offload: bool,
 }
 
 impl<L: Link> LinkDevice<L> {
-    /// Wraps `link`, allocating its two frame buffers (`max_frame_len()` bytes each).
+    /// Wraps `link`, allocating its two frame buffers (`max_frame_len()` bytes each, or
+    /// [`OFFLOAD_MAX_FRAME`] when the link offloads TCP).
     pub fn new(link: L) -> Self {
-        let n = link.max_frame_len();
+        let offload = link.tcp_offload();
+        let n = if offload {
+            OFFLOAD_MAX_FRAME.max(link.max_frame_len())
+        } else {
+            link.max_frame_len()
+        };
         LinkDevice {
             link,
             rx_buf: vec![0; n],
             tx_buf: vec![0; n],
             stats: DeviceStats::default(),
+            offload,
+        }
+    }
+
+    /// Whether the device hands TCP checksums and segmentation to its link ([module
+    /// docs](self), "Offload").
+    pub fn offload(&self) -> bool {
+        self.offload
+    }
+
+    /// The largest TCP payload in bytes smoltcp puts in one frame: with the offload
+    /// [`tso_payload_max`] of the link's MTU, else the MSS.
+    pub fn tcp_payload_max(&self) -> usize {
+        if self.offload {
+            tso_payload_max(self.link.mtu())
+        } else {
+            mss_for_mtu(self.link.mtu())
         }
     }
 
@@ -123,18 +180,48 @@ impl<L: Link> LinkDevice<L> {
     /// `receive`, for a wrapper that looks at the frame ([`LinkDevice::rx_frame`])
     /// before it hands out the tokens ([`LinkDevice::tokens`]).
     pub(crate) fn fill_rx(&mut self) -> Option<usize> {
-        match self.link.recv(&mut self.rx_buf) {
-            Ok(Some(n)) => {
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += n as u64;
-                Some(n)
+        loop {
+            match self.link.recv_meta(&mut self.rx_buf) {
+                Ok(Some(m)) => {
+                    let n = m.len;
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_bytes += n as u64;
+                    if self.offload && !self.rx_checked(n, m.csum) {
+                        self.stats.rx_csum_errors += 1;
+                        continue;
+                    }
+                    if m.gso_size.is_some() {
+                        self.stats.rx_coalesced += 1;
+                    }
+                    return Some(n);
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    self.stats.rx_errors += 1;
+                    tracing::trace!(link = self.link.name(), error = %e, "receive failed");
+                    return None;
+                }
             }
-            Ok(None) => None,
-            Err(e) => {
-                self.stats.rx_errors += 1;
-                tracing::trace!(link = self.link.name(), error = %e, "receive failed");
-                None
+        }
+    }
+
+    /// With the offload smoltcp verifies no TCP checksum (it cannot tell per frame
+    /// whether one is complete), so it is done here: an unverified frame's is checked
+    /// (`false`: drop it); a partial one is trusted ([`RxCsum::Partial`]) and, for a
+    /// segment without payload (an ACK, SYN, FIN, RST), completed, since the transport's
+    /// segment tracker reads the windows of such frames only when their checksums are
+    /// right (`seg_tracker::parse_seg`); a payload's checksum is not computed.
+    fn rx_checked(&mut self, n: usize, csum: RxCsum) -> bool {
+        let frame = &mut self.rx_buf[..n];
+        match csum {
+            RxCsum::Unverified => tcp_csum_ok(frame),
+            RxCsum::Partial => {
+                if tcp4_layout(frame).is_some_and(|(_, doff, tcp_len)| tcp_len == doff) {
+                    fill_tcp_csum(frame);
+                }
+                true
             }
+            RxCsum::Valid => true,
         }
     }
 
@@ -150,6 +237,7 @@ impl<L: Link> LinkDevice<L> {
             rx_buf,
             tx_buf,
             stats,
+            offload,
         } = self;
         (
             LinkRxToken {
@@ -159,6 +247,8 @@ impl<L: Link> LinkDevice<L> {
                 link,
                 buf: tx_buf,
                 stats,
+                offload: *offload,
+                gso_size: None,
             },
         )
     }
@@ -185,6 +275,9 @@ pub struct LinkTxToken<'a, L> {
     link: &'a mut L,
     buf: &'a mut Vec<u8>,
     stats: &'a mut DeviceStats,
+    offload: bool,
+    /// smoltcp's `PacketMeta::segmentation_offload_size` for this frame.
+    gso_size: Option<NonZeroU16>,
 }
 
 impl<L: Link> TxToken for LinkTxToken<'_, L> {
@@ -198,7 +291,15 @@ impl<L: Link> TxToken for LinkTxToken<'_, L> {
         }
         let frame = &mut self.buf[..len];
         let r = f(frame);
-        match self.link.send(frame) {
+        let sent = if self.offload {
+            // Every TCP frame has its checksum left to the link (capabilities()).
+            let gso = self.gso_size.map(NonZeroU16::get);
+            self.stats.tx_super_segments += u64::from(gso.is_some());
+            self.link.send_tcp_offload(frame, gso)
+        } else {
+            self.link.send(frame)
+        };
+        match sent {
             Ok(()) => {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += len as u64;
@@ -209,6 +310,10 @@ impl<L: Link> TxToken for LinkTxToken<'_, L> {
             }
         }
         r
+    }
+
+    fn set_meta(&mut self, meta: PacketMeta) {
+        self.gso_size = meta.segmentation_offload_size;
     }
 }
 
@@ -236,6 +341,8 @@ impl<L: Link> Device for LinkDevice<L> {
             link: &mut self.link,
             buf: &mut self.tx_buf,
             stats: &mut self.stats,
+            offload: self.offload,
+            gso_size: None,
         })
     }
 
@@ -245,6 +352,17 @@ impl<L: Link> Device for LinkDevice<L> {
         // smoltcp's MTU for Ethernet includes the 14-byte header.
         caps.max_transmission_unit = self.link.max_frame_len();
         caps.max_burst_size = None;
+        if self.offload {
+            // The link completes TCP checksums on send, and received ones are checked
+            // in `fill_rx` (smoltcp requires TX checksum offload with segmentation).
+            caps.checksum.tcp = Checksum::None;
+            caps.segmentation.tcpv4 = NonZeroUsize::new(
+                caps.max_transmission_unit - self.link.mtu()
+                    + IPV4_HEADER_LEN
+                    + TCP_HEADER_LEN
+                    + tso_payload_max(self.link.mtu()),
+            );
+        }
         caps
     }
 }
@@ -451,6 +569,22 @@ mod tests {
         assert_eq!(small.socket_for_mss(1460).unwrap().send_capacity(), 2920);
         assert_eq!(small.socket_for_mss(1501).unwrap().send_capacity(), 3000);
         assert_eq!(c.socket_for_mss(1460).unwrap().recv_capacity(), 256 * 1024);
+    }
+
+    #[test]
+    fn tso_limit_is_whole_segments_in_one_datagram() {
+        assert_eq!(tso_payload_max(1500), 44 * 1460);
+        assert_eq!(tso_payload_max(9000), 7 * 8960);
+        assert_eq!(tso_payload_max(65000), 64960);
+        assert_eq!(tso_payload_max(65521), 65481);
+        // A memory link never offloads: its device keeps smoltcp's checksums and MSS.
+        let (a, _b) = MemoryLink::pair(MemoryConfig::default()).unwrap();
+        let dev = LinkDevice::new(a);
+        assert!(!dev.offload());
+        assert_eq!(dev.tcp_payload_max(), 1460);
+        let caps = dev.capabilities();
+        assert!(caps.segmentation.tcpv4.is_none());
+        assert!(caps.checksum.tcp.rx() && caps.checksum.tcp.tx());
     }
 
     #[test]

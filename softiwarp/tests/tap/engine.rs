@@ -3,6 +3,12 @@
 //! before opening its TAP. Connect, move 64 MiB of ULPDUs (valid DDP segments) verified
 //! by checksum, close, and decode the pcap written by one side with `iwdump`: zero errors.
 //!
+//! A second run moves 1 MiB the same way with TCP segmentation offload on both TAPs (the default) and
+//! the fault middleware on one side, both directions: 1% loss, reordering and corruption
+//! of wire segments (the middleware cuts the super-segments first); every ULPDU must
+//! arrive intact and in order, and the connection must survive (a corruption that got
+//! past the TCP checksum would fail MPA's CRC and end it).
+//!
 //! Skips (with a message) when not run as root. The namespaces and interfaces are removed
 //! by `TapPair`'s `Drop`, also when the test fails; the test checks that at its end.
 
@@ -11,8 +17,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use netlab::netns::{is_root, unique_tag, TapPair, TapPairConfig};
+use softiwarp::link::FaultConfig;
 use softiwarp::transport::{CloseMode, ConnEvent, MpaParams};
-use softiwarp::{Device, DeviceConfig, LinkConfig};
+use softiwarp::{Device, DeviceConfig, FaultSpec, LinkConfig};
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(20);
@@ -58,14 +65,43 @@ fn write_ulpdu(state: &mut u64, to: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn tap_64mib_across_namespaces_with_clean_pcap() {
+    with_topology(
+        "tap_64mib_across_namespaces_with_clean_pcap",
+        |topo, pcap| run(topo, Some(pcap), None, TOTAL),
+    );
+}
+
+#[test]
+fn tap_1mib_with_offload_through_loss_reordering_and_corruption() {
+    let faults = FaultConfig {
+        drop: 0.01,
+        reorder: 0.01,
+        corrupt: 0.01,
+        corrupt_from: 14,
+        ..FaultConfig::none()
+    };
+    let spec = FaultSpec {
+        seed: 19,
+        tx: faults,
+        rx: faults,
+    };
+    with_topology(
+        "tap_1mib_with_offload_through_loss_reordering_and_corruption",
+        |topo, _| run(topo, None, Some(spec), 1 << 20),
+    );
+}
+
+/// Runs `f` on a new topology (skipping without root), then checks nothing of it is
+/// left, also when `f` panicked.
+fn with_topology(name: &str, f: impl FnOnce(&TapPair, &PathBuf) + std::panic::UnwindSafe) {
     if !is_root() {
-        eprintln!("skipping tap_64mib_across_namespaces_with_clean_pcap: needs root");
+        eprintln!("skipping {name}: needs root");
         return;
     }
     let topo = TapPair::create(TapPairConfig::default()).expect("topology");
     let names = [topo.a.name().to_owned(), topo.b.name().to_owned()];
     let pcap = std::env::temp_dir().join(format!("sw-engine-tap-{}.pcap", unique_tag()));
-    let outcome = std::panic::catch_unwind(|| run(&topo, &pcap));
+    let outcome = std::panic::catch_unwind(|| f(&topo, &pcap));
     drop(topo);
     let _ = std::fs::remove_file(&pcap);
     // Nothing of the topology survives it.
@@ -78,14 +114,18 @@ fn tap_64mib_across_namespaces_with_clean_pcap() {
     }
 }
 
-fn run(topo: &TapPair, pcap: &PathBuf) {
+/// Moves `total` bytes of ULPDUs from A to B; with `pcap`, A's capture is checked; with
+/// `faults`, A's link injects them.
+fn run(topo: &TapPair, pcap: Option<&PathBuf>, faults: Option<FaultSpec>, total: usize) {
     let (ip_a, ip_b) = (Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 2));
-    let mut ca = DeviceConfig::new(
-        "tapA",
-        LinkConfig::tap(&topo.tap_a).with_pcap(pcap),
-        ip_a,
-        24,
-    );
+    let mut link_a = LinkConfig::tap(&topo.tap_a);
+    if let Some(p) = pcap {
+        link_a = link_a.with_pcap(p);
+    }
+    if let Some(f) = faults {
+        link_a = link_a.with_faults(f);
+    }
+    let mut ca = DeviceConfig::new("tapA", link_a, ip_a, 24);
     ca.netns = Some(ns_path(topo.a.name()));
     let mut cb = DeviceConfig::new("tapB", LinkConfig::tap(&topo.tap_b), ip_b, 24);
     cb.netns = Some(ns_path(topo.b.name()));
@@ -120,13 +160,13 @@ fn run(topo: &TapPair, pcap: &PathBuf) {
     let start = Instant::now();
     let sender = std::thread::spawn(move || {
         let (mut h, mut state, mut to, mut sent, mut n) = (0u64, 0x9e37_79b9u64, 0u64, 0, 0u64);
-        while sent < TOTAL {
+        while sent < total {
             let len = if n % 5 == 4 {
                 14 + (n as usize * 97) % (mulpdu - 14)
             } else {
                 mulpdu
             };
-            let len = len.min(TOTAL - sent).max(14);
+            let len = len.min(total - sent).max(14);
             let u = write_ulpdu(&mut state, to, len);
             feed(&mut h, &u);
             to += (len - 14) as u64;
@@ -137,7 +177,7 @@ fn run(topo: &TapPair, pcap: &PathBuf) {
         (conn, h, n)
     });
     let (mut h, mut got, mut n) = (0u64, 0usize, 0u64);
-    while got < TOTAL {
+    while got < total {
         let u = served.recv_ulpdu(T).expect("receive");
         feed(&mut h, &u);
         got += u.len();
@@ -145,11 +185,12 @@ fn run(topo: &TapPair, pcap: &PathBuf) {
     }
     let elapsed = start.elapsed();
     let (conn, sent_h, sent_n) = sender.join().unwrap();
-    assert_eq!((got, n), (TOTAL, sent_n));
+    assert_eq!((got, n), (total, sent_n));
     assert_eq!(h, sent_h, "checksum mismatch");
     println!(
-        "64 MiB in {n} ULPDUs over TAP/bridge/veth: {elapsed:?}, {:.0} MB/s",
-        TOTAL as f64 / elapsed.as_secs_f64() / 1e6
+        "{} MiB in {n} ULPDUs over TAP/bridge/veth: {elapsed:?}, {:.0} MB/s",
+        total >> 20,
+        total as f64 / elapsed.as_secs_f64() / 1e6
     );
     conn.close(CloseMode::Graceful).unwrap();
     assert_eq!(conn.wait_ended(T), Some(None));
@@ -159,6 +200,9 @@ fn run(topo: &TapPair, pcap: &PathBuf) {
     // Closing the devices flushes the capture.
     drop((a, b));
 
+    let Some(pcap) = pcap else {
+        return;
+    };
     let report = iwdump::dissect_file(pcap).expect("pcap");
     assert!(
         report.errors.is_empty(),

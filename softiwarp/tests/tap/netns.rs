@@ -5,7 +5,10 @@
 //!   other (bridge, veth, bridge), with a pcap of one side;
 //! - link failure: `ip link set down`, `set up` and `ip link del` are each reported as a
 //!   link event within 100 ms (the spec), measured from just before `ip` is started;
-//! - `TapLink::create` makes a non-persistent TAP with the asked MTU, gone on drop.
+//! - `TapLink::create` makes a non-persistent TAP with the asked MTU, gone on drop;
+//! - segmentation offload: a TCP super-segment written to a TAP with `TapOffload::Tcp4`
+//!   reaches a TAP without offload as MSS-sized wire segments with correct checksums (the
+//!   kernel cut it), and a TAP with offload as one coalesced frame with its metadata.
 //!
 //! Each test skips (with a message) when not run as root. Every namespace and interface
 //! is removed by Drop guards, also when a test fails; each test checks that at its end.
@@ -21,7 +24,8 @@ use netlab::netns::{is_root, run_ip, unique_tag, NetNs, TapPair, TapPairConfig};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use smoltcp::time::Instant;
 use softiwarp::link::{
-    DownReason, GoneReason, Link, LinkError, LinkEvent, Pcap, TapLink, TapOptions,
+    DownReason, GoneReason, Link, LinkError, LinkEvent, Pcap, RxCsum, TapLink, TapOffload,
+    TapOptions, OFFLOAD_MAX_FRAME,
 };
 use softiwarp::transport::smoltcp_glue::TcpConfig;
 
@@ -500,4 +504,143 @@ fn tap_create_is_not_persistent_and_open_is_exclusive() {
     assert!(run_ip(&["link", "show", &name]).is_err());
     drop(ns);
     assert_cleaned(&[ns_name], &[name]);
+}
+
+/// An Ethernet/IPv4/TCP frame (broadcast, 10.98.0.1:1000 -> 10.98.0.2:2000, ACK|PSH,
+/// sequence number 7000) with `payload`; IPv4 checksum filled, TCP checksum zero, as
+/// smoltcp leaves it for a link that offloads it.
+fn tcp_frame(payload: &[u8]) -> Vec<u8> {
+    use smoltcp::wire::Ipv4Packet;
+    let mut f = vec![0u8; 54];
+    f[..6].copy_from_slice(&[0xff; 6]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xaa]);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&((40 + payload.len()) as u16).to_be_bytes());
+    f[22] = 64;
+    f[23] = 6;
+    f[26..30].copy_from_slice(&[10, 98, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 98, 0, 2]);
+    f[34..36].copy_from_slice(&1000u16.to_be_bytes());
+    f[36..38].copy_from_slice(&2000u16.to_be_bytes());
+    f[38..42].copy_from_slice(&7000u32.to_be_bytes());
+    f[46] = 0x50;
+    f[47] = 0x18;
+    f[48..50].copy_from_slice(&1024u16.to_be_bytes());
+    f.extend_from_slice(payload);
+    Ipv4Packet::new_unchecked(&mut f[14..]).fill_checksum();
+    f
+}
+
+/// A frame read with its metadata.
+type Received = (Vec<u8>, softiwarp::link::RxMeta);
+
+#[test]
+fn tap_offload_super_segment_is_cut_by_the_kernel_or_delivered_whole() {
+    if skip_unless_root("tap_offload_super_segment_is_cut_by_the_kernel_or_delivered_whole") {
+        return;
+    }
+    use smoltcp::wire::{IpAddress, Ipv4Packet, TcpPacket};
+    let topo = TapPair::create(TapPairConfig::default()).expect("topology");
+    let (ns_names, if_names) = names(&topo);
+    let (bar_a, bar_b) = rendezvous();
+    let (seen_tx, seen_rx) = mpsc::channel::<()>();
+    let payload: Vec<u8> = (0..3000u32).map(|i| (i * 13 + 5) as u8).collect();
+    let super_seg = tcp_frame(&payload);
+
+    let (tap_a, frame) = (topo.tap_a.clone(), super_seg.clone());
+    let side_a = topo.a.spawn(move || -> Result<(), String> {
+        let mut link = TapLink::open_with(&tap_a, TapOffload::Tcp4).map_err(|e| e.to_string())?;
+        if !link.tcp_offload() {
+            return Err("the kernel refused TUNSETOFFLOAD".into());
+        }
+        wait_up(&mut link)?;
+        // Twice: to B without offload, then to B with it.
+        for _ in 0..2 {
+            bar_a.meet()?;
+            let mut probe = test_frame(0, 64);
+            probe[13] = 0xb6;
+            let deadline = StdInstant::now() + Duration::from_secs(10);
+            while seen_rx.recv_timeout(Duration::from_millis(10)).is_err() {
+                link.send(&probe).map_err(|e| e.to_string())?;
+                if StdInstant::now() > deadline {
+                    return Err("no probe got through in 10 s".into());
+                }
+            }
+            let mut f = frame.clone();
+            link.send_tcp_offload(&mut f, Some(1000))
+                .map_err(|e| e.to_string())?;
+            bar_a.meet()?;
+        }
+        Ok(())
+    });
+
+    let tap_b = topo.tap_b.clone();
+    let side_b = topo
+        .b
+        .spawn(move || -> Result<(Vec<Vec<u8>>, Vec<Received>), String> {
+            let mut plain = Vec::new();
+            let mut whole = Vec::new();
+            for offload in [TapOffload::Off, TapOffload::Tcp4] {
+                let mut link = TapLink::open_with(&tap_b, offload).map_err(|e| e.to_string())?;
+                wait_up(&mut link)?;
+                bar_b.meet()?;
+                let mut buf = vec![0u8; OFFLOAD_MAX_FRAME];
+                let want = if offload == TapOffload::Off { 3 } else { 1 };
+                let deadline = StdInstant::now() + Duration::from_secs(10);
+                let mut got = 0;
+                while got < want && StdInstant::now() < deadline {
+                    match link.recv_meta(&mut buf).map_err(|e| e.to_string())? {
+                        Some(_) if buf[12..14] == [0x88, 0xb6] => {
+                            let _ = seen_tx.send(());
+                        }
+                        Some(m) if buf[12..14] == [0x08, 0x00] && buf[23] == 6 => {
+                            got += 1;
+                            if offload == TapOffload::Off {
+                                plain.push(buf[..m.len].to_vec());
+                            } else {
+                                whole.push((buf[..m.len].to_vec(), m));
+                            }
+                        }
+                        Some(_) => {}
+                        None => {
+                            wait_readable(&link, 100);
+                        }
+                    }
+                }
+                bar_b.meet()?;
+            }
+            Ok((plain, whole))
+        });
+    let ra = side_a.join().expect("thread A");
+    let rb = side_b.join().expect("thread B");
+    drop(topo);
+    assert_cleaned(&ns_names, &if_names);
+    ra.expect("A entered").expect("A");
+    let (plain, whole) = rb.expect("B entered").expect("B");
+
+    // Without offload: the kernel cut the 3000 bytes into 1000-byte segments with
+    // complete checksums, sequence numbers advanced, PSH on the last only.
+    assert_eq!(plain.len(), 3, "{} wire segments", plain.len());
+    let (src, dst) = (IpAddress::v4(10, 98, 0, 1), IpAddress::v4(10, 98, 0, 2));
+    let mut joined = Vec::new();
+    for (i, f) in plain.iter().enumerate() {
+        let ip = Ipv4Packet::new_checked(&f[14..]).expect("IPv4");
+        assert!(ip.verify_checksum(), "segment {i}: IPv4 checksum");
+        assert_eq!(ip.total_len(), 1040);
+        let tcp = TcpPacket::new_checked(ip.payload()).expect("TCP");
+        assert!(tcp.verify_checksum(&src, &dst), "segment {i}: TCP checksum");
+        assert_eq!(tcp.seq_number().0, 7000 + 1000 * i as i32);
+        assert_eq!(tcp.psh(), i == 2);
+        joined.extend_from_slice(tcp.payload());
+    }
+    assert_eq!(joined, payload);
+    // With offload: one frame, as written, with a partial checksum and the segment size.
+    assert_eq!(whole.len(), 1);
+    let (f, m) = &whole[0];
+    assert_eq!(m.len, 54 + 3000);
+    assert_eq!(m.gso_size, Some(1000));
+    assert_eq!(m.csum, RxCsum::Partial);
+    assert_eq!(f[54..], payload[..]);
+    assert_eq!(f[..48], super_seg[..48], "headers up to the TCP flags");
 }
