@@ -126,7 +126,15 @@ fn write_pair(k: u16, secs: &str) -> (std::process::Child, std::process::Child) 
         .args(["client", "--ip", "10.77.0.2/24", "--peer", "10.77.0.1"])
         .args(["--udp", &format!("127.0.0.1:{b}")])
         .args(["--udp-peer", &format!("127.0.0.1:{a}")])
-        .args(["--op", "write", "--size", "65536", "--duration", secs, "--progress"])
+        .args([
+            "--op",
+            "write",
+            "--size",
+            "65536",
+            "--duration",
+            secs,
+            "--progress",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

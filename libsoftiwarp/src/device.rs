@@ -6,13 +6,14 @@
 //! `rdma_create_event_channel` fails with `ENODEV`, and one line on stderr names the
 //! key and the problem ([`softiwarp::spec::SpecError`]).
 //!
-//! One default differs from the line's own: without a `p2p` key the library runs MPA
-//! peer-to-peer mode (`p2p=on`). MPA forbids the Responder to send an FPDU before it
-//! has received one (RFC 5044 section 7.1.2), and programs such as `ib_write_lat` have
-//! the passive side write first: the Initiator's ready-to-receive message of
-//! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode; kernel siw runs
-//! without it and lets its responder send first instead).
-//! `p2p=off` restores plain MPA.
+//! MPA runs as the line says, plain MPA by default (`p2p=off`), as kernel siw's
+//! default build: with the library offering peer-to-peer mode by default, a host
+//! `rping` against kernel siw 6.1 in the siw VM hung (Write RTR offered) or crashed
+//! the guest's kernel (iw_cm's `BUG` at iwcm.c:969, Read RTR offered). Programs whose
+//! passive side writes first (`ib_write_lat`) need `p2p=on` between two library
+//! processes: MPA forbids the Responder to send an FPDU before it has received one
+//! (RFC 5044 section 7.1.2), and the Initiator's ready-to-receive message of
+//! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode).
 
 use std::ffi::c_int;
 use std::sync::{Arc, OnceLock};
@@ -106,10 +107,6 @@ fn open() -> Option<Soft> {
             return None;
         }
     };
-    let mut spec = spec;
-    if !names_key(&line, "p2p") {
-        spec.p2p = true;
-    }
     let config = spec.to_config();
     let mac = config.interface.mac;
     let device = match sw::Device::open(config) {
@@ -155,12 +152,6 @@ fn open() -> Option<Soft> {
         ibdev: ibdev as usize,
         cm_ctx: cm_ctx as usize,
     })
-}
-
-/// True if the `SOFTIWARP_DEVICE` line sets `key`.
-fn names_key(line: &str, key: &str) -> bool {
-    line.split(',')
-        .any(|kv| kv.split('=').next().map(str::trim) == Some(key))
 }
 
 /// A new context of `dev` whose ops are this library's data path.

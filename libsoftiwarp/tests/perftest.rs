@@ -21,6 +21,9 @@ use support::{link_pair, require, spawn, LibDir, Mode};
 fn run(lib: &LibDir, mut base: u16, prog: &str, extra: &[&str], size: u64, iters: u64) -> u16 {
     for attempt in 1..=3 {
         let (srv_dev, cli_dev, addr) = link_pair(base);
+        // MPA peer-to-peer mode: ib_write_lat's passive side writes first, which plain
+        // MPA forbids until the initiator's first FPDU (RFC 5044 7.1.2); the RTR is it.
+        let (srv_dev, cli_dev) = (format!("{srv_dev},p2p=on"), format!("{cli_dev},p2p=on"));
         base += 2;
         let mut sargs = vec!["-R"];
         sargs.extend_from_slice(extra);

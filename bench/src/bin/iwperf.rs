@@ -395,6 +395,7 @@ fn soft_only_options(l: &SideArgs, m: &MpaArgs) -> Vec<&'static str> {
     given(m.spin_us != 50, "--spin-us");
     given(m.tcp_buffer != 256 * 1024, "--tcp-buffer");
     given(l.mtu.is_some(), "--mtu");
+    given(m.no_offload, "--no-offload");
     v
 }
 

@@ -110,7 +110,10 @@ fn soft_mpa_options_with_device_are_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(
-            err.lines().next().unwrap_or("").contains("cannot be used with"),
+            err.lines()
+                .next()
+                .unwrap_or("")
+                .contains("cannot be used with"),
             "{args:?}: {err}"
         );
     }
