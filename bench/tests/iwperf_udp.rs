@@ -24,48 +24,55 @@ fn json_of(out: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
+/// `iwperf ROLE` on one end of the UDP link of ports `ports(k)` (the server on the
+/// first, the client on the second), with its address, piped.
+fn side(k: u16, role: &str) -> Command {
+    let (a, b) = ports(k);
+    let (local, peer, ip) = if role == "server" {
+        (a, b, "10.77.0.1/24")
+    } else {
+        (b, a, "10.77.0.2/24")
+    };
+    let mut c = Command::new(env!("CARGO_BIN_EXE_iwperf"));
+    c.args([role, "--ip", ip])
+        .args(["--udp", &format!("127.0.0.1:{local}")])
+        .args(["--udp-peer", &format!("127.0.0.1:{peer}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if role == "client" {
+        c.args(["--peer", "10.77.0.1"]);
+    }
+    c
+}
+
+/// Starts the server of link `k` with `extra` options and waits for its READY; the
+/// process and the rest of its stdout.
+fn server(
+    k: u16,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let mut server = side(k, "server")
+        .args(["--timeout", "60"])
+        .args(extra)
+        .spawn()
+        .expect("server");
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let ready = lines.next().and_then(Result::ok);
+    assert_eq!(ready.as_deref(), Some("READY"), "the server's first line");
+    (server, lines)
+}
+
 #[test]
 fn write_read_send_verified_over_the_udp_link_between_two_processes() {
-    let iwperf = env!("CARGO_BIN_EXE_iwperf");
     for (k, op) in ["write", "read", "send"].into_iter().enumerate() {
-        let (a, b) = ports(k as u16);
-        let mut server = Command::new(iwperf)
-            .args([
-                "server",
-                "--timeout",
-                "60",
-                "--json",
-                "--ip",
-                "10.77.0.1/24",
-            ])
-            .args(["--udp", &format!("127.0.0.1:{a}")])
-            .args(["--udp-peer", &format!("127.0.0.1:{b}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("server");
-        let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-        let ready = lines.next().and_then(Result::ok);
-        assert_eq!(
-            ready.as_deref(),
-            Some("READY"),
-            "{op}: the server's first line"
-        );
-        let client = Command::new(iwperf)
-            .args([
-                "client",
-                "--json",
-                "--ip",
-                "10.77.0.2/24",
-                "--peer",
-                "10.77.0.1",
-            ])
-            .args(["--udp", &format!("127.0.0.1:{b}")])
-            .args(["--udp-peer", &format!("127.0.0.1:{a}")])
-            .args(["--op", op, "--size", "65536", "--verify"])
+        let (mut server, lines) = server(k as u16, &["--json"]);
+        let client = side(k as u16, "client")
+            .args(["--json", "--op", op, "--size", "65536", "--verify"])
             .args(["--iters", &ITERS.to_string()])
-            .stdin(Stdio::null())
             .output()
             .expect("client");
         let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -109,23 +116,8 @@ fn a_udp_mtu_beyond_a_datagram_is_a_usage_error() {
 /// A server and a client on the UDP link, the client writing for `secs` seconds with
 /// progress lines; (server, client). Ports from `k` as [`ports`].
 fn write_pair(k: u16, secs: &str) -> (std::process::Child, std::process::Child) {
-    let iwperf = env!("CARGO_BIN_EXE_iwperf");
-    let (a, b) = ports(k);
-    let mut server = Command::new(iwperf)
-        .args(["server", "--timeout", "60", "--ip", "10.77.0.1/24"])
-        .args(["--udp", &format!("127.0.0.1:{a}")])
-        .args(["--udp-peer", &format!("127.0.0.1:{b}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("READY"));
-    let mut client = Command::new(iwperf)
-        .args(["client", "--ip", "10.77.0.2/24", "--peer", "10.77.0.1"])
-        .args(["--udp", &format!("127.0.0.1:{b}")])
-        .args(["--udp-peer", &format!("127.0.0.1:{a}")])
+    let (server, lines) = server(k, &[]);
+    let mut client = side(k, "client")
         .args([
             "--op",
             "write",
@@ -135,9 +127,6 @@ fn write_pair(k: u16, secs: &str) -> (std::process::Child, std::process::Child) 
             secs,
             "--progress",
         ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("client");
     let mut out = BufReader::new(client.stdout.take().unwrap()).lines();

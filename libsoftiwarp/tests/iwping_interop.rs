@@ -12,7 +12,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::{is_root, require, spawn, LibDir, Mode};
+use support::{check_pings, is_root, require, spawn, LibDir, Mode};
 
 /// The built `iwping`, if there is one.
 fn iwping() -> Option<PathBuf> {
@@ -54,24 +54,6 @@ fn iwping_cmd(bin: &PathBuf, local: u16, peer: u16, ip: &str, role: &[&str]) -> 
     c
 }
 
-/// rping's ping line `n` at the default size (64): "rdma-ping-N: " then 'A'.. rotated.
-fn ping_line(n: usize) -> String {
-    let prefix = format!("rdma-ping-{n}: ");
-    let body: String = (0..64 - 1 - prefix.len())
-        .map(|i| char::from(b'A' + ((n + i) % (b'z' - b'A' + 1) as usize) as u8))
-        .collect();
-    format!("{prefix}{body}")
-}
-
-/// `text`'s lines that start with `prefix`, which must be exactly ten pings in order.
-fn check_pings(text: &str, prefix: &str, who: &str) {
-    let got: Vec<&str> = text.lines().filter(|l| l.starts_with(prefix)).collect();
-    let want: Vec<String> = (0..10)
-        .map(|n| format!("{prefix}{}", ping_line(n)))
-        .collect();
-    assert_eq!(got, want, "{who}:\n{text}");
-}
-
 #[test]
 fn rping_under_the_library_serves_iwping() {
     let (Some(bin), true) = (iwping(), require("rping")) else {
@@ -106,8 +88,8 @@ fn rping_under_the_library_serves_iwping() {
         String::from_utf8_lossy(&client.stderr)
     );
     assert!(s.ok(), "rping server: {s:?}");
-    check_pings(&c, "ping data: ", "iwping client");
-    check_pings(&s.stdout, "server ping data: ", "rping server");
+    check_pings(&c, "ping data: ", 10, "iwping client");
+    check_pings(&s.stdout, "server ping data: ", 10, "rping server");
 }
 
 #[test]
@@ -145,6 +127,6 @@ fn iwping_serves_rping_under_the_library() {
         String::from_utf8_lossy(&s.stderr)
     );
     assert!(s.status.success(), "iwping server {}: {st}", s.status);
-    check_pings(&c.stdout, "ping data: ", "rping client");
-    check_pings(&st, "server ping data: ", "iwping server");
+    check_pings(&c.stdout, "ping data: ", 10, "rping client");
+    check_pings(&st, "server ping data: ", 10, "iwping server");
 }

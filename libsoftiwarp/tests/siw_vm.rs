@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use netlab::siwvm::{ensure_built, SiwVm, Variant, HOST_IP, VM_IP};
-use support::{require, LibDir};
+use support::{check_pings, require, LibDir};
 
 /// A host program under the library in the VM's namespace, in its own process group.
 struct Host {
@@ -67,27 +67,6 @@ impl Host {
         }
         (code, out, err)
     }
-}
-
-/// rping's ping line `n` at the default size.
-fn ping_line(n: usize) -> String {
-    let prefix = format!("rdma-ping-{n}: ");
-    let body: String = (0..64 - 1 - prefix.len())
-        .map(|i| char::from(b'A' + ((n + i) % (b'z' - b'A' + 1) as usize) as u8))
-        .collect();
-    format!("{prefix}{body}")
-}
-
-fn check_pings(text: &str, prefix: &str, who: &str) {
-    let got: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with(prefix))
-        .collect();
-    let want: Vec<String> = (0..10)
-        .map(|n| format!("{prefix}{}", ping_line(n)))
-        .collect();
-    assert_eq!(got, want, "{who}:\n{text}");
 }
 
 /// perftest's result row: the line after the `#bytes` header; (bytes, iterations, BW
@@ -151,8 +130,8 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
         "host rping client:\n{out}\n{err}\nVM server:\n{vm_out}"
     );
     assert_eq!(rc, 0, "VM rping server:\n{vm_out}");
-    check_pings(&out, "ping data: ", "host rping client");
-    check_pings(&vm_out, "server ping data: ", "VM rping server");
+    check_pings(&out, "ping data: ", 10, "host rping client");
+    check_pings(&vm_out, "server ping data: ", 10, "VM rping server");
 
     // 2. Host rping server under the library, kernel rping client in the VM.
     let server = Host::spawn(
@@ -174,8 +153,8 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
         "VM rping client:\n{vm_out}\nhost server:\n{out}\n{err}"
     );
     assert_eq!(code, Some(0), "host rping server:\n{out}\n{err}");
-    check_pings(&vm_out, "ping data: ", "VM rping client");
-    check_pings(&out, "server ping data: ", "host rping server");
+    check_pings(&vm_out, "ping data: ", 10, "VM rping client");
+    check_pings(&out, "server ping data: ", 10, "host rping server");
 
     // 3. ib_write_bw -R: kernel server in the VM, host client under the library.
     vm.spawn("bws", "ib_write_bw -R -n 200").unwrap();

@@ -227,3 +227,27 @@ impl Proc {
 pub fn show(p: &Path) -> String {
     p.display().to_string()
 }
+
+/// rping's ping line `n` at the default size (64 bytes): "rdma-ping-N: " and then
+/// 'A'.. rotated by `n`, the NUL at size - 1 not printed (rping.c).
+pub fn ping_line(n: usize) -> String {
+    let prefix = format!("rdma-ping-{n}: ");
+    let body: String = (0..64 - 1 - prefix.len())
+        .map(|i| char::from(b'A' + ((n + i) % (b'z' - b'A' + 1) as usize) as u8))
+        .collect();
+    format!("{prefix}{body}")
+}
+
+/// Asserts that `text`'s lines starting with `prefix` (trimmed) are exactly pings
+/// 0..`count` in order; `who` names the program in the message.
+pub fn check_pings(text: &str, prefix: &str, count: usize, who: &str) {
+    let got: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(prefix))
+        .collect();
+    let want: Vec<String> = (0..count)
+        .map(|n| format!("{prefix}{}", ping_line(n)))
+        .collect();
+    assert_eq!(got, want, "{who}:\n{text}");
+}
