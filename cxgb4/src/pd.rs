@@ -38,9 +38,17 @@ impl Pd {
     ///
     /// # Errors
     ///
-    /// As [`Pd::reg_mr_with`].
+    /// As [`Pd::reg_mr_with`]; [`VerbsError::OutOfResources`] (`ENOMEM`) when the
+    /// buffer cannot be allocated.
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
-        self.reg_mr_with(vec![0u8; len].into_boxed_slice(), access)
+        // A length from the network (a client's test) must not abort the process:
+        // a buffer that cannot be had is ENOMEM.
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len).map_err(|_| VerbsError::OutOfResources {
+            what: "memory for the MR's buffer",
+        })?;
+        buf.resize(len, 0u8);
+        self.reg_mr_with(buf.into_boxed_slice(), access)
     }
 
     /// Registers `buf` (`ibv_reg_mr(3)`); the MR owns it from now on, so it
