@@ -71,7 +71,7 @@ fn refused(tag: &str, limits: ServerLimits, t: &ClientTest) -> (String, u8, usiz
     let (ready_tx, ready_rx) = mpsc::channel();
     let sdev = options(&format!("{tag}s"), a, SERVER);
     let server = std::thread::spawn(move || {
-        run_server(sdev, PORT, 16, tuning, Duration::from_secs(3), move || {
+        run_server(sdev, PORT, 16, tuning, Duration::from_secs(3), move |_| {
             let _ = ready_tx.send(());
         })
     });
@@ -219,7 +219,7 @@ fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
             16,
             Tuning::default(),
             Duration::from_secs(3),
-            move || {
+            move |_| {
                 let _ = ready_tx.send(());
             },
         )

@@ -56,7 +56,7 @@ fn run(tag: &str, server: MpaProfile, client: MpaProfile) {
             16,
             Tuning::default(),
             Duration::from_secs(30),
-            move || {
+            move |_| {
                 let _ = ready_tx.send(());
             },
         )

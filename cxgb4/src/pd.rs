@@ -44,9 +44,10 @@ impl Pd {
         // A length from the network (a client's test) must not abort the process:
         // a buffer that cannot be had is ENOMEM.
         let mut buf = Vec::new();
-        buf.try_reserve_exact(len).map_err(|_| VerbsError::OutOfResources {
-            what: "memory for the MR's buffer",
-        })?;
+        buf.try_reserve_exact(len)
+            .map_err(|_| VerbsError::OutOfResources {
+                what: "memory for the MR's buffer",
+            })?;
         buf.resize(len, 0u8);
         self.reg_mr_with(buf.into_boxed_slice(), access)
     }

@@ -483,11 +483,6 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
     pin(a.side.cpu)?;
     let dev = backend("iwps", &a.side, &a.mpa)?;
     let json = a.side.json;
-    let where_ = match (&a.side.device, a.side.bind, &a.side.ip) {
-        (Some(d), Some(b), _) => format!("{b}:{} ({d})", a.port),
-        (Some(d), None, _) => format!("{d}'s address, port {}", a.port),
-        (None, _, ip) => format!("{}:{}", ip.as_deref().unwrap_or("?"), a.port),
-    };
     let (summary, err) = run_server(
         dev,
         a.port,
@@ -502,10 +497,13 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
             ..tuning(&a.mpa, a.rx_depth)
         },
         Duration::from_secs(a.timeout),
-        || {
+        |addr| {
             println!("READY");
             if !json {
-                println!("iwperf server listening on {where_}");
+                match &a.side.device {
+                    Some(d) => println!("iwperf server listening on {addr} ({d})"),
+                    None => println!("iwperf server listening on {addr}"),
+                }
             }
         },
     );

@@ -479,7 +479,7 @@ fn memory_iwarp(
             128,
             tuning,
             Duration::from_secs(30),
-            move || {
+            move |_| {
                 let _ = tx.send(());
             },
         )

@@ -353,7 +353,8 @@ fn close_device(device: Arc<softiwarp::Device>) {
     }
 }
 
-/// Runs a server: opens the device, listens on `port`, calls `ready`, serves one test
+/// Runs a server: opens the device, listens on `port`, calls `ready` with the address
+/// it listens on, serves one test
 /// (as many connections as the client announces), tears down.
 ///
 /// Returns the summary and the error that ended it, if any (setup errors before any
@@ -364,7 +365,7 @@ pub fn run_server(
     backlog: u32,
     tuning: Tuning,
     first_timeout: Duration,
-    ready: impl FnOnce(),
+    ready: impl FnOnce(SocketAddrV4),
 ) -> (ServerSummary, Option<IwperfError>) {
     let mut summary = ServerSummary {
         bandwidth: None,
@@ -429,7 +430,7 @@ fn serve<P: Provider>(
     backlog: u32,
     tuning: Tuning,
     first_timeout: Duration,
-    ready: impl FnOnce(),
+    ready: impl FnOnce(SocketAddrV4),
     summary: &mut ServerSummary,
 ) -> Option<IwperfError> {
     CmSide::run(p, |mut cm| {
@@ -437,7 +438,7 @@ fn serve<P: Provider>(
             cm.close(Vec::new());
             return Some(e);
         }
-        ready();
+        ready(addr);
         let status = cm.status();
         let mut side = Side::new(Role::Server, tuning);
         let conns = match cm.accept_all(first_timeout, &mut side) {
