@@ -358,6 +358,12 @@ fn reg_mr(
     let Ok(flags) = AccessFlags::for_mr(access & !IBV_ACCESS_OPTIONAL_RANGE) else {
         return null_err(libc::EINVAL);
     };
+    // What the kernel's pinning checks: the pages are there, writable if the device
+    // writes them (EFAULT otherwise).
+    let writes = flags.intersects(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+    if !crate::maps::is_mapped(addr as usize, length, writes) {
+        return null_err(libc::EFAULT);
+    }
     // SAFETY: ibv_reg_mr(3)'s rule, the contract of `UserMemory::new`: the buffer is
     // the application's and stays valid until ibv_dereg_mr, which drops the MR (and
     // with it the UserMemory) only after the device is done with it.

@@ -28,5 +28,6 @@ pub mod boundary;
 pub mod cm;
 pub mod device;
 pub mod ibv;
+pub mod maps;
 pub mod objects;
 pub mod stubs;

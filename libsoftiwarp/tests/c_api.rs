@@ -91,6 +91,16 @@ fn null_and_bad_arguments_are_einval() {
         assert!(ibv::ibv_reg_mr(pd, p, 0, 1).is_null());
         assert!(ibv::ibv_reg_mr(pd, p, 64, 2).is_null());
         assert_eq!(errno(), libc::EINVAL);
+        // Memory that is not mapped, or not writable for an MR the device writes: EFAULT,
+        // as the kernel's pinning says (the device would fault in it later).
+        assert!(ibv::ibv_reg_mr(pd, 0x1000 as *mut c_void, 64, 1).is_null());
+        assert_eq!(errno(), libc::EFAULT);
+        let text = ibv::ibv_wc_status_str as *const () as *mut c_void;
+        assert!(ibv::ibv_reg_mr(pd, text, 64, 1).is_null());
+        assert_eq!(errno(), libc::EFAULT);
+        let ro = ibv::ibv_reg_mr(pd, text, 64, 0);
+        assert!(!ro.is_null(), "code pages are readable: a send-only MR over them is fine");
+        assert_eq!(ibv::ibv_dereg_mr(ro), 0);
         // Relaxed ordering (an optional-range bit) is accepted and ignored.
         let mr = ibv::ibv_reg_mr_iova2(pd, p, 64, p as u64, 1 | 2 | 0x10_0000);
         assert!(!mr.is_null());
