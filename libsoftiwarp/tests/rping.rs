@@ -41,7 +41,9 @@ fn rping_pair(mode: Mode, base: u16) {
     check_pings(&c.stdout, "ping data: ", 100, "client");
     assert_eq!(s.stdout.lines().count(), 100, "server output: {}", s.stdout);
     check_pings(&s.stdout, "server ping data: ", 100, "server");
-    assert!(c.stderr.contains("client DISCONNECT EVENT"), "{}", c.stderr);
+    // (rping's "client DISCONNECT EVENT" line is not asserted: its CM thread prints it
+    // only if the event beats the process's exit, a race rping itself has; it lost once
+    // under CI's load.)
     assert!(
         !c.stderr.contains("libsoftiwarp"),
         "no warning expected: {}",
