@@ -293,11 +293,14 @@ fn offloaded_super_segments_reach_the_wire_one_fpdu_per_segment() {
         whole * 10 > fpdus * 9,
         "{whole} of {fpdus} FPDUs in one segment"
     );
-    // The whole transfer (64 MiB, about 46,000 segments) went out in far fewer
-    // writes: super-segments, cut by the kernel.
+    // The whole transfer (64 MiB, about 46,000 segments) went out in fewer writes than
+    // segments: super-segments, cut by the kernel (without the offload every segment
+    // and every pure ACK is a write of its own). How many fewer depends on how far the
+    // sender runs ahead of the wire: 4-10x in release builds here, 1.6x in a debug
+    // build under the clean-clone CI's load.
     let segments = BYTES / 1454;
     assert!(
-        client_writes * 4 < segments,
+        client_writes < segments,
         "{client_writes} TAP writes for {segments} segments: no super-segments"
     );
 }
