@@ -555,8 +555,14 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
             if crate::boundary::is_nonblocking(fd) {
                 return fail(libc::EAGAIN);
             }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return fail(e);
+            if crate::boundary::wait_readable(fd).is_err() {
+                // The channel was destroyed under this call (its fd closed): as a read
+                // blocked on librdmacm's closed fd, it never returns. rping destroys its
+                // channel at exit while its CM thread waits here; returning an error
+                // made that thread exit(255) before main returned 0.
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
             }
         }
     })
