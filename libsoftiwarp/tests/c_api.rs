@@ -99,7 +99,10 @@ fn null_and_bad_arguments_are_einval() {
         assert!(ibv::ibv_reg_mr(pd, text, 64, 1).is_null());
         assert_eq!(errno(), libc::EFAULT);
         let ro = ibv::ibv_reg_mr(pd, text, 64, 0);
-        assert!(!ro.is_null(), "code pages are readable: a send-only MR over them is fine");
+        assert!(
+            !ro.is_null(),
+            "code pages are readable: a send-only MR over them is fine"
+        );
         assert_eq!(ibv::ibv_dereg_mr(ro), 0);
         // Relaxed ordering (an optional-range bit) is accepted and ignored.
         let mr = ibv::ibv_reg_mr_iova2(pd, p, 64, p as u64, 1 | 2 | 0x10_0000);
