@@ -100,7 +100,7 @@ struct MpaArgs {
     #[arg(long, value_enum, default_value = "siw")]
     mpa_profile: MpaProfile,
     /// Engine busy-poll time after activity, in microseconds.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = DEFAULT_SPIN_US)]
     spin_us: u64,
     /// Who drives the soft device: the engine thread alone, or the application's
     /// verbs calls too (`softiwarp::ProgressMode`; the device's `SOFTIWARP_PROGRESS`).
@@ -118,7 +118,7 @@ struct MpaArgs {
     #[arg(long, default_value_t = 0)]
     poll_nap_us: u64,
     /// TCP send and receive buffer, bytes.
-    #[arg(long, default_value_t = 256 * 1024)]
+    #[arg(long, default_value_t = DEFAULT_TCP_BUFFER)]
     tcp_buffer: usize,
     /// Open the TAP without checksum and segmentation offload (IFF_VNET_HDR,
     /// TUNSETOFFLOAD): every frame one MTU, one system call each.
@@ -378,6 +378,11 @@ fn pin(cpu: Option<usize>) -> Result<(), IwperfError> {
     Ok(())
 }
 
+/// `--spin-us`'s default (also what [`soft_only_options`] compares against).
+const DEFAULT_SPIN_US: u64 = 50;
+/// `--tcp-buffer`'s default, bytes.
+const DEFAULT_TCP_BUFFER: usize = 256 * 1024;
+
 /// With `--device`, the soft device's options that were moved off their defaults:
 /// the kernel driver sets those (MPA revision, CRC, markers, profile) or they have no
 /// object there (the engine's polling, TCP buffers, the TAP's MTU).
@@ -392,8 +397,8 @@ fn soft_only_options(l: &SideArgs, m: &MpaArgs) -> Vec<&'static str> {
     given(m.markers != OnOff::Off, "--markers");
     given(m.mpa_rev != 2, "--mpa-rev");
     given(m.mpa_profile != MpaProfile::Siw, "--mpa-profile");
-    given(m.spin_us != 50, "--spin-us");
-    given(m.tcp_buffer != 256 * 1024, "--tcp-buffer");
+    given(m.spin_us != DEFAULT_SPIN_US, "--spin-us");
+    given(m.tcp_buffer != DEFAULT_TCP_BUFFER, "--tcp-buffer");
     given(l.mtu.is_some(), "--mtu");
     given(m.no_offload, "--no-offload");
     v
