@@ -35,6 +35,7 @@ fn options(name: &str, link: MemoryLink, ip: Ipv4Addr) -> DeviceOptions {
         progress: softiwarp::ProgressMode::Engine,
         tcp_buffer: 256 << 10,
         offload: true,
+        first_fpdu_delay: Duration::ZERO,
     }
 }
 

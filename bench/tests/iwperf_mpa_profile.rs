@@ -36,6 +36,7 @@ fn options(name: &str, link: MemoryLink, ip: Ipv4Addr, profile: MpaProfile) -> D
         progress: softiwarp::ProgressMode::Hybrid,
         tcp_buffer: 256 << 10,
         offload: true,
+        first_fpdu_delay: Duration::ZERO,
     }
 }
 

@@ -190,13 +190,13 @@ fn a_server_killed_outright_ends_its_client_by_the_stall_limit() {
 fn soft_device_options_with_device_are_a_usage_error() {
     let o = Command::new(env!("CARGO_BIN_EXE_iwperf"))
         .args(["client", "--device", "siw0", "--peer", "10.0.0.1"])
-        .args(["--mpa-rev", "1", "--markers", "on"])
+        .args(["--mpa-rev", "1", "--markers", "on", "--first-fpdu-delay-ms", "0"])
         .output()
         .expect("iwperf");
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
         err.trim(),
-        "iwperf: usage: --markers, --mpa-rev set(s) the soft device only; with --device the kernel driver decides"
+        "iwperf: usage: --markers, --mpa-rev, --first-fpdu-delay-ms set(s) the soft device only; with --device the kernel driver decides"
     );
 }

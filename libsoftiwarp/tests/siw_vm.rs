@@ -123,7 +123,9 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
         &["-c", "-a", &VM_IP.to_string(), "-C", "10", "-v", "-V"],
     )
     .wait(long);
-    let (rc, vm_out) = vm.wait_spawned("rps", long).unwrap();
+    let (rc, vm_out) = vm.wait_spawned("rps", long).unwrap_or_else(|e| {
+        panic!("VM rping server: {e}\nhost client (exit {code:?}):\n{out}\n{err}")
+    });
     assert_eq!(
         code,
         Some(0),
@@ -166,7 +168,9 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
         &["-R", "-n", "200", &VM_IP.to_string()],
     )
     .wait(long);
-    let (rc, vm_out) = vm.wait_spawned("bws", long).unwrap();
+    let (rc, vm_out) = vm.wait_spawned("bws", long).unwrap_or_else(|e| {
+        panic!("VM ib_write_bw server: {e}\nhost client (exit {code:?}):\n{out}\n{err}")
+    });
     assert_eq!(
         code,
         Some(0),

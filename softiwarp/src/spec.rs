@@ -15,6 +15,7 @@
 //! | `crc` | `on` (ask for MPA CRC) or `off` (use it when the peer asks) | `on` |
 //! | `mpa_rev` | `1` or `2` | `2` |
 //! | `p2p` | `on` (MPA peer-to-peer mode with a Read RTR, as iw_cxgb4) or `off` | `off` |
+//! | `first_fpdu_delay_ms` | as the connecting side, hold the first FPDU this many milliseconds after the MPA Reply, 0..=1000 (`MpaConfig::first_fpdu_delay_us`) | [`DEFAULT_FIRST_FPDU_DELAY_MS`] |
 //!
 //! [`DeviceSpec::parse`] names the key and the problem in its error
 //! ([`SpecError`]), so a caller can print one line and go on without a device.
@@ -28,6 +29,14 @@ use crate::{DeviceConfig, LinkConfig};
 
 /// Default device name: `softiwarp0`.
 pub const DEFAULT_NAME: &str = "softiwarp0";
+
+/// Default of the `first_fpdu_delay_ms` key, in milliseconds: 20, as iwping's. A device
+/// described by a line serves programs that talk to foreign peers, and a Linux siw
+/// responder (6.1) leaves an FPDU that arrives right behind its MPA Reply unread in its
+/// socket until more data comes (`siw_accept` installs the QP's receive upcall after
+/// sending the Reply; docs/ARCHITECTURE.md, "Interop with kernel siw"): an rping client
+/// then hangs. The hold costs the connecting side 20 ms once per connection.
+pub const DEFAULT_FIRST_FPDU_DELAY_MS: u64 = 20;
 
 /// Which link a [`DeviceSpec`] names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +73,8 @@ pub struct DeviceSpec {
     pub mpa_rev: u8,
     /// MPA peer-to-peer mode with a Read RTR.
     pub p2p: bool,
+    /// Initiator's hold of its first FPDU after the MPA Reply, in milliseconds.
+    pub first_fpdu_delay_ms: u64,
 }
 
 /// Why a `SOFTIWARP_DEVICE` line was refused: the key, and what is wrong with it.
@@ -129,7 +140,7 @@ impl DeviceSpec {
     pub fn parse(line: &str) -> Result<DeviceSpec, SpecError> {
         let mut name = None;
         let (mut link, mut peer, mut ip, mut mac, mut mtu) = (None, None, None, None, None);
-        let (mut crc, mut mpa_rev, mut p2p) = (None, None, None);
+        let (mut crc, mut mpa_rev, mut p2p, mut delay) = (None, None, None, None);
         for pair in line.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
@@ -230,10 +241,20 @@ impl DeviceSpec {
                     slot_taken(p2p.is_some())?;
                     p2p = Some(on_off(key, value)?);
                 }
+                "first_fpdu_delay_ms" => {
+                    slot_taken(delay.is_some())?;
+                    let ms: u64 = value
+                        .parse()
+                        .map_err(|_| err(key, format!("{value:?} is not a number")))?;
+                    if ms > 1000 {
+                        return Err(err(key, format!("{ms} is outside 0..=1000")));
+                    }
+                    delay = Some(ms);
+                }
                 _ => {
                     return Err(err(
                         key,
-                        "unknown key (known: name, link, peer, ip, mac, mtu, crc, mpa_rev, p2p)",
+                        "unknown key (known: name, link, peer, ip, mac, mtu, crc, mpa_rev, p2p, first_fpdu_delay_ms)",
                     ))
                 }
             }
@@ -277,6 +298,7 @@ impl DeviceSpec {
             crc: crc.unwrap_or(true),
             mpa_rev: mpa_rev.unwrap_or(2),
             p2p: p2p.unwrap_or(false),
+            first_fpdu_delay_ms: delay.unwrap_or(DEFAULT_FIRST_FPDU_DELAY_MS),
         })
     }
 
@@ -307,6 +329,7 @@ impl DeviceSpec {
             CrcPolicy::IfPeerAsks
         };
         cfg.mpa.settings = settings;
+        cfg.mpa.first_fpdu_delay_us = self.first_fpdu_delay_ms * 1000;
         cfg
     }
 }
@@ -319,7 +342,7 @@ mod tests {
     fn a_full_udp_line_parses_to_every_field() {
         let s = DeviceSpec::parse(
             "name=sw1, link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.5.0.1/24,\
-             mac=02:aa:00:00:00:01,mtu=9000,crc=off,mpa_rev=2,p2p=on",
+             mac=02:aa:00:00:00:01,mtu=9000,crc=off,mpa_rev=2,p2p=on,first_fpdu_delay_ms=0",
         )
         .unwrap();
         assert_eq!(
@@ -337,6 +360,7 @@ mod tests {
                 crc: false,
                 mpa_rev: 2,
                 p2p: true,
+                first_fpdu_delay_ms: 0,
             }
         );
         let cfg = s.to_config();
@@ -344,6 +368,7 @@ mod tests {
         assert_eq!(cfg.interface.mac, [2, 0xaa, 0, 0, 0, 1]);
         assert!(cfg.mpa.settings.p2p);
         assert_eq!(cfg.mpa.settings.crc, CrcPolicy::IfPeerAsks);
+        assert_eq!(cfg.mpa.first_fpdu_delay_us, 0);
         assert!(matches!(cfg.link.spec, crate::LinkSpec::Udp(ref u) if u.mtu == 9000));
     }
 
@@ -357,8 +382,10 @@ mod tests {
             (Ipv4Addr::new(10, 0, 0, 2), 16, None, 1500)
         );
         assert_eq!((s.crc, s.mpa_rev, s.p2p), (true, 2, false));
+        assert_eq!(s.first_fpdu_delay_ms, 20);
         let cfg = s.to_config();
         assert_eq!(cfg.interface.mac, [2, 0, 10, 0, 0, 2]);
+        assert_eq!(cfg.mpa.first_fpdu_delay_us, 20_000);
         assert_eq!(cfg.mpa.settings.crc, CrcPolicy::Wanted);
     }
 
@@ -402,6 +429,16 @@ mod tests {
                 "link=tap:t0,ip=10.0.0.1/24,mpa_rev=1,p2p=on",
                 "p2p",
                 "mpa_rev=2",
+            ),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,first_fpdu_delay_ms=1001",
+                "first_fpdu_delay_ms",
+                "outside 0..=1000",
+            ),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,first_fpdu_delay_ms=soon",
+                "first_fpdu_delay_ms",
+                "not a number",
             ),
             (
                 "link=tap:t0,ip=10.0.0.1/24,colour=blue",

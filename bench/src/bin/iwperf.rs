@@ -124,6 +124,11 @@ struct MpaArgs {
     /// TUNSETOFFLOAD): every frame one MTU, one system call each.
     #[arg(long)]
     no_offload: bool,
+    /// As client, hold the first FPDU this many milliseconds after the MPA Reply: a
+    /// Linux siw responder (6.1) may leave an FPDU that arrives right behind its Reply
+    /// unread (docs/ARCHITECTURE.md, "Interop with kernel siw"). 0: send at once.
+    #[arg(long, default_value_t = DEFAULT_FIRST_FPDU_DELAY_MS)]
+    first_fpdu_delay_ms: u64,
 }
 
 /// One side's device: the soft device on a TAP (netlab's `--tap --ip --mac --pcap`) or
@@ -382,6 +387,8 @@ fn pin(cpu: Option<usize>) -> Result<(), IwperfError> {
 const DEFAULT_SPIN_US: u64 = 50;
 /// `--tcp-buffer`'s default, bytes.
 const DEFAULT_TCP_BUFFER: usize = 256 * 1024;
+/// `--first-fpdu-delay-ms`'s default, milliseconds (as iwping's and `SOFTIWARP_DEVICE`'s).
+const DEFAULT_FIRST_FPDU_DELAY_MS: u64 = softiwarp::spec::DEFAULT_FIRST_FPDU_DELAY_MS;
 
 /// With `--device`, the soft device's options that were moved off their defaults:
 /// the kernel driver sets those (MPA revision, CRC, markers, profile) or they have no
@@ -401,6 +408,10 @@ fn soft_only_options(l: &SideArgs, m: &MpaArgs) -> Vec<&'static str> {
     given(m.tcp_buffer != DEFAULT_TCP_BUFFER, "--tcp-buffer");
     given(l.mtu.is_some(), "--mtu");
     given(m.no_offload, "--no-offload");
+    given(
+        m.first_fpdu_delay_ms != DEFAULT_FIRST_FPDU_DELAY_MS,
+        "--first-fpdu-delay-ms",
+    );
     v
 }
 
@@ -474,6 +485,7 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
         progress: m.progress_mode.mode(),
         tcp_buffer: m.tcp_buffer,
         offload: !m.no_offload,
+        first_fpdu_delay: Duration::from_millis(m.first_fpdu_delay_ms),
     }))
 }
 

@@ -88,6 +88,10 @@ pub struct DeviceOptions {
     /// TAP checksum and segmentation offload (`softiwarp::link::TapOffload::Tcp4`;
     /// `--no-offload` turns it off). Memory links ignore it.
     pub offload: bool,
+    /// As the connecting side, hold the first FPDU this long after the MPA Reply
+    /// (`MpaConfig::first_fpdu_delay_us`; a Linux siw responder can leave an FPDU that
+    /// arrives right behind its Reply unread). Zero: send at once.
+    pub first_fpdu_delay: Duration,
 }
 
 /// Whose MPA defaults the soft device starts from (`--mpa-profile`); `crc`, `markers`
@@ -174,6 +178,8 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
     cfg.engine.progress = opts.progress;
     cfg.tcp.rx_buffer = opts.tcp_buffer;
     cfg.tcp.tx_buffer = opts.tcp_buffer;
+    cfg.mpa.first_fpdu_delay_us =
+        u64::try_from(opts.first_fpdu_delay.as_micros()).unwrap_or(u64::MAX);
     Device::open(cfg)
         .map(Arc::new)
         .map_err(|e| setup("open the device", &e))

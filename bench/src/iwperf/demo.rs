@@ -455,6 +455,8 @@ fn device_options(
         progress: cfg.progress,
         tcp_buffer: cfg.tcp_buffer,
         offload: cfg.offload,
+        // Both ends are ours: no siw responder to wait for.
+        first_fpdu_delay: Duration::ZERO,
     }
 }
 

@@ -154,7 +154,7 @@ struct Cli {
     /// As client, hold the first FPDU this many milliseconds after the MPA Reply: a
     /// Linux siw responder (6.1) may leave an FPDU that arrives right behind its Reply
     /// unread (see docs/ARCHITECTURE.md, "Interop with kernel siw"). 0: send at once.
-    #[arg(long, default_value_t = 20, conflicts_with = "device")]
+    #[arg(long, default_value_t = softiwarp::spec::DEFAULT_FIRST_FPDU_DELAY_MS, conflicts_with = "device")]
     first_fpdu_delay_ms: u64,
     /// Seconds any one step (a completion, an event, the connection) may take.
     #[arg(long, default_value_t = 60)]
