@@ -80,6 +80,17 @@ fn transfer(
     client_args: &[String],
     timeout: Duration,
 ) -> Result<Vec<PeerOutput>, HarnessError> {
+    transfer_with(topo, server_args, client_args, &[], timeout)
+}
+
+/// As [`transfer`], with `client_env` added to the client's environment.
+fn transfer_with(
+    topo: &Topology,
+    server_args: &[String],
+    client_args: &[String],
+    client_env: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<Vec<PeerOutput>, HarnessError> {
     let (a, b) = (topo.a(), topo.b());
     let mut server = topo
         .peer(Side::A, "server", PEER)
@@ -90,9 +101,11 @@ fn transfer(
         .args(server_args.iter().cloned())
         .spawn()?;
     server.wait_for_line(|l| l == "READY", Duration::from_secs(20))?;
-    let client = topo
-        .peer(Side::B, "client", PEER)
-        .env("RUST_LOG", TAP_LOG)
+    let mut client = topo.peer(Side::B, "client", PEER).env("RUST_LOG", TAP_LOG);
+    for (k, v) in client_env {
+        client = client.env(k, v);
+    }
+    let client = client
         .arg("client")
         .args(b.peer_args())
         .args(["--peer-ip".to_owned(), a.ip.to_string()])
@@ -302,6 +315,104 @@ fn offloaded_super_segments_reach_the_wire_one_fpdu_per_segment() {
     assert!(
         client_writes < segments,
         "{client_writes} TAP writes for {segments} segments: no super-segments"
+    );
+}
+
+/// An `LD_PRELOAD` shim whose `ioctl` fails `TUNSETOFFLOAD` with `EINVAL` (as a kernel
+/// without the offload would) and passes every other request to libc's; built with the C
+/// compiler CI installs. `None` (the test skips) without one.
+fn refuse_offload_shim(dir: &Path) -> Option<PathBuf> {
+    const SRC: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/ioctl.h>
+#include <linux/if_tun.h>
+int ioctl(int fd, unsigned long req, ...) {
+    va_list ap;
+    va_start(ap, req);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    if (req == TUNSETOFFLOAD) {
+        errno = EINVAL;
+        return -1;
+    }
+    int (*real)(int, unsigned long, ...) = (int (*)(int, unsigned long, ...))dlsym(RTLD_NEXT, "ioctl");
+    return real(fd, req, arg);
+}
+"#;
+    let c = dir.join("refuse_offload.c");
+    let so = dir.join("refuse_offload.so");
+    std::fs::write(&c, SRC).ok()?;
+    // The first compiler found builds it; one that is there and fails is a test bug.
+    ["cc", "gcc", "gcc-12"].iter().find_map(|cc| {
+        let status = std::process::Command::new(cc)
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .arg("-ldl")
+            .status()
+            .ok()?;
+        assert!(status.success(), "{cc} failed on the shim: {status}");
+        Some(so.clone())
+    })
+}
+
+/// A kernel that refuses `TUNSETOFFLOAD` (here: the shim above in the client): the
+/// device says so once in its log and runs as without the offload, one write per
+/// segment, every ULPDU intact (issue 19).
+#[test]
+fn a_refused_offload_is_logged_once_and_the_transfer_runs_without_it() {
+    if skip_unless_root("a_refused_offload_is_logged_once_and_the_transfer_runs_without_it") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("refuse-offload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let Some(shim) = refuse_offload_shim(&dir) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no C compiler for the LD_PRELOAD shim in CI"
+        );
+        eprintln!("skipping: no C compiler for the LD_PRELOAD shim");
+        return;
+    };
+    const BYTES: u64 = 16 << 20;
+    let topo = Topology::create(1500).expect("topology");
+    let names = topo.namespaces();
+    let b = topo.b().clone();
+    let shim_path = shim.display().to_string();
+    let outs = transfer_with(
+        &topo,
+        &[],
+        &["--bytes".into(), BYTES.to_string()],
+        &[("LD_PRELOAD", shim_path.as_str())],
+        Duration::from_secs(120),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (client_writes, _) = packet_counts(&b.netns, &b.tap);
+    drop(topo);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
+    let (server, client) = (result(&outs[0]), result(&outs[1]));
+    assert_eq!(server.bytes, BYTES, "every ULPDU byte arrived");
+    assert_eq!(server.crc32c, client.crc32c, "CRC32c over all ULPDU bytes");
+    // The server (no shim) has the offload; the client says once that it was refused,
+    // then that its TAP runs without it.
+    let (s_log, c_log) = (attach_lines(&outs[0]), attach_lines(&outs[1]));
+    assert!(
+        s_log.len() == 1 && s_log[0].contains("offload=true"),
+        "{s_log:?}"
+    );
+    assert_eq!(c_log.len(), 2, "{c_log:?}");
+    assert!(c_log[0].contains("TUNSETOFFLOAD refused"), "{c_log:?}");
+    assert!(c_log[1].contains("offload=false"), "{c_log:?}");
+    // Without the offload every segment is a write of its own.
+    let segments = BYTES / 1454;
+    println!("client log: {c_log:?}; client TAP writes {client_writes} for {segments} segments");
+    assert!(
+        client_writes >= segments,
+        "{client_writes} TAP writes for {segments} segments: super-segments despite the refusal"
     );
 }
 
