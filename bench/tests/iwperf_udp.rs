@@ -190,7 +190,14 @@ fn a_server_killed_outright_ends_its_client_by_the_stall_limit() {
 fn soft_device_options_with_device_are_a_usage_error() {
     let o = Command::new(env!("CARGO_BIN_EXE_iwperf"))
         .args(["client", "--device", "siw0", "--peer", "10.0.0.1"])
-        .args(["--mpa-rev", "1", "--markers", "on", "--first-fpdu-delay-ms", "0"])
+        .args([
+            "--mpa-rev",
+            "1",
+            "--markers",
+            "on",
+            "--first-fpdu-delay-ms",
+            "0",
+        ])
         .output()
         .expect("iwperf");
     assert_eq!(o.status.code(), Some(2), "{o:?}");

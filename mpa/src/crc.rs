@@ -14,19 +14,75 @@
 //! initiator: CRC field octets `2f fb a8 cb`, value `0xcba8fb2f`). Use
 //! [`crc_to_wire`] / [`crc_from_wire`] to convert.
 //!
-//! **Implementation**: the `crc-fast` crate's CRC-32/ISCSI, which selects at run time
-//! (cached CPU feature detection) a fusion of the SSE4.2 `crc32` instruction with
-//! carry-less multiplication folding (PCLMULQDQ, or VPCLMULQDQ with AVX-512 where the
-//! CPU has it), and a table-driven software CRC elsewhere. On the build machine (Xeon,
-//! AVX-512 VPCLMULQDQ) it runs at 57 GB/s on 1460-octet FPDUs and 107 GB/s on 9000 to
-//! 64 KiB, against 16 and 27 GB/s for the `crc32c` crate's 3-way interleaved `crc32`
-//! loop, whose last 1/3 of a short buffer runs as one latency-bound chain
-//! (docs/PERFORMANCE.md, "fpdu_path").
+//! **Implementation**: one of two crates, chosen once at run time by what the CPU has
+//! ([`Engine::detect`]):
+//!
+//! * with AVX-512 and VPCLMULQDQ, the `crc-fast` crate's CRC-32/ISCSI (a fusion of the
+//!   SSE4.2 `crc32` instruction with carry-less multiplication folding): on a Xeon with
+//!   AVX-512 it ran at 57 GB/s on 1460-octet FPDUs and 107 GB/s on 9000 to 64 KiB,
+//!   against 16 and 27 GB/s for the `crc32c` crate (docs/PERFORMANCE.md, "fpdu_path");
+//! * otherwise the `crc32c` crate (the SSE4.2 `crc32` instruction, three interleaved
+//!   streams; a table elsewhere): on an AMD EPYC with AVX2 and VPCLMULQDQ but no
+//!   AVX-512 it is the faster one, 9.1 against 6.5 GB/s at 1454 octets and 17.9
+//!   against 12.7 GB/s at 64 KiB (docs/PERFORMANCE.md, "Segmentation offload").
+//!
+//! Both compute the same function; the tests hold each against the bit-at-a-time
+//! reference.
 
 /// Length of the CRC field at the end of every FPDU, in octets (RFC 5044, section 4.1).
 ///
 /// The field is present even when CRC was not negotiated; it then holds zero.
 pub const CRC_LEN: usize = 4;
+
+/// The CRC32c implementation in use ([`Engine::detect`], once per process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The `crc-fast` crate (chosen where the CPU has AVX-512 and VPCLMULQDQ).
+    CrcFast,
+    /// The `crc32c` crate (everywhere else).
+    Crc32c,
+}
+
+impl Engine {
+    /// The engine for this CPU: [`Engine::CrcFast`] with AVX-512F and VPCLMULQDQ,
+    /// [`Engine::Crc32c`] otherwise (the measurements in the module docs).
+    pub fn detect() -> Engine {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("vpclmulqdq")
+            {
+                return Engine::CrcFast;
+            }
+        }
+        Engine::Crc32c
+    }
+
+    /// The engine this process uses (detected on the first call, then cached).
+    pub fn current() -> Engine {
+        static CURRENT: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(Engine::detect)
+    }
+
+    /// `crc32c_append` with this engine (see [`crc32c_append`]).
+    #[inline]
+    pub fn append(self, crc: u32, data: &[u8]) -> u32 {
+        match self {
+            Engine::Crc32c => crc32c::crc32c_append(crc, data),
+            Engine::CrcFast if crc == 0 => crc_fast::crc32_iscsi(data) as u32,
+            Engine::CrcFast => {
+                // The digest's state is the CRC register before the final XOR.
+                let mut digest = crc_fast::Digest::new_with_init_state(
+                    crc_fast::CrcAlgorithm::Crc32Iscsi,
+                    u64::from(!crc),
+                );
+                digest.update(data);
+                // A CRC-32 digest's value fits in 32 bits.
+                digest.finalize() as u32
+            }
+        }
+    }
+}
 
 /// CRC32c of `data`: reflected polynomial `0x82F63B78`, initial value and final
 /// XOR `0xFFFF_FFFF` (RFC 3720, appendix B.4).
@@ -35,7 +91,7 @@ pub const CRC_LEN: usize = 4;
 /// on the wire. Never fails.
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
-    crc_fast::crc32_iscsi(data)
+    Engine::current().append(0, data)
 }
 
 /// Continues a CRC32c: `crc32c_append(crc32c(a), b) == crc32c(a ++ b)`.
@@ -44,16 +100,7 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// for an empty prefix. Never fails.
 #[inline]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    if crc == 0 {
-        // The common case (a whole FPDU in one call): no digest state to set up.
-        return crc_fast::crc32_iscsi(data);
-    }
-    // The digest's state is the CRC register before the final XOR.
-    let mut digest =
-        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
-    digest.update(data);
-    // A CRC-32 digest's value fits in 32 bits.
-    digest.finalize() as u32
+    Engine::current().append(crc, data)
 }
 
 /// CRC32c over the concatenation of `parts` (for example the ULPDU_Length
@@ -151,6 +198,15 @@ mod tests {
                 let want = reference(d);
                 assert_eq!(crc32c(d), want, "len {len} start {start}");
                 assert_eq!(crc32c_append(0, d), want, "len {len} start {start}");
+                for engine in [Engine::CrcFast, Engine::Crc32c] {
+                    assert_eq!(engine.append(0, d), want, "{engine:?} len {len}");
+                    let (a, b) = d.split_at(len / 2);
+                    assert_eq!(
+                        engine.append(engine.append(0, a), b),
+                        want,
+                        "{engine:?} len {len} split"
+                    );
+                }
                 for split in [1, 2, len / 3, len / 2, len.saturating_sub(3)] {
                     let split = split.min(len);
                     let (a, b) = d.split_at(split);
