@@ -433,22 +433,29 @@ impl<P: Provider> IdInner<P> {
         if let Some(conn) = reject {
             tracing::debug!(parent: &this.span, ?result, "connect request refused; rejecting at the provider");
             if let Err(job) = this.shared.push_job(Job::Reject(conn)) {
-                // No worker left (after shutdown): reject here, no CM lock is held.
-                this.shared.run(job);
+                // No worker left (after shutdown). The reporting thread may be the
+                // provider's own engine, where no downcall may run (EventSink's
+                // contract): the reject runs on a thread of its own.
+                Shared::run_off_thread(&this.shared, vec![job]);
             }
         }
         if schedule {
             if let Err(job) = this.shared.push_job(Job::Run(this.clone())) {
                 drop(job);
-                this.drain_after_shutdown();
+                let rejects = this.drain_after_shutdown();
+                Shared::run_off_thread(&this.shared, rejects);
                 return Err(ReportError::Shutdown);
             }
         }
         result
     }
 
-    /// The workers are gone: nothing will ever deliver this id's queue.
-    fn drain_after_shutdown(&self) {
+    /// The workers are gone: nothing will ever deliver this id's queue. Returns the
+    /// rejects of the connect requests it held, for the caller to run (rule 2: never
+    /// dropped silently), inline on an application thread, off the reporting thread in
+    /// a report.
+    #[must_use]
+    fn drain_after_shutdown(&self) -> Vec<Job<P>> {
         let drained: Vec<_> = {
             let mut st = lock(&self.st);
             st.scheduled = false;
@@ -459,13 +466,14 @@ impl<P: Provider> IdInner<P> {
             }
             st.queue.drain(..).collect()
         };
-        // A connect request nobody will deliver is still rejected at the provider
-        // (rule 2: never dropped silently); no CM lock is held here.
-        for event in drained {
-            if let ProviderEvent::ConnectRequest(req) = event {
-                self.shared.run(Job::Reject(req.conn));
-            }
-        }
+        // A connect request nobody will deliver is still rejected at the provider.
+        drained
+            .into_iter()
+            .filter_map(|event| match event {
+                ProviderEvent::ConnectRequest(req) => Some(Job::Reject(req.conn)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Take the next event of the id and deliver or drop it (`cm_work_handler`, one
@@ -557,7 +565,9 @@ impl<P: Provider> IdInner<P> {
         if reschedule {
             if let Err(job) = this.shared.push_job(Job::Run(this.clone())) {
                 drop(job);
-                this.drain_after_shutdown();
+                for reject in this.drain_after_shutdown() {
+                    this.shared.run(reject);
+                }
             }
         }
     }
@@ -630,7 +640,9 @@ impl<P: Provider> IdInner<P> {
             if reschedule {
                 if let Err(job) = this.shared.push_job(Job::Run(target.clone())) {
                     drop(job);
-                    target.drain_after_shutdown();
+                    for reject in target.drain_after_shutdown() {
+                        this.shared.run(reject);
+                    }
                 }
             }
         }

@@ -254,6 +254,26 @@ impl<P: Provider, I: IdJob> Shared<P, I> {
         }
     }
 
+    /// Runs `jobs` (rejects of connect requests after shutdown) on a thread of their
+    /// own, for a caller that must not call the provider: a report, perhaps on the
+    /// provider's engine thread. If no thread can start, the requests are left to the
+    /// initiator's MPA timeout, with a warning.
+    pub(crate) fn run_off_thread(this: &Arc<Self>, jobs: Vec<Job<P, I>>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let shared = this.clone();
+        let n = jobs.len();
+        let spawned = sync::spawn("iwcm-reject".into(), move || {
+            for job in jobs {
+                shared.run(job);
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, requests = n, "cannot start a thread to reject connect requests after shutdown");
+        }
+    }
+
     /// Runs one job on the calling thread (a worker; or, after shutdown, whoever holds a
     /// job no worker will take: a refused connect request must still be rejected at the
     /// provider, never dropped silently).

@@ -1,7 +1,10 @@
 //! A connect request that no worker will ever deliver (the CM was shut down) is still
 //! rejected at the provider: design.md section 5, iw-cm rule 2 ("never dropped
 //! silently"). Found by an adversarial run: before the fix the provider's `reject` was
-//! never called and the peer's half-open connection hung.
+//! never called and the peer's half-open connection hung. And it is rejected off the
+//! reporting thread, which may be the provider's engine (`EventSink`: a report never
+//! calls the provider): the rdma-cm stress test's fake engine once caught a reject
+//! made on it.
 #![cfg(not(loom))]
 
 use iw_cm::*;
@@ -13,6 +16,7 @@ use std::sync::{Arc, Mutex};
 struct Logger {
     sinks: Mutex<Vec<EventSink<Logger>>>,
     log: Mutex<Vec<String>>,
+    reject_threads: Mutex<Vec<std::thread::ThreadId>>,
 }
 
 impl Logger {
@@ -47,6 +51,10 @@ impl Provider for Logger {
     }
     fn reject(&self, c: &u32, _: &[u8]) -> Result<(), ProviderError> {
         self.push(format!("reject {c}"));
+        self.reject_threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
         Ok(())
     }
     fn create_listen(
@@ -93,6 +101,17 @@ fn a_request_reported_after_shutdown_is_rejected_at_the_provider() {
     let sink = p.sinks.lock().unwrap()[0].clone();
     drop(cm); // the workers exit
     assert!(sink.report(request(9)).is_err(), "the CM is shut down");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while p.rejects().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(p.rejects(), vec!["reject 9".to_string()]);
+    let threads = p.reject_threads.lock().unwrap().clone();
+    assert_eq!(threads.len(), 1);
+    assert_ne!(
+        threads[0],
+        std::thread::current().id(),
+        "rejected on the reporting thread"
+    );
     drop(listener);
 }
