@@ -19,6 +19,7 @@
 //! opcode (ibv_poll_cq(3)), so it is matched by `wr_id`: the receive queue's oldest WR
 //! first, then the send queue.
 
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
@@ -122,35 +123,34 @@ impl WrTracker {
     }
 }
 
-/// The QPs completing into one CQ (a QP is dropped from it with its last handle).
+/// The QPs completing into one CQ, by QP number (a QP is dropped from it with its last
+/// handle; a QP number the device reuses replaces the dead entry).
 #[derive(Debug, Default)]
 pub(crate) struct CqTrackers {
-    qps: Mutex<Vec<Weak<WrTracker>>>,
+    qps: Mutex<HashMap<u32, Weak<WrTracker>>>,
 }
 
 impl CqTrackers {
-    fn list(&self) -> MutexGuard<'_, Vec<Weak<WrTracker>>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<u32, Weak<WrTracker>>> {
         self.qps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `t`'s QP completes into this CQ.
     pub(crate) fn add(&self, t: &std::sync::Arc<WrTracker>) {
-        let mut l = self.list();
-        l.retain(|w| w.strong_count() > 0);
-        l.push(std::sync::Arc::downgrade(t));
+        let mut m = self.map();
+        m.retain(|_, w| w.strong_count() > 0);
+        m.insert(t.qp_num(), std::sync::Arc::downgrade(t));
     }
 
     /// Filters the completions just polled (`out[from..]`): each retires its WR; one
-    /// for a WR already completed as a flush of a lost QP is removed.
+    /// for a WR already completed as a flush of a lost QP is removed. One map lookup
+    /// per completion.
     pub(crate) fn retire(&self, out: &mut Vec<WorkCompletion>, from: usize) {
-        let l = self.list();
+        let m = self.map();
         let mut keep = from;
         for i in from..out.len() {
             let wc = out[i];
-            let t = l
-                .iter()
-                .filter_map(Weak::upgrade)
-                .find(|t| t.qp_num() == wc.qp_num);
+            let t = m.get(&wc.qp_num).and_then(Weak::upgrade);
             let retired = t.as_ref().is_some_and(|t| t.retire(&wc));
             let lost = t.as_ref().is_some_and(|t| t.is_lost());
             if retired || !lost {
@@ -164,9 +164,9 @@ impl CqTrackers {
     /// After the CQ itself ran dry: up to `max` flushed completions of lost QPs'
     /// outstanding WRs; how many were appended.
     pub(crate) fn flushes(&self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
-        let l = self.list();
+        let m = self.map();
         let mut n = 0;
-        for t in l.iter().filter_map(Weak::upgrade) {
+        for t in m.values().filter_map(Weak::upgrade) {
             if n >= max {
                 break;
             }
@@ -254,5 +254,41 @@ mod tests {
         assert!(t.retire(&WorkCompletion::flushed(5, WcOpcode::Send, 7)));
         assert!(t.retire(&WorkCompletion::flushed(5, WcOpcode::Send, 7)));
         assert!(!t.retire(&WorkCompletion::flushed(5, WcOpcode::Send, 7)));
+    }
+
+    /// Two QPs on one CQ: each completion retires its own QP's WR; after one QP is lost
+    /// only its WRs are flushed; a dead QP's number reused by a new QP maps to the new one.
+    #[test]
+    fn completions_go_to_their_own_qp_and_a_reused_qp_number_to_the_new_qp() {
+        let cq = CqTrackers::default();
+        let (a, b) = (Arc::new(WrTracker::new(1)), Arc::new(WrTracker::new(2)));
+        cq.add(&a);
+        cq.add(&b);
+        a.posted_send(11, WcOpcode::Send);
+        b.posted_send(21, WcOpcode::Send);
+        b.posted_send(22, WcOpcode::Send);
+        let wc = |id, qp| WorkCompletion::new(id, WcStatus::Success, WcOpcode::Send, qp);
+        let mut out = vec![wc(21, 2), wc(11, 1)];
+        cq.retire(&mut out, 0);
+        assert_eq!(out, vec![wc(21, 2), wc(11, 1)]);
+        b.lose();
+        let mut flushed = Vec::new();
+        assert_eq!(cq.flushes(16, &mut flushed), 1);
+        assert_eq!(
+            flushed,
+            vec![WorkCompletion::flushed(22, WcOpcode::Send, 2)]
+        );
+        // QP 1 goes away; a new QP gets number 1.
+        drop(a);
+        let c = Arc::new(WrTracker::new(1));
+        cq.add(&c);
+        c.posted_send(31, WcOpcode::Send);
+        c.lose();
+        let mut flushed = Vec::new();
+        assert_eq!(cq.flushes(16, &mut flushed), 1);
+        assert_eq!(
+            flushed,
+            vec![WorkCompletion::flushed(31, WcOpcode::Send, 1)]
+        );
     }
 }
