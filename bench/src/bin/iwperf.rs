@@ -435,8 +435,21 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
     let Some(ip) = &l.ip else {
         return Err(usage("--tap and --ip, --udp and --ip, or --device"));
     };
-    let (tap, link) = match (&l.tap, l.udp, l.udp_peer) {
-        (Some(tap), _, _) => (tap.clone(), None),
+    let (ip, prefix_len) = netlab::parse_cidr(ip).map_err(usage)?;
+    let mac = l
+        .mac
+        .as_deref()
+        .map(netlab::parse_mac)
+        .transpose()
+        .map_err(usage)?;
+    let link = match (&l.tap, l.udp, l.udp_peer) {
+        (Some(tap), _, _) => {
+            if let Some(mtu) = l.mtu {
+                netlab::netns::run_ip(&["link", "set", "dev", tap, "mtu", &mtu.to_string()])
+                    .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
+            }
+            LinkChoice::Tap(tap.clone())
+        }
         (None, Some(bind), Some(peer)) => {
             let mut cfg = softiwarp::link::UdpConfig::new(bind, peer);
             if let Some(mtu) = l.mtu {
@@ -448,27 +461,9 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
                 }
                 cfg.mtu = mtu;
             }
-            (String::new(), Some(LinkChoice::Udp(cfg)))
+            LinkChoice::Udp(cfg)
         }
         _ => return Err(usage("--tap and --ip, --udp and --ip, or --device")),
-    };
-    let args = netlab::LinkArgs {
-        tap: tap.clone(),
-        ip: ip.clone(),
-        mac: l.mac.clone(),
-        pcap: l.pcap.clone(),
-    };
-    let (ip, prefix_len) = args.cidr().map_err(usage)?;
-    let mac = args.mac().map_err(usage)?;
-    let link = match link {
-        Some(udp) => udp,
-        None => {
-            if let Some(mtu) = l.mtu {
-                netlab::netns::run_ip(&["link", "set", "dev", &tap, "mtu", &mtu.to_string()])
-                    .map_err(|e| IwperfError::Setup(format!("set the MTU: {e}")))?;
-            }
-            LinkChoice::Tap(tap)
-        }
     };
     Ok(Backend::Soft(DeviceOptions {
         name: name.into(),
