@@ -275,17 +275,40 @@ pub const fn segment_count(len: u32, per_segment: u32) -> usize {
     }
 }
 
-impl Iterator for Segments {
-    type Item = Segment;
+impl Segments {
+    /// The next segment like [`Iterator::next`], except that when more than one segment
+    /// is left and the bytes left are not a whole number of full segments, this one
+    /// carries only the remainder (`left mod per_segment` bytes, 1 to `per_segment - 1`),
+    /// so that every later segment of the message is full. The number of segments, and
+    /// so [`ExactSizeIterator::len`], is the same either way; only the position of the
+    /// message's one short segment moves.
+    ///
+    /// RFC 5041 (section 5, and 8.1 for the MULPDU bound) lets a sender cut a message
+    /// into segments of any sizes up to MULPDU; receivers place each by its TO or MO. A
+    /// sender that packs FPDUs into TCP super-segments (segmentation offload, cut every
+    /// MSS bytes) uses this for the segment that ends a super-segment, the one place a
+    /// short FPDU may be: the message's remaining segments then are all full and the
+    /// next super-segment can run on into the next message. Returns `None` when the
+    /// message is done.
+    pub fn next_remainder_first(&mut self) -> Option<Segment> {
+        let left = self.message.len.saturating_sub(self.next_offset);
+        let short = left % self.per_segment.max(1);
+        if self.remaining > 1 && short != 0 {
+            self.take(short)
+        } else {
+            self.next()
+        }
+    }
 
-    fn next(&mut self) -> Option<Segment> {
+    /// Takes the next segment with at most `max` payload bytes.
+    fn take(&mut self, max: u32) -> Option<Segment> {
         if self.remaining == 0 {
             return None;
         }
         self.remaining -= 1;
         let offset = self.next_offset;
         let left = self.message.len - offset;
-        let len = left.min(self.per_segment);
+        let len = left.min(max);
         let last = self.remaining == 0;
         self.next_offset = offset + len;
         let buffer = match self.message.target {
@@ -313,6 +336,14 @@ impl Iterator for Segments {
             offset,
             len,
         })
+    }
+}
+
+impl Iterator for Segments {
+    type Item = Segment;
+
+    fn next(&mut self) -> Option<Segment> {
+        self.take(self.per_segment)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

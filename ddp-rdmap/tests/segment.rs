@@ -419,3 +419,68 @@ fn single_segment_messages_have_fixed_lengths() {
         )
     );
 }
+
+/// `next_remainder_first` moves the message's one short segment to where it is asked
+/// for: 64 KiB at 1428 payload bytes per segment is 45 full segments and 1276 bytes.
+#[test]
+fn remainder_first_moves_the_short_segment_and_keeps_the_count() {
+    let m = write(65536);
+    let mut it = m.segments(MULPDU).unwrap();
+    assert_eq!(it.len(), 46);
+    // Three full segments, then the remainder asked for, then the rest: all full.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(it.next().unwrap());
+    }
+    got.push(it.next_remainder_first().unwrap());
+    assert_eq!(it.len(), 42, "the count does not change");
+    got.extend(it.by_ref());
+    assert_eq!(got.len(), 46);
+    assert_eq!(
+        (got[3].offset, got[3].len),
+        (3 * TAGGED_ROOM, 65536 - 45 * TAGGED_ROOM)
+    );
+    assert_eq!(got[3].len, 1276);
+    assert!(!got[3].header.last);
+    for (i, s) in got.iter().enumerate() {
+        if i != 3 {
+            assert_eq!(s.len, TAGGED_ROOM, "segment {i}");
+        }
+        // Contiguous and TO-consistent.
+        let expected_offset = got[..i].iter().map(|s| s.len).sum::<u32>();
+        assert_eq!(s.offset, expected_offset);
+        assert_eq!(s.header.to(), Some(0x7f7f_f9f3_f000 + u64::from(s.offset)));
+        assert_eq!(s.header.last, i == 45);
+    }
+    // Asking again once the rest is whole segments gives full ones.
+    let mut it = m.segments(MULPDU).unwrap();
+    let first = it.next_remainder_first().unwrap();
+    assert_eq!((first.offset, first.len), (0, 1276));
+    let second = it.next_remainder_first().unwrap();
+    assert_eq!((second.offset, second.len), (1276, TAGGED_ROOM));
+}
+
+/// A message that is whole segments, one segment or empty is not changed; an untagged
+/// message's short segment carries its MO.
+#[test]
+fn remainder_first_edges() {
+    let whole = write(3 * TAGGED_ROOM);
+    let mut it = whole.segments(MULPDU).unwrap();
+    let s: Vec<_> = std::iter::from_fn(|| it.next_remainder_first()).collect();
+    assert_eq!(s, segs(whole));
+    for len in [0, 1, TAGGED_ROOM - 1, TAGGED_ROOM] {
+        let mut it = write(len).segments(MULPDU).unwrap();
+        let s: Vec<_> = std::iter::from_fn(|| it.next_remainder_first()).collect();
+        assert_eq!(s, segs(write(len)), "len {len}");
+    }
+    let m = send(UNTAGGED_ROOM + 100);
+    let mut it = m.segments(MULPDU).unwrap();
+    let a = it.next_remainder_first().unwrap();
+    let b = it.next_remainder_first().unwrap();
+    assert!(it.next_remainder_first().is_none());
+    assert_eq!((a.header.mo(), a.len, a.header.last), (Some(0), 100, false));
+    assert_eq!(
+        (b.header.mo(), b.len, b.header.last),
+        (Some(100), UNTAGGED_ROOM, true)
+    );
+}

@@ -548,6 +548,57 @@ impl QpUlp {
     }
 
     /// The core, if this binding is still current.
+    /// One ULPDU from the QP's engine ([`Ulp::poll_ulpdu`]); `ends_run` as in
+    /// [`QpEngine::poll_transmit_at`](crate::rdmap::engine::QpEngine::poll_transmit_at).
+    fn pull(
+        &mut self,
+        mulpdu: usize,
+        ends_run: bool,
+        emit: &mut EmitUlpdu<'_>,
+    ) -> Result<bool, CallError> {
+        let Some(mut c) = self.core() else {
+            return Ok(false);
+        };
+        c.take_posted();
+        let mut terminate = None;
+        let mut sink = PartsSink::new(|parts: &[&[u8]]| {
+            if parts
+                .first()
+                .is_some_and(|p| ddp_rdmap::Header::is_terminate(p))
+            {
+                terminate = Some(parts.concat());
+                return Ok(());
+            }
+            emit(parts)
+        });
+        let r = c.qp.poll_transmit_at(mulpdu, ends_run, &mut sink);
+        let emitted = sink.emitted();
+        let error = sink.take_error();
+        drop(sink);
+        if let Some(t) = terminate {
+            // A WR failed as it started: the Terminate leaves by poll_terminate, so
+            // the stack aborts the connection after it.
+            c.pending_terminate = Some(t);
+            c.kick.store(true, Ordering::Release);
+        }
+        let sent = match r {
+            Ok(true) => emitted > 0 && c.pending_terminate.is_none(),
+            Ok(false) => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "poll_transmit refused the MULPDU");
+                false
+            }
+        };
+        if sent {
+            c.shared.ulpdus_tx.fetch_add(1, Ordering::Relaxed);
+        }
+        c.after();
+        match error {
+            Some(e) => Err(e),
+            None => Ok(sent),
+        }
+    }
+
     fn core(&self) -> Option<MutexGuard<'_, QpCore>> {
         let c = lock(&self.core);
         (c.generation == self.generation).then_some(c)
@@ -610,47 +661,15 @@ impl Ulp for QpUlp {
     }
 
     fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError> {
-        let Some(mut c) = self.core() else {
-            return Ok(false);
-        };
-        c.take_posted();
-        let mut terminate = None;
-        let mut sink = PartsSink::new(|parts: &[&[u8]]| {
-            if parts
-                .first()
-                .is_some_and(|p| ddp_rdmap::Header::is_terminate(p))
-            {
-                terminate = Some(parts.concat());
-                return Ok(());
-            }
-            emit(parts)
-        });
-        let r = c.qp.poll_transmit(mulpdu, &mut sink);
-        let emitted = sink.emitted();
-        let error = sink.take_error();
-        drop(sink);
-        if let Some(t) = terminate {
-            // A WR failed as it started: the Terminate leaves by poll_terminate, so
-            // the stack aborts the connection after it.
-            c.pending_terminate = Some(t);
-            c.kick.store(true, Ordering::Release);
-        }
-        let sent = match r {
-            Ok(true) => emitted > 0 && c.pending_terminate.is_none(),
-            Ok(false) => false,
-            Err(e) => {
-                tracing::debug!(error = %e, "poll_transmit refused the MULPDU");
-                false
-            }
-        };
-        if sent {
-            c.shared.ulpdus_tx.fetch_add(1, Ordering::Relaxed);
-        }
-        c.after();
-        match error {
-            Some(e) => Err(e),
-            None => Ok(sent),
-        }
+        self.pull(mulpdu, false, emit)
+    }
+
+    fn poll_ulpdu_ending_run(
+        &mut self,
+        mulpdu: usize,
+        emit: &mut EmitUlpdu<'_>,
+    ) -> Result<bool, CallError> {
+        self.pull(mulpdu, true, emit)
     }
 
     fn poll_terminate(&mut self) -> Option<Vec<u8>> {

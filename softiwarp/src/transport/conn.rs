@@ -178,6 +178,10 @@ pub(super) struct Cx<'a> {
     /// would have (one FPDU per wire segment; "One FPDU per TCP segment" in the module
     /// docs).
     pub(super) tx_batch_max: usize,
+    /// Rounds of more than one FPDU leave as one super-segment (TCP segmentation offload
+    /// with room for at least two FPDUs): the upper is told which FPDU ends a round
+    /// (`Conn::pull_from_upper`'s `ends_run`), where a short one may go.
+    pub(super) short_last: bool,
 }
 
 pub(super) fn micros(t: Instant) -> u64 {
@@ -659,7 +663,9 @@ impl Conn {
                 let mut batch = 0;
                 loop {
                     let free = sock.send_capacity() - sock.send_queue();
-                    match self.pull_from_upper(sock, cx, free) {
+                    // The round's last FPDU (no room for another after it) may be short.
+                    let ends_run = cx.short_last && batch + 2 * self.emss > cx.tx_batch_max;
+                    match self.pull_from_upper(sock, cx, free, ends_run) {
                         Pulled::Sent(w, direct) => {
                             wrote |= w;
                             if batch > 0 {
@@ -694,12 +700,14 @@ impl Conn {
         }
     }
 
-    /// Asks the upper for a Terminate or one ULPDU and writes the FPDU.
+    /// Asks the upper for a Terminate or one ULPDU and writes the FPDU; `ends_run`: the
+    /// FPDU is the last a round can write ([`Ulp::poll_ulpdu_ending_run`]).
     pub(super) fn pull_from_upper(
         &mut self,
         sock: &mut tcp::Socket<'static>,
         cx: &mut Cx,
         free: usize,
+        ends_run: bool,
     ) -> Pulled {
         let (Some(mpa), Some(upper)) = (self.mpa.as_mut(), self.upper.as_mut()) else {
             return Pulled::Empty;
@@ -748,7 +756,11 @@ impl Conn {
             }
             mpa.send_ulpdu(parts)
         };
-        let polled = upper.poll_ulpdu(mulpdu, &mut emit);
+        let polled = if ends_run {
+            upper.poll_ulpdu_ending_run(mulpdu, &mut emit)
+        } else {
+            upper.poll_ulpdu(mulpdu, &mut emit)
+        };
         if direct > 0 {
             self.written += direct as u64;
             cx.stats.stream_tx_bytes += direct as u64;

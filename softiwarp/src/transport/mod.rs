@@ -86,7 +86,14 @@
 //!   [`smoltcp_glue::tso_payload_max`]) as one super-segment, which the link cuts every
 //!   EMSS bytes from its start: the same segments as without the offload. A round then
 //!   writes at most that many bytes of FPDUs (instead of 64 KiB), so that what it wrote
-//!   leaves as one super-segment and every cut falls between two FPDUs.
+//!   leaves as one super-segment and every cut falls between two FPDUs. Only a round's
+//!   last FPDU may be short, so a message's short last segment used to end the round
+//!   early: a 64 KiB message at MTU 1500 (46 segments, the last 736 octets) took two
+//!   super-segments. The stack therefore tells the upper which FPDU ends a round
+//!   ([`Ulp::poll_ulpdu_ending_run`]), and RDMAP puts the message's short segment there
+//!   (`ddp_rdmap::segment::Segments::next_remainder_first`; RFC 5041 allows segments
+//!   of any size up to MULPDU), so the message's later segments are full and the next
+//!   round runs on into the next message: about 46/44 super-segments per message.
 //! * Retransmissions are smoltcp's: after an RTO it resends from the oldest unacknowledged
 //!   byte in MSS-sized pieces, which may cross FPDU boundaries. Receivers (ours, siw,
 //!   Chelsio) reassemble the stream, so this costs only the "one FPDU per segment"
@@ -707,7 +714,8 @@ impl<L: Link> Stack<L> {
         Cx<'_>,
     ) {
         let mtu = self.dev.inner.link().mtu();
-        let tx_batch_max = if self.dev.inner.offload() {
+        let offload = self.dev.inner.offload();
+        let tx_batch_max = if offload {
             TX_BATCH_BYTES.min(self.dev.inner.tcp_payload_max())
         } else {
             TX_BATCH_BYTES
@@ -724,6 +732,7 @@ impl<L: Link> Stack<L> {
                 listeners: &mut self.listeners,
                 mtu,
                 tx_batch_max,
+                short_last: offload && tx_batch_max >= 2 * mss_for_mtu(mtu),
             },
         )
     }

@@ -210,6 +210,22 @@ pub trait Ulp: Send {
     /// or the upper's own) fails the connection with [`ConnError::Ulp`].
     fn poll_ulpdu(&mut self, mulpdu: usize, emit: &mut EmitUlpdu<'_>) -> Result<bool, CallError>;
 
+    /// [`Ulp::poll_ulpdu`] for the last FPDU of a run that must be full-sized but for its
+    /// last one: with TCP segmentation offload, the FPDUs a connection writes in one
+    /// round leave as one super-segment that the link cuts every MSS bytes, so only its
+    /// last FPDU may be short (module docs of `transport`, "One FPDU per TCP segment").
+    /// An upper that cuts messages into segments may put a message's short segment here
+    /// (RDMAP does: `QpEngine::poll_transmit_at`), so the message's later segments are
+    /// full and the next round can run on into the next message. Same contract and
+    /// errors as `poll_ulpdu`. Default: `poll_ulpdu`.
+    fn poll_ulpdu_ending_run(
+        &mut self,
+        mulpdu: usize,
+        emit: &mut EmitUlpdu<'_>,
+    ) -> Result<bool, CallError> {
+        self.poll_ulpdu(mulpdu, emit)
+    }
+
     /// A Terminate ULPDU the upper wants sent (RFC 5040 5.3, e.g. after a DDP or RDMAP
     /// error it detected). The stack sends it as the last FPDU, then aborts the
     /// connection ([`ConnError::TerminateSent`]). Default: never.

@@ -132,8 +132,14 @@ impl MsgJob {
 
     /// Emits the next segment; returns its L flag, or `None` if the message had no
     /// segment left (cannot happen: finished jobs are dropped).
-    fn emit<S: TxSink + ?Sized>(&mut self, sink: &mut S) -> Option<bool> {
-        let seg = self.segs.next()?;
+    /// Emits the next segment; `remainder_first`: this one may be the message's short
+    /// segment ([`Segments::next_remainder_first`]).
+    fn emit<S: TxSink + ?Sized>(&mut self, sink: &mut S, remainder_first: bool) -> Option<bool> {
+        let seg = if remainder_first {
+            self.segs.next_remainder_first()?
+        } else {
+            self.segs.next()?
+        };
         let mut hdr = [0u8; ddp_rdmap::ddp::UNTAGGED_HEADER_LEN];
         let hlen = seg.header.buffer_len();
         if seg.header.emit(&mut hdr).is_err() {
@@ -202,13 +208,28 @@ impl QpEngine {
         mulpdu: usize,
         sink: &mut S,
     ) -> Result<bool, TxError> {
+        self.poll_transmit_at(mulpdu, false, sink)
+    }
+
+    /// [`QpEngine::poll_transmit`], told whether this ULPDU ends a run of FPDUs that
+    /// must all be full but the last (`ends_run`: a TCP super-segment that the link cuts
+    /// every MSS bytes, see `transport`'s "One FPDU per TCP segment"). When it does, a
+    /// message segment emitted now carries the message's remainder
+    /// ([`Segments::next_remainder_first`]), so the message's later segments are all full
+    /// and the next run can go on into the next message. Same errors.
+    pub fn poll_transmit_at<S: TxSink + ?Sized>(
+        &mut self,
+        mulpdu: usize,
+        ends_run: bool,
+        sink: &mut S,
+    ) -> Result<bool, TxError> {
         if mulpdu < MIN_MULPDU {
             return Err(TxError::MulpduTooSmall {
                 mulpdu,
                 min: MIN_MULPDU,
             });
         }
-        let sent = self.transmit(mulpdu, sink);
+        let sent = self.transmit(mulpdu, ends_run, sink);
         self.after_op();
         // A failure while starting a WR queues a Terminate: send it now.
         let sent = sent || self.emit_terminate(sink);
@@ -227,7 +248,12 @@ impl QpEngine {
         }
     }
 
-    fn transmit<S: TxSink + ?Sized>(&mut self, mulpdu: usize, sink: &mut S) -> bool {
+    fn transmit<S: TxSink + ?Sized>(
+        &mut self,
+        mulpdu: usize,
+        ends_run: bool,
+        sink: &mut S,
+    ) -> bool {
         if self.emit_terminate(sink) {
             return true;
         }
@@ -259,9 +285,9 @@ impl QpEngine {
         };
         self.last_was_rr = use_rr;
         if use_rr {
-            self.emit_read_response(sink)
+            self.emit_read_response(sink, ends_run)
         } else {
-            self.emit_sq(mulpdu, sink)
+            self.emit_sq(mulpdu, sink, ends_run)
         }
     }
 
@@ -424,11 +450,11 @@ impl QpEngine {
         }
     }
 
-    fn emit_read_response<S: TxSink + ?Sized>(&mut self, sink: &mut S) -> bool {
+    fn emit_read_response<S: TxSink + ?Sized>(&mut self, sink: &mut S, ends_run: bool) -> bool {
         let Some(Job::Message(job)) = self.tx_rr.as_mut() else {
             return false;
         };
-        match job.emit(sink) {
+        match job.emit(sink, ends_run) {
             Some(true) => {
                 self.tx_rr = None;
                 // The IRD credit comes back once the response is sent.
@@ -443,11 +469,11 @@ impl QpEngine {
         }
     }
 
-    fn emit_sq<S: TxSink + ?Sized>(&mut self, mulpdu: usize, sink: &mut S) -> bool {
+    fn emit_sq<S: TxSink + ?Sized>(&mut self, mulpdu: usize, sink: &mut S, ends_run: bool) -> bool {
         match self.tx_sq.as_mut() {
             Some(Job::Message(job)) => {
                 let kind = job.kind;
-                match job.emit(sink) {
+                match job.emit(sink, ends_run) {
                     Some(true) => {
                         self.tx_sq = None;
                         self.message_sent(kind, mulpdu);
