@@ -268,8 +268,11 @@ impl Conn {
     /// smoltcp, which cuts segments of EMSS from the first unsent byte, ends a segment
     /// at its end), MPA holds nothing, the connection is still in full operation, and the
     /// peer's window takes all that is unsent plus one more full segment (so no segment
-    /// is cut short by the window).
-    pub(super) fn may_batch(&mut self, cx: &Cx, direct: usize) -> bool {
+    /// is cut short by the window). `room`: the peer's window beyond what was sent, in
+    /// octets, as the round found it (`Track::window_room`; nothing is received or sent
+    /// during a round, so it holds for the whole round); `unsent`: the bytes written in
+    /// this round (nothing was unsent when it began).
+    pub(super) fn may_batch(&self, direct: usize, room: Option<u32>, unsent: usize) -> bool {
         // smoltcp takes an MSS option below 48 as 48 (`MIN_REMOTE_MSS`): its segments would
         // then not end where our EMSS-sized FPDUs do.
         if direct != self.emss
@@ -287,11 +290,10 @@ impl Conn {
         {
             return false;
         }
-        let track = cx.tracker.borrow().get(self.key);
-        let Some(room) = track.window_room() else {
+        let Some(room) = room else {
             return false;
         };
-        self.unsent_by(&track) + self.emss <= room as usize
+        unsent + self.emss <= room as usize
     }
 
     /// Creates the MPA endpoint once TCP is established.
@@ -661,18 +663,24 @@ impl Conn {
                     return false;
                 }
                 let mut batch = 0;
+                // The peer's window as the round begins (one tracker lookup per round).
+                let room = cx.tracker.borrow().get(self.key).window_room();
+                let mut first = true;
                 loop {
                     let free = sock.send_capacity() - sock.send_queue();
                     // The round's last FPDU (no room for another after it) may be short.
                     let ends_run = cx.short_last && batch + 2 * self.emss > cx.tx_batch_max;
-                    match self.pull_from_upper(sock, cx, free, ends_run) {
+                    match self.pull_from_upper(sock, cx, free, first, ends_run) {
                         Pulled::Sent(w, direct) => {
                             wrote |= w;
+                            first = false;
                             if batch > 0 {
                                 cx.stats.fpdus_batched += 1;
                             }
                             batch += direct;
-                            if batch + self.emss > cx.tx_batch_max || !self.may_batch(cx, direct) {
+                            if batch + self.emss > cx.tx_batch_max
+                                || !self.may_batch(direct, room, batch)
+                            {
                                 break;
                             }
                         }
@@ -700,19 +708,24 @@ impl Conn {
         }
     }
 
-    /// Asks the upper for a Terminate or one ULPDU and writes the FPDU; `ends_run`: the
-    /// FPDU is the last a round can write ([`Ulp::poll_ulpdu_ending_run`]).
+    /// Asks the upper for a Terminate (`first`: at the round's first FPDU only) or one
+    /// ULPDU and writes the FPDU; `ends_run`: the FPDU is the last a round can write
+    /// ([`Ulp::poll_ulpdu_ending_run`]).
+    ///
+    /// A Terminate the upper queues during a round (a WR that fails as it starts) makes
+    /// its `poll_ulpdu` report nothing, which ends the round; the next round asks first.
     pub(super) fn pull_from_upper(
         &mut self,
         sock: &mut tcp::Socket<'static>,
         cx: &mut Cx,
         free: usize,
+        first: bool,
         ends_run: bool,
     ) -> Pulled {
         let (Some(mpa), Some(upper)) = (self.mpa.as_mut(), self.upper.as_mut()) else {
             return Pulled::Empty;
         };
-        if let Some(t) = upper.poll_terminate() {
+        if let Some(t) = first.then(|| upper.poll_terminate()).flatten() {
             let cause = terminate::cause_of(&t);
             match mpa.send_terminate(&[&t]) {
                 Ok(()) => {

@@ -228,7 +228,10 @@ pub trait Ulp: Send {
 
     /// A Terminate ULPDU the upper wants sent (RFC 5040 5.3, e.g. after a DDP or RDMAP
     /// error it detected). The stack sends it as the last FPDU, then aborts the
-    /// connection ([`ConnError::TerminateSent`]). Default: never.
+    /// connection ([`ConnError::TerminateSent`]). Asked before the first ULPDU of each
+    /// transmit round, not before every ULPDU: an upper that has one queued reports no
+    /// ULPDU from [`Ulp::poll_ulpdu`], which ends the round, and the next round takes
+    /// it. Default: never.
     fn poll_terminate(&mut self) -> Option<Vec<u8>> {
         None
     }
