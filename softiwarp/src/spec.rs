@@ -16,6 +16,7 @@
 //! | `mpa_rev` | `1` or `2` | `2` |
 //! | `p2p` | `on` (MPA peer-to-peer mode with a Read RTR, as iw_cxgb4) or `off` | `off` |
 //! | `first_fpdu_delay_ms` | as the connecting side, hold the first FPDU this many milliseconds after the MPA Reply, 0..=1000 (`MpaConfig::first_fpdu_delay_us`) | [`DEFAULT_FIRST_FPDU_DELAY_MS`] |
+//! | `tcp_buffer` | each connection's TCP send and receive buffer in bytes, [`MIN_TCP_BUFFER`]..=[`MAX_SPEC_TCP_BUFFER`] (`TcpConfig::rx_buffer`, `tx_buffer`); 1048576 lets bulk runs at MTU 1500 fill whole super-segments (docs/PERFORMANCE.md, "Fourth session on it") | 262144 (`TcpConfig::default`) |
 //!
 //! [`DeviceSpec::parse`] names the key and the problem in its error
 //! ([`SpecError`]), so a caller can print one line and go on without a device.
@@ -37,6 +38,12 @@ pub const DEFAULT_NAME: &str = "softiwarp0";
 /// sending the Reply; docs/ARCHITECTURE.md, "Interop with kernel siw"): an rping client
 /// then hangs. The hold costs the connecting side 20 ms once per connection.
 pub const DEFAULT_FIRST_FPDU_DELAY_MS: u64 = 20;
+
+/// Smallest `tcp_buffer` value, bytes (16 KiB: room for a few FPDUs at MTU 1500).
+pub const MIN_TCP_BUFFER: usize = 16 * 1024;
+
+/// Largest `tcp_buffer` value, bytes (64 MiB; each connection holds two such buffers).
+pub const MAX_SPEC_TCP_BUFFER: usize = 64 * 1024 * 1024;
 
 /// Which link a [`DeviceSpec`] names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +82,9 @@ pub struct DeviceSpec {
     pub p2p: bool,
     /// Initiator's hold of its first FPDU after the MPA Reply, in milliseconds.
     pub first_fpdu_delay_ms: u64,
+    /// Each connection's TCP send and receive buffer in bytes, if given (else the
+    /// device default, `TcpConfig::default`).
+    pub tcp_buffer: Option<usize>,
 }
 
 /// Why a `SOFTIWARP_DEVICE` line was refused: the key, and what is wrong with it.
@@ -141,6 +151,7 @@ impl DeviceSpec {
         let mut name = None;
         let (mut link, mut peer, mut ip, mut mac, mut mtu) = (None, None, None, None, None);
         let (mut crc, mut mpa_rev, mut p2p, mut delay) = (None, None, None, None);
+        let mut tcp_buffer = None;
         for pair in line.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
@@ -251,10 +262,23 @@ impl DeviceSpec {
                     }
                     delay = Some(ms);
                 }
+                "tcp_buffer" => {
+                    slot_taken(tcp_buffer.is_some())?;
+                    let n: usize = value
+                        .parse()
+                        .map_err(|_| err(key, format!("{value:?} is not a number of bytes")))?;
+                    if !(MIN_TCP_BUFFER..=MAX_SPEC_TCP_BUFFER).contains(&n) {
+                        return Err(err(
+                            key,
+                            format!("{n} is outside {MIN_TCP_BUFFER}..={MAX_SPEC_TCP_BUFFER}"),
+                        ));
+                    }
+                    tcp_buffer = Some(n);
+                }
                 _ => {
                     return Err(err(
                         key,
-                        "unknown key (known: name, link, peer, ip, mac, mtu, crc, mpa_rev, p2p, first_fpdu_delay_ms)",
+                        "unknown key (known: name, link, peer, ip, mac, mtu, crc, mpa_rev, p2p, first_fpdu_delay_ms, tcp_buffer)",
                     ))
                 }
             }
@@ -299,6 +323,7 @@ impl DeviceSpec {
             mpa_rev: mpa_rev.unwrap_or(2),
             p2p: p2p.unwrap_or(false),
             first_fpdu_delay_ms: delay.unwrap_or(DEFAULT_FIRST_FPDU_DELAY_MS),
+            tcp_buffer,
         })
     }
 
@@ -330,6 +355,10 @@ impl DeviceSpec {
         };
         cfg.mpa.settings = settings;
         cfg.mpa.first_fpdu_delay_us = self.first_fpdu_delay_ms * 1000;
+        if let Some(n) = self.tcp_buffer {
+            cfg.tcp.rx_buffer = n;
+            cfg.tcp.tx_buffer = n;
+        }
         cfg
     }
 }
@@ -342,7 +371,8 @@ mod tests {
     fn a_full_udp_line_parses_to_every_field() {
         let s = DeviceSpec::parse(
             "name=sw1, link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.5.0.1/24,\
-             mac=02:aa:00:00:00:01,mtu=9000,crc=off,mpa_rev=2,p2p=on,first_fpdu_delay_ms=0",
+             mac=02:aa:00:00:00:01,mtu=9000,crc=off,mpa_rev=2,p2p=on,first_fpdu_delay_ms=0,\
+             tcp_buffer=1048576",
         )
         .unwrap();
         assert_eq!(
@@ -361,6 +391,7 @@ mod tests {
                 mpa_rev: 2,
                 p2p: true,
                 first_fpdu_delay_ms: 0,
+                tcp_buffer: Some(1 << 20),
             }
         );
         let cfg = s.to_config();
@@ -370,6 +401,7 @@ mod tests {
         assert_eq!(cfg.mpa.settings.crc, CrcPolicy::IfPeerAsks);
         assert_eq!(cfg.mpa.first_fpdu_delay_us, 0);
         assert!(matches!(cfg.link.spec, crate::LinkSpec::Udp(ref u) if u.mtu == 9000));
+        assert_eq!((cfg.tcp.rx_buffer, cfg.tcp.tx_buffer), (1 << 20, 1 << 20));
     }
 
     #[test]
@@ -387,6 +419,12 @@ mod tests {
         assert_eq!(cfg.interface.mac, [2, 0, 10, 0, 0, 2]);
         assert_eq!(cfg.mpa.first_fpdu_delay_us, 20_000);
         assert_eq!(cfg.mpa.settings.crc, CrcPolicy::Wanted);
+        assert_eq!(s.tcp_buffer, None);
+        let default = crate::transport::smoltcp_glue::TcpConfig::default();
+        assert_eq!(
+            (cfg.tcp.rx_buffer, cfg.tcp.tx_buffer),
+            (default.rx_buffer, default.tx_buffer)
+        );
     }
 
     #[test]
@@ -438,6 +476,16 @@ mod tests {
             (
                 "link=tap:t0,ip=10.0.0.1/24,first_fpdu_delay_ms=soon",
                 "first_fpdu_delay_ms",
+                "not a number",
+            ),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,tcp_buffer=1000",
+                "tcp_buffer",
+                "outside 16384..=67108864",
+            ),
+            (
+                "link=tap:t0,ip=10.0.0.1/24,tcp_buffer=1M",
+                "tcp_buffer",
                 "not a number",
             ),
             (
