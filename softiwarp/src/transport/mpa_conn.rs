@@ -910,7 +910,7 @@ impl MpaConn {
             return Err(CallError::TerminateSent);
         }
         self.check_ulpdu(parts)?;
-        if self.tx_open {
+        if self.tx_open && self.held.is_empty() {
             self.frame(parts).map_err(CallError::Frame)
         } else {
             self.held.push_back(parts.concat());
@@ -940,7 +940,7 @@ impl MpaConn {
             return Err(CallError::TerminateSent);
         }
         self.check_ulpdu(parts)?;
-        if !self.tx_open || self.tx.len() > 0 {
+        if !self.tx_open || self.tx.len() > 0 || !self.held.is_empty() {
             return Ok(None);
         }
         let Some(framer) = self.framer.as_mut() else {
@@ -996,6 +996,14 @@ impl MpaConn {
                 // An initiator's held ULPDUs can go (ahead of the FIN); a
                 // responder's never could.
                 self.end_hold();
+                if self.tx_open {
+                    // Closing: what is held goes out at once, ahead of the FIN.
+                    while let Some(ulpdu) = self.held.pop_front() {
+                        if let Err(e) = self.frame(&[&ulpdu]) {
+                            tracing::debug!(%e, "held ULPDU not framed");
+                        }
+                    }
+                }
                 self.held.clear();
                 self.deadline = None;
                 self.llp_close = Some(LlpClose::Graceful);
@@ -1016,6 +1024,11 @@ impl MpaConn {
             return Err(CallError::TransmitOverrun { done: n, pending });
         }
         self.tx.consume(n);
+        // Held ULPDUs leave one FPDU at a time: the connection writes the next only
+        // once this one is out, so each leaves as its own segment.
+        if self.tx.len() == 0 && self.tx_open {
+            self.release_held();
+        }
         Ok(())
     }
 
@@ -1382,8 +1395,15 @@ impl MpaConn {
         }
     }
 
+    /// Frames the oldest held ULPDU when nothing else is pending; the next when that
+    /// one has been written ([`MpaConn::transmit_done`]). Framing them all at once
+    /// would hand TCP one block of FPDUs that it cuts every MSS octets, whatever the
+    /// FPDU boundaries.
     fn release_held(&mut self) {
-        while let Some(ulpdu) = self.held.pop_front() {
+        if self.tx.len() > 0 {
+            return;
+        }
+        if let Some(ulpdu) = self.held.pop_front() {
             if let Err(e) = self.frame(&[&ulpdu]) {
                 // Unreachable: the length was checked against MULPDU.
                 tracing::debug!(%e, "held ULPDU not framed");

@@ -1811,3 +1811,62 @@ fn initiator_holds_its_first_fpdu_after_the_reply() {
         }
     }
 }
+
+/// When the initiator's first-FPDU hold ends, its held ULPDUs leave one FPDU at a time:
+/// `poll_transmit` offers the next only after the one before was written
+/// (`transmit_done`), so a connection writes each as its own TCP segment. Framed all at
+/// once they were one block that TCP cut every MSS octets across FPDU boundaries (found
+/// on the wire after the offload change, issue 19). A ULPDU sent meanwhile queues behind
+/// them, in order.
+#[test]
+fn held_ulpdus_leave_one_fpdu_at_a_time() {
+    const DELAY: u64 = 20_000;
+    let mut pair = Pair::new(
+        MpaConfig {
+            first_fpdu_delay_us: DELAY,
+            ..cfg(s(|_| ()))
+        },
+        cfg(s(|_| ())),
+        Chunks::Whole,
+    );
+    pair.run();
+    assert!(pair.ini.established());
+    let hold_end = pair.ini.conn.poll_timeout().expect("the hold's deadline");
+    for u in [&b"one"[..], b"two", b"three"] {
+        pair.ini.conn.send_ulpdu(&[u]).unwrap();
+    }
+    pair.run();
+    assert_eq!(pair.ini.conn.held_ulpdus(), 3);
+    pair.ini.conn.handle_timeout(hold_end);
+    // One FPDU offered: length field, ULPDU, pad, CRC field (CRC off: zero).
+    let fpdu = |u: &[u8]| {
+        let mut v = Vec::new();
+        Framer::new(NO_CRC).append(u, &mut v).unwrap();
+        v
+    };
+    let mut out = Vec::new();
+    for (i, u) in [&b"one"[..], b"two", b"three", b"four"].iter().enumerate() {
+        let offered = pair.ini.conn.poll_transmit().expect("an FPDU").to_vec();
+        assert_eq!(offered, fpdu(u), "FPDU {i} offered alone");
+        if i == 0 {
+            // Sent while two are still held: it queues behind them.
+            pair.ini.conn.send_ulpdu(&[b"four"]).unwrap();
+            assert_eq!(pair.ini.conn.held_ulpdus(), 3);
+        }
+        pair.ini.conn.transmit_done(offered.len()).unwrap();
+        out.extend(offered);
+    }
+    assert!(pair.ini.conn.poll_transmit().is_none());
+    assert_eq!(pair.ini.conn.held_ulpdus(), 0);
+    pair.rsp.inbox.extend_from_slice(&out);
+    pair.run();
+    assert_eq!(
+        pair.rsp.ulpdus(),
+        vec![
+            b"one".to_vec(),
+            b"two".to_vec(),
+            b"three".to_vec(),
+            b"four".to_vec()
+        ]
+    );
+}
