@@ -547,7 +547,6 @@ impl QpUlp {
         QpUlp { core, generation }
     }
 
-    /// The core, if this binding is still current.
     /// One ULPDU from the QP's engine ([`Ulp::poll_ulpdu`]); `ends_run` as in
     /// [`QpEngine::poll_transmit_at`](crate::rdmap::engine::QpEngine::poll_transmit_at).
     fn pull(
@@ -599,6 +598,7 @@ impl QpUlp {
         }
     }
 
+    /// The core, if this binding is still current.
     fn core(&self) -> Option<MutexGuard<'_, QpCore>> {
         let c = lock(&self.core);
         (c.generation == self.generation).then_some(c)

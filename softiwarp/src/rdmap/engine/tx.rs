@@ -131,9 +131,8 @@ impl MsgJob {
     }
 
     /// Emits the next segment; returns its L flag, or `None` if the message had no
-    /// segment left (cannot happen: finished jobs are dropped).
-    /// Emits the next segment; `remainder_first`: this one may be the message's short
-    /// segment ([`Segments::next_remainder_first`]).
+    /// segment left (cannot happen: finished jobs are dropped). `remainder_first`: this
+    /// one may be the message's short segment ([`Segments::next_remainder_first`]).
     fn emit<S: TxSink + ?Sized>(&mut self, sink: &mut S, remainder_first: bool) -> Option<bool> {
         let seg = if remainder_first {
             self.segs.next_remainder_first()?
