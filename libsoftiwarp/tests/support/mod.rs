@@ -29,13 +29,19 @@ pub enum Mode {
 pub fn built_so() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("deps dir");
-    for dir in [deps.parent().unwrap_or(deps), deps] {
-        let p = dir.join("libsoftiwarp.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libsoftiwarp.so not found next to {}", deps.display());
+    // cargo builds the library for the tests in deps/ and copies it up a level only on
+    // `cargo build`: the newer of the two is this test run's (an older copy up there
+    // once ran the tests against a library from hours before).
+    [deps.parent().unwrap_or(deps), deps]
+        .iter()
+        .map(|dir| dir.join("libsoftiwarp.so"))
+        .filter_map(|p| {
+            let modified = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+            Some((modified, p))
+        })
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("libsoftiwarp.so not found next to {}", deps.display()))
 }
 
 /// A temp dir (mode 755) holding libsoftiwarp.so (mode 755) and the drop-in links;
