@@ -1403,10 +1403,13 @@ impl MpaConn {
         if self.tx.len() > 0 {
             return;
         }
-        if let Some(ulpdu) = self.held.pop_front() {
-            if let Err(e) = self.frame(&[&ulpdu]) {
+        // Until one is framed: while anything is held, new ULPDUs queue behind it, so an
+        // empty transmit queue with ULPDUs held would stall the connection.
+        while let Some(ulpdu) = self.held.pop_front() {
+            match self.frame(&[&ulpdu]) {
+                Ok(()) => break,
                 // Unreachable: the length was checked against MULPDU.
-                tracing::debug!(%e, "held ULPDU not framed");
+                Err(e) => tracing::debug!(%e, "held ULPDU not framed"),
             }
         }
     }
