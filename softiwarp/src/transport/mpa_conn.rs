@@ -998,11 +998,7 @@ impl MpaConn {
                 self.end_hold();
                 if self.tx_open {
                     // Closing: what is held goes out at once, ahead of the FIN.
-                    while let Some(ulpdu) = self.held.pop_front() {
-                        if let Err(e) = self.frame(&[&ulpdu]) {
-                            tracing::debug!(%e, "held ULPDU not framed");
-                        }
-                    }
+                    self.frame_held(true);
                 }
                 self.held.clear();
                 self.deadline = None;
@@ -1400,14 +1396,19 @@ impl MpaConn {
     /// would hand TCP one block of FPDUs that it cuts every MSS octets, whatever the
     /// FPDU boundaries.
     fn release_held(&mut self) {
-        if self.tx.len() > 0 {
-            return;
+        if self.tx.len() == 0 {
+            self.frame_held(false);
         }
-        // Until one is framed: while anything is held, new ULPDUs queue behind it, so an
-        // empty transmit queue with ULPDUs held would stall the connection.
+    }
+
+    /// Frames held ULPDUs in order: all of them (`all`), or until one is framed (while
+    /// anything is held, new ULPDUs queue behind it, so an empty transmit queue with
+    /// ULPDUs held would stall the connection).
+    fn frame_held(&mut self, all: bool) {
         while let Some(ulpdu) = self.held.pop_front() {
             match self.frame(&[&ulpdu]) {
-                Ok(()) => break,
+                Ok(()) if !all => break,
+                Ok(()) => {}
                 // Unreachable: the length was checked against MULPDU.
                 Err(e) => tracing::debug!(%e, "held ULPDU not framed"),
             }
