@@ -190,6 +190,18 @@ impl Outcome {
     }
 }
 
+/// A program still running when its `Proc` goes (a test that failed before it waited for
+/// or killed it) is killed with its group, so no server outlives its test (a failed CI
+/// run once left an `rping -s -P` holding its port).
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Proc {
     /// Kills the process group (SIGKILL) by its id: the program and runuser.
     pub fn kill(&mut self) {
