@@ -14,20 +14,25 @@
 //! initiator: CRC field octets `2f fb a8 cb`, value `0xcba8fb2f`). Use
 //! [`crc_to_wire`] / [`crc_from_wire`] to convert.
 //!
-//! **Implementation**: one of two crates, chosen once at run time by what the CPU has
+//! **Implementation**: one of three, chosen once at run time by what the CPU has
 //! ([`Engine::detect`]):
 //!
 //! * with AVX-512 and VPCLMULQDQ, the `crc-fast` crate's CRC-32/ISCSI (a fusion of the
 //!   SSE4.2 `crc32` instruction with carry-less multiplication folding): on a Xeon with
 //!   AVX-512 it ran at 57 GB/s on 1460-octet FPDUs and 107 GB/s on 9000 to 64 KiB,
 //!   against 16 and 27 GB/s for the `crc32c` crate (docs/PERFORMANCE.md, "fpdu_path");
-//! * otherwise the `crc32c` crate (the SSE4.2 `crc32` instruction, three interleaved
-//!   streams; a table elsewhere): on an AMD EPYC with AVX2 and VPCLMULQDQ but no
-//!   AVX-512 it is the faster one, 9.1 against 6.5 GB/s at 1454 octets and 17.9
-//!   against 12.7 GB/s at 64 KiB (docs/PERFORMANCE.md, "Segmentation offload").
+//! * otherwise, with SSE4.2 and PCLMULQDQ, our own three streams of the `crc32`
+//!   instruction over the whole buffer (`crc::sse42`, the one `unsafe` module of this
+//!   crate, with its contract): on an AMD EPYC with AVX2 but no AVX-512, 14.5 GB/s at
+//!   1454 octets against 9.6 for the `crc32c` crate (which runs half of such an FPDU in
+//!   one stream) and 6.5 for `crc-fast` (docs/PERFORMANCE.md, "Fifth session on it");
+//! * elsewhere the `crc32c` crate (a table where there is no `crc32` instruction).
 //!
-//! Both compute the same function; the tests hold each against the bit-at-a-time
+//! All compute the same function; the tests hold each against the bit-at-a-time
 //! reference.
+
+#[cfg(target_arch = "x86_64")]
+mod sse42;
 
 /// Length of the CRC field at the end of every FPDU, in octets (RFC 5044, section 4.1).
 ///
@@ -39,13 +44,18 @@ pub const CRC_LEN: usize = 4;
 pub enum Engine {
     /// The `crc-fast` crate (chosen where the CPU has AVX-512 and VPCLMULQDQ).
     CrcFast,
-    /// The `crc32c` crate (everywhere else).
+    /// The `crc32c` crate (where the CPU has neither of the others' features).
     Crc32c,
+    /// Three streams of the SSE4.2 `crc32` instruction over the whole buffer, joined by
+    /// PCLMULQDQ (`crc::sse42`; chosen on x86_64 without AVX-512). On a CPU without
+    /// those features (or not x86_64) it computes the same value with the `crc32c` crate.
+    Sse42ThreeStreams,
 }
 
 impl Engine {
     /// The engine for this CPU: [`Engine::CrcFast`] with AVX-512F, AVX-512VL and VPCLMULQDQ,
-    /// [`Engine::Crc32c`] otherwise (the measurements in the module docs).
+    /// [`Engine::Sse42ThreeStreams`] with SSE4.2 and PCLMULQDQ, [`Engine::Crc32c`]
+    /// otherwise (the measurements in the module docs).
     pub fn detect() -> Engine {
         #[cfg(target_arch = "x86_64")]
         {
@@ -57,6 +67,9 @@ impl Engine {
                 && std::arch::is_x86_feature_detected!("vpclmulqdq")
             {
                 return Engine::CrcFast;
+            }
+            if sse42::available() {
+                return Engine::Sse42ThreeStreams;
             }
         }
         Engine::Crc32c
@@ -73,6 +86,10 @@ impl Engine {
     pub fn append(self, crc: u32, data: &[u8]) -> u32 {
         match self {
             Engine::Crc32c => crc32c::crc32c_append(crc, data),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Sse42ThreeStreams => sse42::append(crc, data),
+            #[cfg(not(target_arch = "x86_64"))]
+            Engine::Sse42ThreeStreams => crc32c::crc32c_append(crc, data),
             Engine::CrcFast if crc == 0 => crc_fast::crc32_iscsi(data) as u32,
             Engine::CrcFast => {
                 // The digest's state is the CRC register before the final XOR.
@@ -202,7 +219,7 @@ mod tests {
                 let want = reference(d);
                 assert_eq!(crc32c(d), want, "len {len} start {start}");
                 assert_eq!(crc32c_append(0, d), want, "len {len} start {start}");
-                for engine in [Engine::CrcFast, Engine::Crc32c] {
+                for engine in [Engine::CrcFast, Engine::Crc32c, Engine::Sse42ThreeStreams] {
                     assert_eq!(engine.append(0, d), want, "{engine:?} len {len}");
                     let (a, b) = d.split_at(len / 2);
                     assert_eq!(

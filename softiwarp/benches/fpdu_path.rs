@@ -228,6 +228,7 @@ fn rx(c: &mut Criterion) {
 /// What the hardware gives for the same bytes: CRC32c alone, and copy + CRC32c in
 /// FPDU-sized pieces (the work the data path cannot avoid).
 fn floor(c: &mut Criterion) {
+    use mpa::crc::Engine;
     let mut g = c.benchmark_group("floor");
     g.throughput(Throughput::Bytes(LEN as u64));
     let src: Vec<u8> = (0..LEN).map(|i| (i * 13 + 1) as u8).collect();
@@ -248,6 +249,21 @@ fn floor(c: &mut Criterion) {
                 })
             },
         );
+    }
+    g.finish();
+    // Each CRC32c engine on one FPDU's worth of octets (MULPDU - 14 of ULPDU plus the
+    // 6-octet header and the ULPDU_Length field; docs/PERFORMANCE.md, "Fifth session on
+    // it"); the engine in use is `Engine::current()`.
+    let mut g = c.benchmark_group("crc32c_engine");
+    for engine in [Engine::Crc32c, Engine::CrcFast, Engine::Sse42ThreeStreams] {
+        for len in [1450usize, 8950, LEN] {
+            g.throughput(Throughput::Bytes(len as u64));
+            g.bench_with_input(
+                BenchmarkId::new(format!("{engine:?}"), len),
+                &src[..len],
+                |b, data| b.iter(|| engine.append(0, data)),
+            );
+        }
     }
     g.finish();
 }
