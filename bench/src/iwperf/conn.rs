@@ -666,12 +666,19 @@ impl<'p, P: Provider> CmSide<'p, P> {
                     let qp = make_qp(&id, &params, setup)?;
                     let info = setup.server_qp(&params, &qp)?;
                     // Our IRD = the peer's ORD, our ORD = the peer's IRD (rdma_accept),
-                    // within the device's limits.
+                    // within the device's limits. MPA rev 1 carries neither, and the CM
+                    // reports 0/0 (ARCHITECTURE.md, "MPA rev 1: no IRD/ORD"): an iwperf
+                    // client then asks for MAX_RD_ATOMIC, agreed out of band.
                     let caps = setup.caps();
+                    let (ird, ord) = match (ev.param.responder_resources, ev.param.initiator_depth)
+                    {
+                        (0, 0) => (MAX_RD_ATOMIC, MAX_RD_ATOMIC),
+                        asked => asked,
+                    };
                     let accepted = id.accept(&ConnParam {
                         private_data: info.encode(),
-                        responder_resources: clamp_depth(caps, ev.param.responder_resources),
-                        initiator_depth: clamp_depth(caps, ev.param.initiator_depth),
+                        responder_resources: clamp_depth(caps, ird),
+                        initiator_depth: clamp_depth(caps, ord),
                     });
                     let conn = Conn { params, qp, id };
                     if let Err(e) = accepted {
