@@ -15,7 +15,7 @@ use smoltcp::time::Instant;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
 use super::mpa_conn::{InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State};
-use super::seg_tracker::{tuple_key, SegTracker, Track};
+use super::seg_tracker::{tuple_key, SegTracker};
 use super::smoltcp_glue::mss_for_mtu;
 use super::Listener;
 use super::{
@@ -240,13 +240,10 @@ impl Conn {
         self.emit(cx, ConnEvent::Failed(error));
     }
 
+    /// Bytes written into the socket and not yet transmitted, by the connection's
+    /// tracker entry (its highest sequence number sent).
     pub(super) fn unsent(&self, cx: &Cx) -> usize {
-        self.unsent_by(&cx.tracker.borrow().get(self.key))
-    }
-
-    /// Bytes written into the socket and not yet transmitted, by `track`.
-    pub(super) fn unsent_by(&self, track: &Track) -> usize {
-        let Some(snd_max) = track.snd_max else {
+        let Some(snd_max) = cx.tracker.borrow().get(self.key).snd_max else {
             return 0;
         };
         let Some(base) = self.snd_base else {
