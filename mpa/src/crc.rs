@@ -23,9 +23,9 @@
 //!   against 16 and 27 GB/s for the `crc32c` crate (docs/PERFORMANCE.md, "fpdu_path");
 //! * otherwise, with SSE4.2 and PCLMULQDQ, our own three streams of the `crc32`
 //!   instruction over the whole buffer (`crc::sse42`, the one `unsafe` module of this
-//!   crate, with its contract): on an AMD EPYC with AVX2 but no AVX-512, 14.5 GB/s at
-//!   1454 octets against 9.6 for the `crc32c` crate (which runs half of such an FPDU in
-//!   one stream) and 6.5 for `crc-fast` (docs/PERFORMANCE.md, "Fifth session on it");
+//!   crate, with its contract): on an AMD EPYC with AVX2 but no AVX-512, 21.7 GiB/s at
+//!   1450 octets against 11.4 for the `crc32c` crate (which runs half of such an FPDU in
+//!   one stream) and 10.8 for `crc-fast` (docs/PERFORMANCE.md, "Fifth session on it");
 //! * elsewhere the `crc32c` crate (a table where there is no `crc32` instruction).
 //!
 //! All compute the same function; the tests hold each against the bit-at-a-time
