@@ -15,7 +15,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{link_pair, require, spawn, LibDir, Mode, Proc};
+use support::{assert_rping_client, link_pair, require, spawn, LibDir, Mode, Proc};
 
 /// Connections of the warm-up and of the measured batch.
 const CONNS: usize = 20;
@@ -81,22 +81,23 @@ fn a_persistent_rping_server_stays_flat_over_10000_pings_and_20_connections() {
     );
     let pid = rping_pid(&server);
     std::thread::sleep(Duration::from_millis(700));
-    let client = |count: &str| {
-        let c = spawn(
-            &lib,
-            Mode::DropIn,
-            &cli_dev,
-            "rping",
-            &["-c", "-a", &addr, "-C", count],
-        )
-        .wait(Duration::from_secs(120));
-        assert!(c.ok(), "client -C {count}: {c:?}");
+    let client = |count: usize| {
+        // `-v` (each ping printed, then checked) up to 100 pings: more would fill the
+        // pipe nobody reads while the client runs.
+        let verbose = count <= 100;
+        let count_arg = count.to_string();
+        let mut args = vec!["-c", "-a", &addr, "-C", &count_arg];
+        if verbose {
+            args.push("-v");
+        }
+        let c = spawn(&lib, Mode::DropIn, &cli_dev, "rping", &args).wait(Duration::from_secs(120));
+        assert_rping_client(&c, verbose.then_some(count), &format!("client -C {count}"));
     };
     let settle = || std::thread::sleep(Duration::from_millis(300));
     // Warm-up: what the allocator and the thread stacks reach under both kinds of use.
-    client("1000");
+    client(1000);
     for _ in 0..CONNS {
-        client("10");
+        client(10);
     }
     settle();
     let warm = rss(pid);
@@ -106,6 +107,7 @@ fn a_persistent_rping_server_stays_flat_over_10000_pings_and_20_connections() {
         Mode::DropIn,
         &cli_dev,
         "rping",
+        // No `-v`: 10,000 ping lines would fill the pipe nobody reads while it runs.
         &["-c", "-a", &addr, "-C", "10000"],
     );
     let cpid = rping_pid(&long);
@@ -119,7 +121,7 @@ fn a_persistent_rping_server_stays_flat_over_10000_pings_and_20_connections() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let c = long.wait(Duration::from_secs(60));
-    assert!(c.ok(), "client -C 10000: {c:?}");
+    assert_rping_client(&c, None, "client -C 10000");
     settle();
     let after_wrs = rss(pid);
     assert!(
@@ -142,7 +144,7 @@ fn a_persistent_rping_server_stays_flat_over_10000_pings_and_20_connections() {
         (c_end - c_warm) / 1024
     );
     for _ in 0..CONNS {
-        client("10");
+        client(10);
     }
     settle();
     let after_conns = rss(pid);
