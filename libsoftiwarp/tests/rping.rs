@@ -7,7 +7,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{check_pings, link_pair, require, spawn, LibDir, Mode};
+use support::{assert_rping_client, check_pings, link_pair, require, spawn, LibDir, Mode};
 
 /// Server and client rping, 100 pings with `-V` (the client compares every byte it got
 /// back by RDMA Write with what the server read by RDMA Read).
@@ -34,11 +34,11 @@ fn rping_pair(mode: Mode, base: u16) {
     );
     let c = client.wait(Duration::from_secs(90));
     let s = server.wait(Duration::from_secs(20));
-    assert!(c.ok(), "client: {c:?}");
     assert!(s.ok(), "server: {s:?}");
-    // Every line of both is a ping line, all 100 in order.
+    // Every line of both is a ping line, all 100 in order (the client's exit may be
+    // rping's own teardown race).
     assert_eq!(c.stdout.lines().count(), 100, "client output: {}", c.stdout);
-    check_pings(&c.stdout, "ping data: ", 100, "client");
+    assert_rping_client(&c, Some(100), "client");
     assert_eq!(s.stdout.lines().count(), 100, "server output: {}", s.stdout);
     check_pings(&s.stdout, "server ping data: ", 100, "server");
     // (rping's "client DISCONNECT EVENT" line is not asserted: its CM thread prints it
