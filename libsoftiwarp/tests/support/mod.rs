@@ -264,15 +264,24 @@ pub fn ping_line(n: usize) -> String {
 /// the channel is gone (`Invalid argument`); either way every ping was done (docs/
 /// ARCHITECTURE.md, the rping traps). Anything else fails the test.
 pub fn assert_rping_client(o: &Outcome, pings: Option<usize>, who: &str) {
-    let raced = o.exited() == Some(255)
-        && o.stderr
-            .lines()
-            .last()
-            .is_some_and(|l| l.starts_with("rdma_get_cm_event: "));
-    assert!(o.ok() || raced, "{who}: {o:?}");
+    assert!(
+        o.ok() || rping_teardown_race(o.exited(), &o.stderr),
+        "{who}: {o:?}"
+    );
     if let Some(count) = pings {
         check_pings(&o.stdout, "ping data: ", count, who);
     }
+}
+
+/// Whether an rping client's exit `code` and `output` (its stderr, or all it printed)
+/// are rping's own teardown race ([`assert_rping_client`]): 255, its last line
+/// `rdma_get_cm_event: <error>`.
+pub fn rping_teardown_race(code: Option<i32>, output: &str) -> bool {
+    code == Some(255)
+        && output
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("rdma_get_cm_event: "))
 }
 
 /// Asserts that `text`'s lines starting with `prefix` (trimmed) are exactly pings
