@@ -156,6 +156,7 @@ fn limits_name_the_first_limit_exceeded() {
         index: 0,
         tx_depth,
         client_mr: Default::default(),
+        rd_depth: 0,
     };
     assert_eq!(limits.check(&p(4096, 2, 32), 1 << 19), Ok(()));
     assert_eq!(limits, LIMITS);
@@ -240,6 +241,7 @@ fn a_second_request_for_an_index_already_in_is_rejected_as_busy() {
         index: 0,
         tx_depth: 4,
         client_mr: MrInfo::default(),
+        rd_depth: 0,
     };
     let err = CmSide::run(&provider, |mut cm| {
         let mut side = Side::new(Role::Client, Tuning::default());

@@ -664,20 +664,22 @@ impl<'p, P: Provider> CmSide<'p, P> {
                         deadline = Instant::now() + Duration::from_secs(20);
                     }
                     let qp = make_qp(&id, &params, setup)?;
-                    let info = setup.server_qp(&params, &qp)?;
+                    let mut info = setup.server_qp(&params, &qp)?;
                     // Our IRD = the peer's ORD, our ORD = the peer's IRD (rdma_accept),
                     // within the device's limits. MPA rev 1 carries neither, and the CM
-                    // reports 0/0 (ARCHITECTURE.md, "MPA rev 1: no IRD/ORD"): an iwperf
-                    // client then asks for MAX_RD_ATOMIC, agreed out of band.
+                    // reports 0/0 (ARCHITECTURE.md, "MPA rev 1: no IRD/ORD"): then the
+                    // depth the client put in its parameters, and our IRD goes back in
+                    // our answer, so that the client's ORD stays within it.
                     let caps = setup.caps();
                     let (ird, ord) = match (ev.param.responder_resources, ev.param.initiator_depth)
                     {
-                        (0, 0) => (MAX_RD_ATOMIC, MAX_RD_ATOMIC),
+                        (0, 0) => (params.rd_depth, params.rd_depth),
                         asked => asked,
                     };
+                    info.ird = clamp_depth(caps, ird);
                     let accepted = id.accept(&ConnParam {
                         private_data: info.encode(),
-                        responder_resources: clamp_depth(caps, ird),
+                        responder_resources: info.ird,
                         initiator_depth: clamp_depth(caps, ord),
                     });
                     let conn = Conn { params, qp, id };
@@ -765,6 +767,7 @@ impl<'p, P: Provider> CmSide<'p, P> {
                     let q = make_qp::<P>(id, p, setup)?;
                     p.client_mr = setup.client_qp(p, &q)?;
                     let depth = clamp_depth(setup.caps(), MAX_RD_ATOMIC);
+                    p.rd_depth = depth;
                     id.connect(&ConnParam {
                         private_data: p.encode(),
                         responder_resources: depth,
@@ -780,12 +783,13 @@ impl<'p, P: Provider> CmSide<'p, P> {
                         IwperfError::Connection("Established before the QP was made".into())
                     })?;
                     // Our ORD: what we asked for, and no more than the server's IRD
-                    // (the event's `initiator_depth`, when the backend reports it).
+                    // (the event's `initiator_depth` when the backend reports it, and
+                    // the server's answer when it gives it: MPA rev 1 carries none).
                     let asked = clamp_depth(setup.caps(), MAX_RD_ATOMIC);
-                    let ord = match ev.param.initiator_depth {
-                        0 => asked,
-                        ird => asked.min(ird),
-                    };
+                    let ord = [ev.param.initiator_depth, accept.ird]
+                        .into_iter()
+                        .filter(|&ird| ird > 0)
+                        .fold(asked, u16::min);
                     setup.client_accepted(q.qp_num(), accept, ord)?;
                     *est = true;
                     up += 1;

@@ -560,6 +560,8 @@ impl<P: Provider> Side<P> {
             } else {
                 0
             },
+            // Set with the CM's ConnParam at the accept (`conn::accept_all`).
+            ird: 0,
         };
         self.qps.push(QpBufs {
             params: *params,
@@ -1777,6 +1779,7 @@ mod tests {
             index: 0,
             tx_depth: 16,
             client_mr: MrInfo::default(),
+            rd_depth: 0,
         };
         let dev =
             softiwarp::cm::provider::SoftDev(softiwarp::cm::rdmacm::SoftDevice::new(dev).unwrap());

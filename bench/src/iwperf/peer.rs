@@ -150,6 +150,8 @@ impl ClientTest {
                 index: i,
                 tx_depth: self.tx_depth,
                 client_mr: MrInfo::default(),
+                // Set with the CM's ConnParam (`connect_all`).
+                rd_depth: 0,
             })
             .collect()
     }

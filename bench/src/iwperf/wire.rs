@@ -139,6 +139,11 @@ pub struct TestParams {
     pub tx_depth: u16,
     /// The client's data buffer (the server writes into it in Write latency tests).
     pub client_mr: MrInfo,
+    /// The client's RDMA Read depth: the ORD and IRD it asks for in the CM's
+    /// `ConnParam`, repeated here for a server whose CM reports none (MPA rev 1 carries
+    /// no IRD/ORD; ARCHITECTURE.md, "MPA rev 1: no IRD/ORD"). 0: not given (an iwperf
+    /// from before this field, which sent 0 in these reserved octets).
+    pub rd_depth: u16,
 }
 
 /// Length in bytes of an encoded [`TestParams`].
@@ -226,7 +231,7 @@ impl TestParams {
         out.extend_from_slice(&self.qps.to_le_bytes());
         out.extend_from_slice(&self.index.to_le_bytes());
         out.extend_from_slice(&self.tx_depth.to_le_bytes());
-        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.rd_depth.to_le_bytes());
         put_mr(&mut out, &self.client_mr);
         debug_assert_eq!(out.len(), PARAMS_LEN);
         out
@@ -256,7 +261,7 @@ impl TestParams {
         let qps = r.u16();
         let index = r.u16();
         let tx_depth = r.u16();
-        let _reserved = r.u16();
+        let rd_depth = r.u16();
         let client_mr = r.mr();
         if size == 0 {
             return Err(bad("size", 0));
@@ -276,6 +281,7 @@ impl TestParams {
             index,
             tx_depth,
             client_mr,
+            rd_depth,
         })
     }
 }
@@ -292,6 +298,10 @@ pub struct AcceptInfo {
     /// Send tests: receive WRs the server posted before accepting (the client's first
     /// credits).
     pub credits: u32,
+    /// The server's IRD as accepted (its `ConnParam::responder_resources`), repeated
+    /// for a client whose CM reports none (MPA rev 1): the client's ORD stays within it.
+    /// 0: not given (an older iwperf).
+    pub ird: u16,
 }
 
 /// Length in bytes of an encoded [`AcceptInfo`].
@@ -303,7 +313,8 @@ impl AcceptInfo {
         let mut out = Vec::with_capacity(ACCEPT_LEN);
         out.extend_from_slice(&ACCEPT_MAGIC.to_le_bytes());
         out.push(VERSION);
-        out.extend_from_slice(&[0, 0, 0]);
+        out.extend_from_slice(&self.ird.to_le_bytes());
+        out.push(0);
         put_mr(&mut out, &self.mr);
         out.extend_from_slice(&self.slots.to_le_bytes());
         out.extend_from_slice(&self.slot_len.to_le_bytes());
@@ -318,7 +329,8 @@ impl AcceptInfo {
     pub fn decode(b: &[u8]) -> Result<AcceptInfo, WireError> {
         const WHAT: &str = "accept info";
         let mut r = open(b, WHAT, ACCEPT_MAGIC, ACCEPT_LEN)?;
-        let _pad: [u8; 3] = r.take();
+        let ird = r.u16();
+        let _pad = r.u8();
         let mr = r.mr();
         let slots = r.u32();
         let slot_len = r.u32();
@@ -335,6 +347,7 @@ impl AcceptInfo {
             slots,
             slot_len,
             credits,
+            ird,
         })
     }
 }
@@ -473,6 +486,7 @@ mod tests {
                 rkey: 0x0102_0304,
                 len: 8 << 20,
             },
+            rd_depth: 16,
         }
     }
 
@@ -483,6 +497,7 @@ mod tests {
         assert_eq!(b.len(), PARAMS_LEN);
         assert_eq!(&b[..9], &[0x46, 0x50, 0x57, 0x49, 1, 1, 1, 1, 0x00]);
         assert_eq!(&b[9..12], &[0x00, 0x01, 0x00]); // size 65536 LE
+        assert_eq!(&b[16..20], &[128, 0, 16, 0]); // tx_depth, then rd_depth
         assert_eq!(TestParams::decode(&b), Ok(p));
         // Trailing bytes are ignored.
         let mut longer = b.clone();
@@ -529,9 +544,12 @@ mod tests {
             slots: 16,
             slot_len: 256,
             credits: 512,
+            ird: 12,
         };
         let b = a.encode();
         assert_eq!(b.len(), ACCEPT_LEN);
+        // The IRD in the octets after the version, little-endian.
+        assert_eq!(&b[4..8], &[1, 12, 0, 0]);
         assert_eq!(AcceptInfo::decode(&b), Ok(a));
         let mut zero = a;
         zero.slots = 0;

@@ -180,6 +180,7 @@ pub fn send_params(qps: u16, index: u16) -> TestParams {
         index,
         tx_depth: 4,
         client_mr: MrInfo::default(),
+        rd_depth: 0,
     }
 }
 
