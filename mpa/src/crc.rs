@@ -47,8 +47,9 @@ pub enum Engine {
     /// The `crc32c` crate (where the CPU has neither of the others' features).
     Crc32c,
     /// Three streams of the SSE4.2 `crc32` instruction over the whole buffer, joined by
-    /// PCLMULQDQ (`crc::sse42`; chosen on x86_64 without AVX-512). On a CPU without
-    /// those features (or not x86_64) it computes the same value with the `crc32c` crate.
+    /// PCLMULQDQ (`crc::sse42`; chosen with SSE4.2 and PCLMULQDQ where the AVX-512 set
+    /// of [`Engine::CrcFast`] is missing). On a CPU without those features (or not
+    /// x86_64) it computes the same value with the `crc32c` crate.
     Sse42ThreeStreams,
 }
 

@@ -7,9 +7,10 @@
 //! instructions wait on each other (latency 3 cycles, throughput 1 a cycle); `crc-fast`
 //! is slower still at that size on CPUs without AVX-512 (docs/PERFORMANCE.md, "Fifth
 //! session on it"). Here the buffer is cut into three equal blocks whatever its length,
-//! so the streams run over all but the last 23 octets: 21.7 against 11.4 GiB/s for the
-//! `crc32c` crate at 1450 octets on an AMD EPYC (2.45 GHz; criterion, `cargo bench -p
-//! softiwarp --bench fpdu_path -- crc32c_engine`).
+//! so one stream runs only over what is left after them (0-23 octets, or a whole
+//! remainder under 48, where the join would cost more than it saves): 21.7 against
+//! 11.4 GiB/s for the `crc32c` crate at 1450 octets on an AMD EPYC (2.45 GHz;
+//! criterion, `cargo bench -p softiwarp --bench fpdu_path -- crc32c_engine`).
 //!
 //! **The arithmetic**: `crc32 c, w` turns the CRC register `c` (reflected, no inversion)
 //! into `(c * x^64 + w * x^32) mod P`. After three streams over blocks A, B, C of L octets
