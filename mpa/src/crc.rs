@@ -39,8 +39,10 @@ mod sse42;
 /// The field is present even when CRC was not negotiated; it then holds zero.
 pub const CRC_LEN: usize = 4;
 
-/// The CRC32c implementation in use ([`Engine::detect`], once per process).
+/// The CRC32c implementation in use ([`Engine::detect`], once per process). More may
+/// come with other CPUs, so matches outside this crate need a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Engine {
     /// The `crc-fast` crate (chosen where the CPU has AVX-512 and VPCLMULQDQ).
     CrcFast,
