@@ -1,7 +1,11 @@
-//! Root-only adversarial tests (written by helper breaker89) of device removal (issue 8), at moments
+//! Root-only adversarial tests of device removal, at moments
 //! the other removal tests do not cover: `ip link set down` followed at once by `up`
 //! (a link flap: the device must still be removed exactly once, not half-removed and
 //! not resurrected), and removal under many QPs (32) with deep queues, on either side.
+//!
+//! The last test checks the checker: a load peer that posts until its send queue is
+//! full before it polls (the mistake a real program must not make) overruns its CQ,
+//! and the peer reports the overrun with the number of completions lost.
 //!
 //! Each run checks what the random test checks ([`check_outcome`]): on both sides no
 //! invariant violated, posted == completed, no leaked object or thread; the removed
@@ -30,25 +34,35 @@ fn run(
     up_again: bool,
     load_qps: usize,
 ) -> (Outcome, PeerReport) {
+    let (o, reports) = pair(server_side, action, up_again, load_qps, &[], None);
+    let (removed, survivor) = if server_side {
+        (&reports[0], &reports[1])
+    } else {
+        (&reports[1], &reports[0])
+    };
+    let o = check_outcome(&o, removed, survivor)
+        .map_err(|w| format!("{w}\n{o:?}\nremoved: {removed:?}\nsurvivor: {survivor:?}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("{o:?}");
+    (o, removed.clone())
+}
+
+/// The run of [`run`] without its checks, with `client_args` added to the client's
+/// command line and the client's progress mode forced to `progress` if given. Returns
+/// the outcome and the reports (server, client); panics if the pair could not run.
+fn pair(
+    server_side: bool,
+    action: TapAction,
+    up_again: bool,
+    load_qps: usize,
+    client_args: &[&str],
+    progress: Option<&str>,
+) -> (Outcome, Vec<PeerReport>) {
     let bench = Bench::create().expect("topology");
     let names = bench.topology().namespaces();
-    let result = (|| -> Result<(Outcome, PeerReport), String> {
+    let result = (|| -> Result<(Outcome, Vec<PeerReport>), String> {
         let e = |e: netlab::HarnessError| e.to_string();
-        let timeout = TCP_TIMEOUT_MS.to_string();
-        let mut server = bench
-            .peer(PEER.as_ref(), true)
-            .args(["--tcp-timeout-ms", &timeout])
-            .spawn()
-            .map_err(e)?;
-        server
-            .wait_for_line(|l| l == "READY", Duration::from_secs(20))
-            .map_err(e)?;
-        let mut client = bench
-            .peer(PEER.as_ref(), false)
-            .args(["--tcp-timeout-ms", &timeout])
-            .args(["--load-qps", &load_qps.to_string()])
-            .spawn()
-            .map_err(e)?;
+        let (mut server, mut client) = start_pair(&bench, load_qps, client_args, progress)?;
         let armed = bench.arm(server_side, action).map_err(|e| e.to_string())?;
         client
             .wait_for_line(|l| l.starts_with("PHASE load "), Duration::from_secs(60))
@@ -80,20 +94,11 @@ fn run(
             seed: 1,
         };
         let o = Outcome::measure(plan, &reports, &exits, (t_act, t_done), None);
-        let (removed, survivor) = if server_side {
-            (&reports[0], &reports[1])
-        } else {
-            (&reports[1], &reports[0])
-        };
-        let o = check_outcome(&o, removed, survivor)
-            .map_err(|w| format!("{w}\n{o:?}\nremoved: {removed:?}\nsurvivor: {survivor:?}"))?;
-        Ok((o, removed.clone()))
+        Ok((o, reports))
     })();
     drop(bench);
     assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
-    let (o, removed) = result.unwrap_or_else(|e| panic!("{e}"));
-    println!("{o:?}");
-    (o, removed)
+    result.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// At most one `DeviceRemoval` per id, the callbacks' count is the CM's, and at least
@@ -139,4 +144,97 @@ fn removal_under_32_loaded_qps_on_either_side() {
     assert!(o.flushed > 0, "{o:?}");
     let (_, removed) = run(true, TapAction::Delete, false, 32);
     one_removal_per_id(&removed, 1);
+}
+
+/// The checker catches a peer that lets completions pile up: with `--post-until-full`
+/// the load threads post until `QueueFull` before polling. With application threads
+/// driving the device inside `post_send` (hybrid progress), every Write completes while
+/// it is posted, so the send queue never fills and the CQ, sized for what a correct
+/// peer leaves unpolled, overruns. The client must report it as a violation that names
+/// the completions lost (the old peer ignored the CQ's error and reported only
+/// "posted != completed", or nothing); the same run without the flag is clean.
+#[test]
+fn a_load_peer_that_waits_for_queue_full_to_poll_is_caught() {
+    if skip_unless_root("a_load_peer_that_waits_for_queue_full_to_poll_is_caught") {
+        return;
+    }
+    let client = overrunning_client(2);
+    let overruns: Vec<&String> = client
+        .violations
+        .iter()
+        .filter(|v| v.contains("overflowed") && v.contains("completions lost"))
+        .collect();
+    assert!(
+        !overruns.is_empty(),
+        "no CQ overrun reported: {:?}",
+        client.violations
+    );
+    for v in &overruns {
+        let lost: u64 = v
+            .rsplit("overflowed: ")
+            .next()
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count in {v:?}"));
+        assert!(lost > 0, "{v}");
+    }
+    println!("reported: {overruns:?}");
+    // The same pair, posting as a real program does, with a removal under load: clean.
+    let (o, reports) = pair(false, TapAction::Delete, false, 2, &[], Some("hybrid"));
+    check_outcome(&o, &reports[1], &reports[0])
+        .unwrap_or_else(|w| panic!("{w}\n{o:?}\nclient: {:?}", reports[1]));
+}
+
+/// A server and a `--post-until-full` client with `load_qps` load connections under
+/// hybrid progress, nothing removed: the client's CQs overrun at once, its connections
+/// end (the QPs go to Error), and it exits with its report (returned).
+fn overrunning_client(load_qps: usize) -> PeerReport {
+    let bench = Bench::create().expect("topology");
+    let names = bench.topology().namespaces();
+    let result = (|| -> Result<PeerReport, String> {
+        let (mut server, mut client) =
+            start_pair(&bench, load_qps, &["--post-until-full"], Some("hybrid"))?;
+        wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
+        // The client's failure (exit 1, its violations) is what this run is for.
+        let stdout = match netlab::wait_all(vec![client], Duration::from_secs(1)) {
+            Ok(mut outs) => outs.remove(0).stdout,
+            Err(netlab::HarnessError::Peer(f)) => f.stdout,
+            Err(other) => return Err(other.to_string()),
+        };
+        PeerReport::from_stdout(&stdout).map_err(|e| format!("client: {e}\n{stdout}"))
+    })();
+    drop(bench);
+    assert_eq!(netlab::leftover_namespaces(&names), Vec::<String>::new());
+    result.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Starts the server, waits for its `READY`, then starts the client with `load_qps`
+/// load connections, `client_args` added and its progress mode forced to `progress` if
+/// given. Returns (server, client).
+fn start_pair(
+    bench: &Bench,
+    load_qps: usize,
+    client_args: &[&str],
+    progress: Option<&str>,
+) -> Result<(netlab::Peer, netlab::Peer), String> {
+    let e = |e: netlab::HarnessError| e.to_string();
+    let timeout = TCP_TIMEOUT_MS.to_string();
+    let mut server = bench
+        .peer(PEER.as_ref(), true)
+        .args(["--tcp-timeout-ms", &timeout])
+        .spawn()
+        .map_err(e)?;
+    server
+        .wait_for_line(|l| l == "READY", Duration::from_secs(20))
+        .map_err(e)?;
+    let mut client = bench
+        .peer(PEER.as_ref(), false)
+        .args(["--tcp-timeout-ms", &timeout])
+        .args(["--load-qps", &load_qps.to_string()])
+        .args(client_args);
+    if let Some(mode) = progress {
+        client = client.env("SOFTIWARP_PROGRESS", mode);
+    }
+    let client = client.spawn().map_err(e)?;
+    Ok((server, client))
 }

@@ -99,6 +99,12 @@ pub struct PeerArgs {
     /// others ended.
     #[arg(long, default_value_t = 0)]
     pub after_removal: usize,
+    /// Client: post load WRs until the send queue is full before polling, instead of
+    /// keeping at most its depth outstanding (the mistake a real program must not
+    /// make: with application threads driving, the send queue never fills and the
+    /// tight CQ overruns). Only to check that an overrun is reported.
+    #[arg(long)]
+    pub post_until_full: bool,
     /// Give up (with a violation) after this many seconds.
     #[arg(long, default_value_t = 30.0)]
     pub max_secs: f64,

@@ -66,7 +66,7 @@ pub(super) fn setup_conn(
     let dev = sdev.device().clone();
     let verbs = (|| {
         let pd = dev.alloc_pd()?;
-        let cq = dev.create_cq(256)?;
+        let cq = dev.create_cq(CLIENT_CQ)?;
         Ok::<_, verbs::VerbsError>((pd, cq))
     })();
     let (pd, cq) = match verbs {
@@ -117,14 +117,47 @@ pub(super) fn setup_conn(
     })
 }
 
-/// Drains `cq` until `acct.completed == acct.posted` or `timeout`.
-pub(super) fn drain(cq: &Cq, acct: &mut Acct, timeout: Duration) {
+/// Drains `cq` until `acct.completed == acct.posted` or `timeout`. A CQ that overflowed
+/// is a violation naming the completions lost ([`poll_into_acct`]).
+pub(super) fn drain(rec: &Recorder, cq: &Cq, acct: &mut Acct, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while acct.completed < acct.posted && Instant::now() < deadline {
-        if let Ok(wcs) = cq.poll_wait(64, Duration::from_millis(10)) {
-            for wc in wcs {
+        if poll_into_acct(rec, cq, acct, Duration::from_millis(10)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Waits up to `wait` for completions on `cq` and counts every one taken in `acct`
+/// (a flushed load WR is a notice). Returns how many were taken.
+///
+/// # Errors
+///
+/// The CQ's own error (an overflow: `lost` completions that did not fit; or a
+/// destroyed CQ), after it was recorded as a violation: a test peer never loses a
+/// completion silently.
+pub(super) fn poll_into_acct(
+    rec: &Recorder,
+    cq: &Cq,
+    acct: &mut Acct,
+    wait: Duration,
+) -> Result<usize, softiwarp::CqError> {
+    match cq.poll_wait(64, wait) {
+        Ok(wcs) => {
+            for wc in &wcs {
                 acct.add(wc.status);
+                if !wc.opcode.is_recv() {
+                    acct.send_completed += 1;
+                }
+                if wc.status == WcStatus::WrFlushErr {
+                    rec.notice(now_ns(), || format!("flushed WR on QP {}", wc.qp_num));
+                }
             }
+            Ok(wcs.len())
+        }
+        Err(e) => {
+            rec.violation(format!("CQ {:#x} of this peer: {e}", cq.handle()));
+            Err(e)
         }
     }
 }
@@ -136,6 +169,7 @@ pub(super) fn load_worker(
     c: LoadParts,
     slot: u64,
     stop: Arc<AtomicBool>,
+    until_full: bool,
 ) -> (Acct, LoadParts) {
     let mut acct = Acct::default();
     let e = |e| format!("{e}");
@@ -167,13 +201,17 @@ pub(super) fn load_worker(
             acct.posted += 1;
         }
     }
+    // As a real program posts: at most the send queue's depth of signaled WRs
+    // outstanding (posted and not yet polled), polling as it goes. A send-queue slot
+    // frees when its WR completes, polled or not (as in siw), so QueueFull alone would
+    // let completions pile up past the CQ's capacity.
     let mut n: u64 = 0;
     let mut posting = true;
     while posting {
         if stop.load(Ordering::Acquire) || c.qp.state() != QpState::Rts {
             break;
         }
-        loop {
+        while until_full || acct.sends_outstanding() < u64::from(LOAD_SQ) {
             let wr = match n % 8 {
                 1 | 4 => {
                     SendWr::rdma_read(n, vec![dst.sge(0, LOAD_LEN)], rbase + 32 * 1024, c.remote.1)
@@ -184,6 +222,7 @@ pub(super) fn load_worker(
             match c.qp.post_send(wr.with_flags(SendFlags::SIGNALED)) {
                 Ok(()) => {
                     acct.posted += 1;
+                    acct.send_posted += 1;
                     n += 1;
                 }
                 Err(verbs::VerbsError::QueueFull { .. }) => break,
@@ -196,26 +235,15 @@ pub(super) fn load_worker(
                 break;
             }
         }
-        match c.cq.poll_wait(64, Duration::from_millis(20)) {
-            Ok(wcs) => {
-                for wc in wcs {
-                    acct.add(wc.status);
-                    if wc.status == WcStatus::WrFlushErr {
-                        rec.notice(now_ns(), || format!("flushed WR on load QP {}", wc.qp_num));
-                    }
-                }
-            }
-            Err(err) => {
-                rec.violation(format!("load CQ: {err}"));
-                break;
-            }
+        if poll_into_acct(&rec, &c.cq, &mut acct, Duration::from_millis(20)).is_err() {
+            break;
         }
     }
     // Wait for the end of the connection (the QP goes to ERROR), then drain.
     while !stop.load(Ordering::Acquire) && c.qp.state() == QpState::Rts {
         std::thread::sleep(Duration::from_millis(2));
     }
-    drain(&c.cq, &mut acct, Duration::from_millis(1500));
+    drain(&rec, &c.cq, &mut acct, Duration::from_millis(1500));
     drop((src, dst));
     (acct, c)
 }
@@ -446,10 +474,10 @@ pub(super) fn start_load(p: &mut Peer, c: CConn, slot: u64) -> Running {
         qp: c.qp,
         remote: c.remote,
     };
-    let (rec, s) = (p.rec.clone(), stop.clone());
+    let (rec, s, full) = (p.rec.clone(), stop.clone(), p.args.post_until_full);
     let worker = std::thread::Builder::new()
         .name(format!("load-{slot}"))
-        .spawn(move || load_worker(rec, parts, slot, s))
+        .spawn(move || load_worker(rec, parts, slot, s, full))
         .ok();
     if worker.is_none() {
         p.rec.violation("cannot start a load thread".into());
@@ -511,7 +539,7 @@ pub(super) fn after_conn(p: &mut Peer, target: Ipv4Addr, purpose: &'static str) 
             ended.map(|n| n.kind)
         ));
     }
-    drain(&c.cq, &mut acct, Duration::from_secs(1));
+    drain(&p.rec, &c.cq, &mut acct, Duration::from_secs(1));
     let q = acct.report(c.qp.qp_num(), purpose, c.qp.state());
     check_qp(&p.rec, &q);
     p.qps.push(q);
@@ -630,7 +658,7 @@ pub(super) fn churn_loop(
             let wr = SendWr::rdma_write(1, vec![mr.sge(0, 4096)], c.remote.0, c.remote.1);
             if c.qp.post_send(wr.with_flags(SendFlags::SIGNALED)).is_ok() {
                 acct.posted += 1;
-                drain(&c.cq, &mut acct, Duration::from_secs(2));
+                drain(&ctx.rec, &c.cq, &mut acct, Duration::from_secs(2));
             }
         }
         ctx.rec.set_phase("disconnect");
@@ -643,7 +671,7 @@ pub(super) fn churn_loop(
         ctx.rec.set_phase("destroy");
         let state = c.qp.state();
         ctx.rec.destroy(c.id);
-        drain(&c.cq, &mut acct, Duration::from_secs(1));
+        drain(&ctx.rec, &c.cq, &mut acct, Duration::from_secs(1));
         let q = acct.report(c.qp.qp_num(), "churn", state);
         if ended {
             check_qp(&ctx.rec, &q);

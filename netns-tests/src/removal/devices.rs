@@ -59,9 +59,19 @@ pub(super) struct Acct {
     pub(super) success: u64,
     pub(super) flushed: u64,
     pub(super) errors: u64,
+    /// Of `posted`: send-queue WRs (all signaled).
+    pub(super) send_posted: u64,
+    /// Of `completed`: completions of send-queue WRs.
+    pub(super) send_completed: u64,
 }
 
 impl Acct {
+    /// Send-queue WRs posted and not yet polled: what the CQ may have to hold for
+    /// them.
+    pub(super) fn sends_outstanding(&self) -> u64 {
+        self.send_posted.saturating_sub(self.send_completed)
+    }
+
     pub(super) fn add(&mut self, status: WcStatus) {
         self.completed += 1;
         match status {

@@ -86,6 +86,10 @@ const LOAD_SQ: u32 = 16;
 const LOAD_RQ: u32 = 1024;
 /// Receives the client posts on a load QP (never consumed: flushed at the end).
 const CLIENT_RQ: u32 = 4;
+/// Capacity of a client QP's CQ: exactly what it may leave unpolled (every signaled
+/// send-queue WR outstanding and every receive), so a peer that let more pile up
+/// overruns it and is caught.
+const CLIENT_CQ: usize = (LOAD_SQ + CLIENT_RQ) as usize;
 /// Size of the server's target MR (RDMA Write and Read), bytes.
 const SERVER_MR: u64 = 1 << 20;
 /// Private data of a load connection request.
