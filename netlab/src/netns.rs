@@ -87,12 +87,17 @@ pub struct ArmedIp {
 
 impl ArmedIp {
     /// Starts `ip -n NS -batch -` (stdout discarded, stderr kept for the error) for
-    /// `command` (one `ip` command without the `ip`, e.g. `link del tap0`).
+    /// `command` (one `ip` command without the `ip`, e.g. `link del tap0`), at nice -15
+    /// (`nice(1)`; as root, which these tests are): the action is the administrator's,
+    /// and a test that times the device from it must not time the scheduler instead (on
+    /// two cores with a busy loop on each, an `ip` at nice 0 waited up to a second to
+    /// run after [`ArmedIp::fire`] wrote its command). Without the privilege `nice`
+    /// warns and runs `ip` at the usual priority.
     ///
-    /// Errors: `ip` cannot be started.
+    /// Errors: `nice` or `ip` cannot be started.
     pub fn arm(ns: &str, command: &str) -> io::Result<ArmedIp> {
-        let child = Command::new("ip")
-            .args(["-n", ns, "-batch", "-"])
+        let child = Command::new("nice")
+            .args(["-n", "-15", "ip", "-n", ns, "-batch", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -390,9 +390,13 @@ pub(super) fn run_client(args: &PeerArgs) -> Result<PeerReport, PeerError> {
         let _ = h;
     }
     step("loads-ended");
-    // Wait a little for our own device's removal (the survivor has none).
+    // Wait a little for our own device's removal (the survivor has none), and for as
+    // long as it takes (within --max-secs) once the device has ended.
     let deadline = Instant::now() + Duration::from_millis(args.linger_ms);
-    while p.newly_removed_peek().is_empty() && Instant::now() < deadline {
+    while p.newly_removed_peek().is_empty()
+        && (Instant::now() < deadline || p.removal_pending())
+        && !p.out_of_time()
+    {
         std::thread::sleep(Duration::from_millis(2));
     }
     p.settle_removals();

@@ -166,7 +166,7 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
             || (p.established == 0
                 && conns.is_empty()
                 && ready.elapsed() >= Duration::from_millis(args.first_connection_ms));
-        if done {
+        if done && !p.removal_pending() {
             break;
         }
         if p.out_of_time() {
@@ -210,6 +210,17 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
 }
 
 impl Peer {
+    /// True while one of our devices has ended (its link is gone: the engine noticed)
+    /// and the CM still lists it: its removal is under way and its `DeviceRemoval`
+    /// events are still to come. On a loaded machine this can last longer than any
+    /// linger: a peer must not take it for "no removal".
+    pub(super) fn removal_pending(&self) -> bool {
+        let listed = self.cm.devices();
+        self.devices
+            .iter()
+            .any(|d| d.device().ended().is_some() && listed.contains(&d.device().name().to_owned()))
+    }
+
     pub(super) fn newly_removed_peek(&self) -> Vec<String> {
         let listed = self.cm.devices();
         self.devices

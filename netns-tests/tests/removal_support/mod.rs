@@ -188,7 +188,15 @@ pub struct Bench {
     topo: netlab::Topology,
     bridges: [String; 2],
     extra: Option<String>,
+    /// Held while the bench exists (dropped last, after the topology's clean-up): one
+    /// bench per test process at a time. These tests bound how fast a removal is
+    /// noticed and a peer exits; two pairs of peers under load at once on two cores
+    /// (cargo runs a file's tests in parallel) measured each other, not the device.
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+/// The lock behind [`Bench`]'s one-at-a-time rule.
+static BENCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The address/prefix of the second server device (wildcard test).
 pub const EXTRA_IP: Ipv4Addr = Ipv4Addr::new(10, 234, 0, 3);
@@ -198,6 +206,10 @@ impl Bench {
     ///
     /// Errors: as [`netlab::Topology::create`]; a bridge that cannot be found.
     pub fn create() -> Result<Bench, netlab::HarnessError> {
+        // A test that failed while holding it poisoned it; the next may still run.
+        let one_at_a_time = BENCH
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let topo = netlab::Topology::create(1500)?;
         let bridge = |ns: &str| -> Result<String, netlab::HarnessError> {
             let out = netlab::netns::ip_output(&["-n", ns, "-o", "link", "show", "type", "bridge"])
@@ -213,6 +225,7 @@ impl Bench {
             topo,
             bridges,
             extra: None,
+            _one_at_a_time: one_at_a_time,
         })
     }
 
@@ -554,9 +567,16 @@ pub fn check_outcome(
             o.notice_after_ip_ms
         )));
     }
-    if o.removed_exit_ms > 2000.0 {
+    // The removed side exits within 2 s of the removal, counted from its notice (the
+    // first moment the kernel's act is known to have happened): `ip` may itself wait
+    // a second to be scheduled on a loaded machine (busy loops on both cores: `ip link
+    // del` written at 0 ms, the device's notice at 1131 ms), and `ip link del` of a TAP
+    // returns only once its last fd is closed, i.e. when the peer exits.
+    let exit_after_notice = o.removed_exit_ms - o.notice_ms;
+    if exit_after_notice > 2000.0 {
         return Err(RemovalTestError::Check(format!(
-            "the removed side exited {} ms after the removal (bound 2 s)",
+            "the removed side exited {exit_after_notice} ms after its device noticed the \
+             removal (bound 2 s; {} ms after the action started)",
             o.removed_exit_ms
         )));
     }
