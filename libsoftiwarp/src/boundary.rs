@@ -6,24 +6,28 @@
 //!
 //! The application keeps the rules of the man pages (ibv_*(3), rdma_*(3)):
 //!
-//! 1. An object pointer it passes (`struct ibv_pd *`, `struct rdma_cm_id *`, ...) is NULL
-//!    or one this library returned and has not yet freed (destroyed, deallocated,
-//!    acknowledged). NULL is refused with `EINVAL`; so are CM ids and event channels
-//!    that are not live (the CM keeps a registry of both, `crate::cm`); any other
-//!    dangling or foreign pointer is the application's undefined behaviour, as with
-//!    rdma-core.
-//! 2. An object is not freed while another thread is inside a call on it (rdma-core's
-//!    rule too: `ibv_destroy_qp` racing `ibv_post_send` is undefined).
+//! 1. An object pointer it passes (`struct ibv_pd *`, `struct rdma_cm_id *`, ...) is
+//!    looked up among the live handles ([`crate::handles`]) and never dereferenced by
+//!    this library otherwise: NULL, destroyed, foreign (never ours) and wrong-kind
+//!    handles are `EINVAL`. What the library cannot check is what rdma-core's header
+//!    inlines read in the application before calling it (`qp->context->ops` in
+//!    `ibv_post_send`, ...): a destroyed object's struct stays readable for the next
+//!    [`crate::handles::GRAVEYARD`] destroys, so the inline reaches the library and gets
+//!    `EINVAL`; a foreign pointer there, or one used after its struct left the
+//!    graveyard, is the application's undefined behaviour, as with rdma-core. The
+//!    `struct ibv_device *` of the device list and `rdma_addrinfo` / device lists are
+//!    not handles: they are compared with ours or freed as the man pages say.
+//! 2. A call on an object racing its destroy on another thread is undefined in
+//!    rdma-core; here the call holds the object (an `Arc`), so it completes or fails
+//!    with `EINVAL`, and no memory is freed under it.
 //! 3. An input array (`sg_list` with `num_sge` entries, a WR list ending in NULL,
 //!    `private_data` of `private_data_len` bytes) is readable for the call; an output
 //!    pointer (`struct ibv_wc *` of `num_entries`, `struct ibv_port_attr *`, ...) is
 //!    writable for the call.
 //!
-//! Every object this library hands out is a `#[repr(C)]` Rust struct whose first field
-//! is the C struct, so the C pointer and the Rust object are the same address
-//! ([`obj`]). The C fields the application may read are written through raw pointers
-//! (never through a `&mut` while others may hold `&`), and the Rust fields after them
-//! are only touched through shared references.
+//! Every object this library hands out is a [`crate::handles::Obj`]: a `#[repr(C)]`
+//! pair whose first field is the C struct (in an `UnsafeCell`), so the C pointer is the
+//! object's address; its rules for the C view are in [`crate::handles`].
 //!
 //! No panic crosses the boundary: every entry point runs in [`guard`], which turns a
 //! panic into the call's error value with `EIO` in `errno` and one line on stderr.
@@ -59,14 +63,27 @@ pub fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
-/// The object at `p` (contract 1: NULL or a live object of ours of type `T`).
+/// The struct at `p`: an input struct of the application (contract 3), or our own
+/// `struct ibv_device` (checked to be ours first).
 ///
 /// # Safety
 ///
-/// Contract 1 and 2 of the [module docs](self).
+/// `p` is NULL or readable for a `T` for the call.
 pub unsafe fn obj<'a, T>(p: *const T) -> Option<&'a T> {
-    // SAFETY: the caller's contract: NULL or a live `T` of ours.
+    // SAFETY: the caller's contract: NULL or readable.
     unsafe { p.as_ref() }
+}
+
+/// The object at `p`, writable (an input/output struct the application passes, such
+/// as `struct ibv_qp_init_attr`, whose `cap` is written back).
+///
+/// # Safety
+///
+/// Contract 3: `p` is NULL or readable and writable for a `T`, not otherwise
+/// referenced for the call.
+pub unsafe fn obj_mut<'a, T>(p: *mut T) -> Option<&'a mut T> {
+    // SAFETY: the caller's contract.
+    unsafe { p.as_mut() }
 }
 
 /// Moves `v` to the heap and returns its address (the C pointer handed out).

@@ -1,21 +1,29 @@
 //! librdmacm entry points (rdma-core 44 names, symbol versions and errno rules) over
 //! the `rdma_cm` crate's ids and event channels.
 //!
-//! Pointer rules: [`crate::boundary`]'s contract. The fields of `struct rdma_cm_id`
+//! Pointer rules: [`crate::boundary`]'s contract; ids, channels and events are looked
+//! up among the live handles ([`crate::handles`]): one that is not live (NULL,
+//! destroyed, acked, foreign) is `EINVAL`. The fields of `struct rdma_cm_id`
 //! applications read (`verbs`, `route.addr.src_addr` / `dst_addr`, `port_num`, `qp`)
 //! are refreshed after every call that can change them and before an event of the id is
 //! returned, as librdmacm does. Calls return 0, or -1 with `errno`.
 //!
 //! Lifetimes follow librdmacm: `rdma_destroy_id` waits until every event of the id
-//! that was handed out is acknowledged (`rdma_ack_cm_event`); events of an id queued
-//! but not yet taken are dropped with it.
+//! that was handed out to another thread is acknowledged (`rdma_ack_cm_event`); events
+//! of an id queued but not yet taken are dropped with it. Where librdmacm would wait
+//! forever, because the calling thread itself holds an unacked event of the id, it
+//! fails with `EDEADLK` instead and the id stays alive (ack, then destroy again), as
+//! the `rdma-cm` crate's `CmId::destroy` refuses with `CmError::UnackedEvents`.
+//! `rdma_destroy_event_channel` destroys the channel even with ids on it, as librdmacm
+//! does: the channel's handle is dead from then on, its ids stay usable and
+//! destroyable.
 
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use cxgb4::ffi::types::{
@@ -28,34 +36,29 @@ use verbs::provider::CmEventKind;
 
 use crate::abi::{RdmaAddrinfo, RAI_PASSIVE, RDMA_PS_TCP};
 use crate::boundary::{
-    c_fn, c_str, from_raw, guard, into_raw, obj, read_sockaddr, set_errno, slice, sockaddr_in,
-    sockaddr_storage, write_out, zeroed,
+    c_fn, c_str, from_raw, guard, into_raw, obj, obj_mut, read_sockaddr, set_errno, slice,
+    sockaddr_in, sockaddr_storage, write_out, zeroed,
 };
 use crate::device::{soft, NO_DEVICE};
-use crate::objects::{lock, ChanObj, ChanShared, CqObj, EventObj, FdWaker, IdObj, PdObj};
+use crate::objects::{
+    lock, wait, ChanObj, ChanShared, ChanState, EventObj, EventState, FdWaker, IdObj, IdState,
+    PdObj, QpObj,
+};
 
-/// Live ids by serial (the key of their events): the address of their [`IdObj`].
-fn registry() -> &'static Mutex<HashMap<u64, usize>> {
-    static R: OnceLock<Mutex<HashMap<u64, usize>>> = OnceLock::new();
+/// Live ids by serial (the key of their events).
+fn ids() -> &'static Mutex<HashMap<u64, Arc<IdObj>>> {
+    static R: OnceLock<Mutex<HashMap<u64, Arc<IdObj>>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
 
-/// Live event channels (addresses of their [`ChanObj`]).
-fn channels() -> &'static Mutex<std::collections::HashSet<usize>> {
-    static C: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
-    C.get_or_init(Default::default)
-}
-
-/// True if `id` is a live id of ours. Checked before an id is read: a pointer that is
-/// not (NULL, or one already destroyed: perftest's connect-retry path reuses freed
-/// ids) gets `EINVAL` instead of being dereferenced.
+/// True if `id` is a live id of ours (never reads `id`).
 fn live_id(id: *mut RdmaCmId) -> bool {
-    !id.is_null() && lock(registry()).values().any(|&p| p == id as usize)
+    IdObj::get(id).is_some()
 }
 
-/// True if `ch` is a live event channel of ours (as [`live_id`]).
-fn live_channel(ch: *mut RdmaEventChannel) -> bool {
-    !ch.is_null() && lock(channels()).contains(&(ch as usize))
+/// The state of the live event channel `ch`.
+fn live_channel(ch: *mut RdmaEventChannel) -> Option<Arc<ChanShared>> {
+    ChanObj::get(ch).and_then(|c| lock(&c.s.shared).clone())
 }
 
 /// -1 with `errno` = `e`.
@@ -64,20 +67,16 @@ fn fail(e: c_int) -> c_int {
     -1
 }
 
-/// The rdma-cm id of `id` (`EINVAL` for NULL or destroyed).
+/// The rdma-cm id of `id` (`EINVAL` for NULL, destroyed or foreign).
 fn id_ref(id: *mut RdmaCmId) -> Result<CmIdRef<SoftDevice>, c_int> {
-    if !live_id(id) {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: contract 1; only the Rust field is borrowed (the C fields are written
-    // through the raw pointer).
-    let m = unsafe { &(*id.cast::<IdObj>()).id };
-    lock(m).as_ref().map(|i| i.as_ref()).ok_or(libc::EINVAL)
+    IdObj::get(id)
+        .and_then(|o| o.s.id_ref())
+        .ok_or(libc::EINVAL)
 }
 
-/// Rewrites the C fields of `id` from the rdma-cm id (device, addresses, port).
-fn refresh(id: *mut RdmaCmId) {
-    let Ok(r) = id_ref(id) else { return };
+/// Rewrites the C fields of `o` from the rdma-cm id (device, addresses, port).
+fn refresh(o: &IdObj) {
+    let Some(r) = o.s.id_ref() else { return };
     let bound = r.device().is_some();
     let verbs = match soft() {
         Some(s) if bound => s.cm_ctx(),
@@ -85,14 +84,13 @@ fn refresh(id: *mut RdmaCmId) {
     };
     let src = sockaddr_storage(r.local_addr());
     let dst = sockaddr_storage(r.peer_addr());
-    // SAFETY: contract 1 and 2; the C fields are written through the raw pointer (the
-    // application may read them, as with librdmacm).
-    unsafe {
-        (*id).verbs = verbs;
-        (*id).port_num = u8::from(bound);
-        (*id).route.addr.src_addr = src;
-        (*id).route.addr.dst_addr = dst;
-    }
+    let _c = lock(&o.s.c_lock);
+    o.update_c(|c| {
+        c.verbs = verbs;
+        c.port_num = u8::from(bound);
+        c.route.addr.src_addr = src;
+        c.route.addr.dst_addr = dst;
+    });
 }
 
 /// Runs `f` on the id's rdma-cm id, refreshes the C fields, and maps the result.
@@ -100,12 +98,14 @@ fn id_call(
     id: *mut RdmaCmId,
     f: impl FnOnce(&CmIdRef<SoftDevice>) -> Result<(), rdma_cm::CmError>,
 ) -> c_int {
-    let r = match id_ref(id) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
+    let Some(o) = IdObj::get(id) else {
+        return fail(libc::EINVAL);
+    };
+    let Some(r) = o.s.id_ref() else {
+        return fail(libc::EINVAL);
     };
     let res = f(&r);
-    refresh(id);
+    refresh(&o);
     match res {
         Ok(()) => 0,
         Err(e) => fail(e.errno()),
@@ -120,7 +120,7 @@ c_fn!("RDMACM_1.0";
 pub unsafe extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
     guard("rdma_create_event_channel", std::ptr::null_mut(), || {
         match new_channel() {
-            Ok(p) => p.cast::<RdmaEventChannel>(),
+            Ok(c) => c.ptr(),
             Err(e) => {
                 set_errno(e);
                 std::ptr::null_mut()
@@ -129,31 +129,44 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
     })
 });
 
-fn new_channel() -> Result<*mut ChanObj, c_int> {
+/// A new published event channel.
+fn new_channel() -> Result<Arc<ChanObj>, c_int> {
     let s = soft().ok_or(NO_DEVICE)?;
     let fd = crate::boundary::new_eventfd()?;
     let ch = s.cm.create_event_channel();
     let c = RdmaEventChannel {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
     };
-    let shared = std::sync::Arc::new(ChanShared {
+    let shared = Arc::new(ChanShared {
         state: Mutex::new((ch.stream(), Default::default())),
         ch,
-        waker: std::sync::Arc::new(FdWaker { fd }),
+        waker: Arc::new(FdWaker { fd }),
     });
     shared.refill(&mut lock(&shared.state));
-    let p = into_raw(ChanObj { c, shared });
-    lock(channels()).insert(p as usize);
-    Ok(p)
+    let o = ChanObj::new(
+        c,
+        ChanState {
+            shared: Mutex::new(Some(shared)),
+        },
+    );
+    ChanObj::publish(&o);
+    Ok(o)
+}
+
+/// Destroys the channel object `c` (taken out of the live handles).
+fn destroy_channel(c: Arc<ChanObj>) {
+    // The channel's state goes when its last id does (and a call blocked on it returns).
+    drop(lock(&c.s.shared).take());
+    ChanObj::bury(c);
 }
 
 c_fn!("RDMACM_1.0";
-/// `rdma_destroy_event_channel(3)` (destroy its ids first).
+/// `rdma_destroy_event_channel(3)`: as librdmacm, also with ids on it (its ids stay
+/// usable; the channel handle is dead); nothing for a handle that is not a live channel.
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChannel) {
     guard("rdma_destroy_event_channel", (), || {
-        if lock(channels()).remove(&(channel as usize)) {
-            // SAFETY: a live channel of ours (just unregistered); contract 2.
-            drop(unsafe { from_raw(channel.cast::<ChanObj>()) });
+        if let Some(c) = ChanObj::take(channel) {
+            destroy_channel(c);
         }
     })
 });
@@ -171,95 +184,118 @@ pub unsafe extern "C" fn rdma_create_id(channel: *mut RdmaEventChannel, id: *mut
         if ps != RDMA_PS_TCP {
             return fail(libc::EPROTONOSUPPORT);
         }
-        let (chan, own) = if channel.is_null() {
+        let (chan, sh, own) = if channel.is_null() {
             match new_channel() {
-                Ok(p) => (p, true),
+                Ok(c) => {
+                    let Some(sh) = lock(&c.s.shared).clone() else {
+                        return fail(libc::EINVAL);
+                    };
+                    (c.ptr(), sh, Some(c))
+                }
                 Err(e) => return fail(e),
             }
-        } else if live_channel(channel) {
-            (channel.cast::<ChanObj>(), false)
         } else {
-            return fail(libc::EINVAL);
+            match live_channel(channel) {
+                Some(sh) => (channel, sh, None),
+                None => return fail(libc::EINVAL),
+            }
         };
         let Some(s) = soft() else { return fail(NO_DEVICE) };
-        // SAFETY: contract 1.
-        let ch = unsafe { &*chan };
-        let cmid = s.cm.create_id_with_channel(&ch.shared.ch);
-        let p = new_id_obj(cmid, chan, own, context, ps, (0, 0));
+        let cmid = s.cm.create_id_with_channel(&sh.ch);
+        let o = new_id_obj(cmid, chan, sh, own, context, ps, (0, 0));
         // SAFETY: contract 3.
-        unsafe { write_out(id, p) };
+        unsafe { write_out(id, o.ptr()) };
         0
     })
 });
 
-/// A new registered `IdObj` of `cmid`.
+/// A new published id of `cmid` on the channel `chan` (state `sh`).
 fn new_id_obj(
     cmid: rdma_cm::CmId<SoftDevice>,
-    chan: *mut ChanObj,
-    own_chan: bool,
+    chan: *mut RdmaEventChannel,
+    sh: Arc<ChanShared>,
+    own_chan: Option<Arc<ChanObj>>,
     context: *mut c_void,
     ps: c_int,
     request: (u16, u16),
-) -> *mut RdmaCmId {
+) -> Arc<IdObj> {
     let serial = cmid.serial();
     let mut c: RdmaCmId = zeroed();
-    c.channel = chan.cast::<RdmaEventChannel>();
+    c.channel = chan;
     c.context = context;
     c.ps = ps;
     c.qp_type = IBV_QPT_RC;
-    let p = into_raw(IdObj {
+    let o = IdObj::new(
         c,
-        id: Mutex::new(Some(cmid)),
-        serial,
-        chan: chan as usize,
-        own_chan,
-        request,
-    })
-    .cast::<RdmaCmId>();
-    lock(registry()).insert(serial, p as usize);
-    refresh(p);
-    p
+        IdState {
+            id: Mutex::new(Some(cmid)),
+            serial,
+            chan: Mutex::new(Some(sh)),
+            own_chan,
+            request,
+            c_lock: Mutex::new(()),
+            held: Mutex::new(Vec::new()),
+            acked: Condvar::new(),
+        },
+    );
+    refresh(&o);
+    IdObj::publish(&o);
+    lock(ids()).insert(serial, o.clone());
+    o
 }
 
 c_fn!("RDMACM_1.0";
-/// `rdma_destroy_id(3)`: waits until the id's handed-out events are acknowledged.
+/// `rdma_destroy_id(3)`: waits until the id's events handed out to other threads are
+/// acknowledged; -1 with `EDEADLK` (the id left alive) while the calling thread holds
+/// one, where librdmacm would wait forever; -1 with `EINVAL` if not a live id.
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     guard("rdma_destroy_id", -1, || {
-        if !live_id(id) {
-            return fail(libc::EINVAL);
+        let me = std::thread::current().id();
+        match IdObj::get(id) {
+            None => return fail(libc::EINVAL),
+            Some(o) if lock(&o.s.held).contains(&me) => return fail(libc::EDEADLK),
+            Some(_) => {}
         }
-        // SAFETY: contract 1; Rust fields only.
-        let (serial, chan, own) = unsafe {
-            let o = &*id.cast::<IdObj>();
-            (o.serial, o.chan as *mut ChanObj, o.own_chan)
+        // From here the handle is dead: a second destroy finds nothing, and events of
+        // the id taken from now on are dropped (`make_event`).
+        let Some(o) = IdObj::take(id) else {
+            return fail(libc::EINVAL);
         };
-        // SAFETY: contract 1 (the id's channel outlives it).
-        let ch = unsafe { &*chan };
-        {
+        lock(ids()).remove(&o.s.serial);
+        // The channel's state goes with the id, after it (the last id of a destroyed
+        // channel closes its fd).
+        let chan = lock(&o.s.chan).take();
+        if let Some(sh) = &chan {
             // Events of the id taken from the channel but not yet returned go with it.
-            let sh = &ch.shared;
+            let serial = o.s.serial;
             let mut st = lock(&sh.state);
             st.1.retain(|e: &ChannelEvent<SoftDevice>| {
                 e.id().serial() != serial && e.listener().is_none_or(|l| l.serial() != serial)
             });
             sh.refill(&mut st);
         }
-        // SAFETY: contract 1; Rust field only.
-        let taken = lock(unsafe { &(*id.cast::<IdObj>()).id }).take();
+        {
+            // librdmacm: wait for the acks of the events other threads hold.
+            let mut held = lock(&o.s.held);
+            while !held.is_empty() {
+                held = wait(&o.s.acked, held);
+            }
+        }
+        let taken = lock(&o.s.id).take();
         if let Some(cmid) = taken {
-            // Refused only while this thread holds un-acked events of the id, where
-            // librdmacm would wait forever: then it is destroyed without waiting.
+            // Every event of the id handed out is acked; the rdma-cm crate can still
+            // count one as this thread's (an event its stream handed to this thread
+            // while restoring a channel's fd, returned to another): it refuses, and
+            // dropping the id destroys it without waiting.
             if let Err(refused) = cmid.destroy() {
                 drop(refused);
             }
         }
-        lock(registry()).remove(&serial);
-        // SAFETY: contract 1 and 2.
-        drop(unsafe { from_raw(id.cast::<IdObj>()) });
-        if own && lock(channels()).remove(&(chan as usize)) {
-            // SAFETY: the channel was made for this id alone.
-            drop(unsafe { from_raw(chan) });
+        drop(chan);
+        if let Some(c) = o.s.own_chan.as_ref().and_then(|c| ChanObj::take(c.ptr())) {
+            destroy_channel(c);
         }
+        IdObj::bury(o);
         0
     })
 });
@@ -344,18 +380,16 @@ c_fn!("RDMACM_1.0";
 /// `rdma_accept(3)`: a NULL `conn_param` mirrors the request's ORD and IRD.
 pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard("rdma_accept", -1, || {
-        if !live_id(id) {
+        let Some(o) = IdObj::get(id) else {
             return fail(libc::EINVAL);
-        }
-        // SAFETY: contract 1; Rust field only.
-        let req = unsafe { (*id.cast::<IdObj>()).request };
-        let p = match conn_param(param, req) {
+        };
+        let p = match conn_param(param, o.s.request) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
         let r = id_call(id, |r| r.accept(&p));
         if r == 0 {
-            wait_ready_to_send(id);
+            wait_ready_to_send(&o);
         }
         r
     })
@@ -364,20 +398,26 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnPara
 /// How long `rdma_accept` waits for the QP to reach RTS.
 const ACCEPT_RTS_WAIT: Duration = Duration::from_secs(5);
 
+/// The id's QP (its `qp` field), if it is a live QP of ours.
+fn id_qp(o: &IdObj) -> Option<Arc<QpObj>> {
+    let qp = {
+        let _c = lock(&o.s.c_lock);
+        o.with_c(|c| c.qp)
+    };
+    QpObj::get(qp)
+}
+
 /// Waits (up to [`ACCEPT_RTS_WAIT`]) until the id's QP leaves Init/RTR: with kernel siw
 /// the passive side's QP is in RTS when `rdma_accept` returns, and programs post at once
 /// without waiting for ESTABLISHED (perftest's `ib_write_lat` server posts its first RDMA
 /// Write right after accepting).
-fn wait_ready_to_send(id: *mut RdmaCmId) {
-    // SAFETY: contract 1 (the id's own `qp` field).
-    let qp = unsafe { (*id).qp };
-    // SAFETY: contract 1: the id's QP is one of ours.
-    let Some(q) = (unsafe { obj(qp.cast::<crate::objects::QpObj>()) }) else {
+fn wait_ready_to_send(o: &IdObj) {
+    let Some(q) = id_qp(o).and_then(|q| q.s.qp()) else {
         return;
     };
     let deadline = std::time::Instant::now() + ACCEPT_RTS_WAIT;
     while matches!(
-        q.qp.state(),
+        q.state(),
         verbs::QpState::Reset | verbs::QpState::Init | verbs::QpState::Rtr
     ) && std::time::Instant::now() < deadline
     {
@@ -453,40 +493,39 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void)
 
 /// `rdma_create_qp` on a checked `attr`.
 fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
-    let r = match id_ref(id) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
+    let Some(o) = IdObj::get(id) else {
+        return fail(libc::EINVAL);
     };
-    // SAFETY: contract 1 (the id's own `pd` field).
+    let Some(r) = o.s.id_ref() else {
+        return fail(libc::EINVAL);
+    };
     let pd = if pd.is_null() {
-        unsafe { (*id).pd }
+        let _c = lock(&o.s.c_lock);
+        o.with_c(|c| c.pd)
     } else {
         pd
     };
-    // SAFETY: contract 1 and 3.
-    let (Some(p), Some(a)) = (unsafe { obj(pd.cast::<PdObj>()) }, unsafe { obj(attr) }) else {
+    // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
+    let (Some(p), Some(a)) = (PdObj::get(pd), unsafe { obj_mut(attr) }) else {
         return fail(libc::EINVAL);
     };
     if a.qp_type != IBV_QPT_RC {
         return fail(libc::EOPNOTSUPP);
     }
-    // SAFETY: contract 1.
-    let (Some(scq), Some(rcq)) = (unsafe { obj(a.send_cq.cast::<CqObj>()) }, unsafe {
-        obj(a.recv_cq.cast::<CqObj>())
-    }) else {
+    let Some((scq, rcq, soft_scq, soft_rcq)) = crate::ibv::cq_pair(a) else {
         return fail(libc::EINVAL);
     };
     let init = sw::QpInitAttr {
-        send_cq: &scq.cq,
-        recv_cq: &rcq.cq,
+        send_cq: &soft_scq,
+        recv_cq: &soft_rcq,
         cap: crate::ibv::cap_of(&a.cap),
         sq_sig_all: a.sq_sig_all != 0,
     };
-    match r.create_qp(&p.pd, init) {
+    match r.create_qp(&p.s.pd, init) {
         Ok(qp) => {
-            let q = crate::ibv::qp_obj(qp, pd, attr, Some(r), p.c.context);
-            // SAFETY: contract 1; a C field written through the raw pointer.
-            unsafe { (*id).qp = q };
+            let q = crate::ibv::qp_obj(qp, p, a, Some(r), [scq, rcq]);
+            let _c = lock(&o.s.c_lock);
+            o.update_c(|c| c.qp = q);
             0
         }
         Err(e) => fail(e.errno()),
@@ -494,20 +533,18 @@ fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_i
 }
 
 c_fn!("RDMACM_1.0";
-/// `rdma_destroy_qp(3)`.
+/// `rdma_destroy_qp(3)` (nothing for an id that is not live, or whose QP is gone).
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
     guard("rdma_destroy_qp", (), || {
-        if !live_id(id) {
-            return;
-        }
-        // SAFETY: contract 1.
-        let qp: *mut IbvQp = unsafe { (*id).qp };
-        if !qp.is_null() {
-            // SAFETY: contract 1 and 2: the id's QP, not in use.
-            unsafe {
-                crate::ibv::destroy_qp_obj(qp);
-                (*id).qp = std::ptr::null_mut();
-            }
+        let Some(o) = IdObj::get(id) else { return };
+        let qp: *mut IbvQp = {
+            let _c = lock(&o.s.c_lock);
+            let qp = o.with_c(|c| c.qp);
+            o.update_c(|c| c.qp = std::ptr::null_mut());
+            qp
+        };
+        if let Some(q) = QpObj::take(qp) {
+            crate::ibv::destroy_qp_obj(q);
         }
     })
 });
@@ -516,35 +553,20 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
 
 c_fn!("RDMACM_1.0";
 /// `rdma_get_cm_event(3)`: blocks until an event (`EAGAIN` at once if the channel's fd
-/// is `O_NONBLOCK`); acknowledge it with `rdma_ack_cm_event`.
+/// is `O_NONBLOCK`); acknowledge it with `rdma_ack_cm_event`. -1 with `EINVAL` if not a
+/// live channel.
 pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event: *mut *mut RdmaCmEvent) -> c_int {
     guard("rdma_get_cm_event", -1, || {
-        if !live_channel(channel) {
-            return fail(libc::EINVAL);
-        }
-        // SAFETY: a live channel of ours.
-        let Some(ch) = (unsafe { obj(channel.cast::<ChanObj>()) }) else {
+        // Our own reference: the channel may be destroyed while this call blocks.
+        let Some(sh) = live_channel(channel) else {
             return fail(libc::EINVAL);
         };
         if event.is_null() {
             return fail(libc::EINVAL);
         }
-        let fd = ch.c.fd;
-        // Our own reference: the channel may be destroyed while this call blocks.
-        let sh = ch.shared.clone();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&sh.waker.fd);
         loop {
-            let ev = {
-                let mut st = lock(&sh.state);
-                if st.1.is_empty() {
-                    sh.refill(&mut st);
-                }
-                let ev = st.1.pop_front();
-                if ev.is_some() {
-                    sh.refill(&mut st);
-                }
-                ev
-            };
-            if let Some(ev) = ev {
+            if let Some(ev) = sh.take() {
                 if let Some(e) = make_event(ev) {
                     // SAFETY: contract 3.
                     unsafe { write_out(event, e) };
@@ -552,43 +574,50 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
                 }
                 continue;
             }
+            if ChanObj::get(channel).is_none() {
+                // The channel was destroyed under this call: as a read blocked on
+                // librdmacm's closed fd, it never returns. rping destroys its channel
+                // at exit while its CM thread waits here; returning an error made that
+                // thread exit(255) before main returned 0.
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
             if crate::boundary::is_nonblocking(fd) {
                 return fail(libc::EAGAIN);
             }
-            if crate::boundary::wait_readable(fd).is_err() {
-                // The channel was destroyed under this call (its fd closed): as a read
-                // blocked on librdmacm's closed fd, it never returns. rping destroys its
-                // channel at exit while its CM thread waits here; returning an error
-                // made that thread exit(255) before main returned 0.
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(3600));
-                }
+            if let Err(e) = crate::boundary::wait_readable(fd) {
+                return fail(e);
             }
         }
     })
 });
 
-/// The C event of `ev`; `None` if its id is gone (the event is dropped: acked).
+/// The C event of `ev`, handed out to this thread; `None` if its id is gone (the event
+/// is dropped: acked).
 fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
     let kind = sw::cm::provider::kind_to_neutral(ev.kind);
-    let (idp, listenp) = if let Some(newid) = ev.take_new_id() {
+    let (id, listen) = if let Some(newid) = ev.take_new_id() {
         let lserial = ev.listener()?.serial();
-        let lp = *lock(registry()).get(&lserial)? as *mut RdmaCmId;
-        // SAFETY: a registered id is live (contract 2: not destroyed during this call).
-        let (chan, context, ps) = unsafe {
-            let o = &*lp.cast::<IdObj>();
-            (o.chan as *mut ChanObj, (*lp).context, (*lp).ps)
+        let lo = lock(ids()).get(&lserial)?.clone();
+        let (chan, context, ps) = {
+            let _c = lock(&lo.s.c_lock);
+            lo.with_c(|c| (c.channel, c.context, c.ps))
         };
         let req = (ev.responder_resources, ev.initiator_depth);
-        (new_id_obj(newid, chan, false, context, ps, req), lp)
+        let sh = lo.s.chan()?;
+        (
+            new_id_obj(newid, chan, sh, None, context, ps, req),
+            Some(lo),
+        )
     } else {
-        let p = *lock(registry()).get(&ev.id().serial())? as *mut RdmaCmId;
-        refresh(p);
-        (p, std::ptr::null_mut())
+        let o = lock(ids()).get(&ev.id().serial())?.clone();
+        refresh(&o);
+        (o, None)
     };
     let mut c: RdmaCmEvent = zeroed();
-    c.id = idp;
-    c.listen_id = listenp;
+    c.id = id.ptr();
+    c.listen_id = listen.as_ref().map_or(std::ptr::null_mut(), |l| l.ptr());
     c.event = kind.to_raw();
     c.status = ev.status;
     let sat = |v: u16| u8::try_from(v).unwrap_or(u8::MAX);
@@ -607,18 +636,44 @@ fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
         srq: 0,
         qp_num: 0,
     };
-    Some(into_raw(EventObj { c, ev }).cast::<RdmaCmEvent>())
+    // librdmacm: a connect request counts against its listener.
+    let owner = listen.unwrap_or_else(|| id.clone());
+    let holder = std::thread::current().id();
+    lock(&owner.s.held).push(holder);
+    let e = EventObj::new(
+        c,
+        EventState {
+            ev: Mutex::new(Some(ev)),
+            owner,
+            id,
+            holder,
+        },
+    );
+    Some(EventObj::publish(&e))
 }
 
 c_fn!("RDMACM_1.0";
-/// `rdma_ack_cm_event(3)`.
+/// `rdma_ack_cm_event(3)`: -1 with `EINVAL` if not an event handed out and not yet
+/// acked.
 pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     guard("rdma_ack_cm_event", -1, || {
-        if event.is_null() {
+        let Some(e) = EventObj::take(event) else {
             return fail(libc::EINVAL);
+        };
+        // Acked for the rdma-cm crate; the private data goes with it.
+        drop(lock(&e.s.ev).take());
+        e.update_c(|c| {
+            c.param.conn.private_data = std::ptr::null();
+            c.param.conn.private_data_len = 0;
+        });
+        {
+            let mut held = lock(&e.s.owner.s.held);
+            if let Some(i) = held.iter().position(|t| *t == e.s.holder) {
+                held.swap_remove(i);
+            }
         }
-        // SAFETY: contract 1 and 2.
-        drop(unsafe { from_raw(event.cast::<EventObj>()) });
+        e.s.owner.s.acked.notify_all();
+        EventObj::bury(e);
         0
     })
 });

@@ -16,7 +16,8 @@
 //! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode).
 
 use std::ffi::c_int;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cxgb4::ffi::types::{IbvContext, IbvDevice, IBV_SYSFS_NAME_MAX, IBV_TRANSPORT_IWARP};
 use sw::cm::rdmacm::{SoftDevice, SoftRdmaCm};
@@ -24,20 +25,10 @@ use sw::spec::DeviceSpec;
 
 use crate::abi::IBV_NODE_RNIC;
 use crate::boundary::{copy_cstr, into_raw, zeroed};
+use crate::objects::{CtxObj, CtxState, FdQueue};
 
 /// The environment variable holding the device line (see `softiwarp::spec`).
 pub const ENV: &str = "SOFTIWARP_DEVICE";
-
-/// An open device (`struct ibv_context`); the C struct is first, so the pointer handed
-/// out is the object's address.
-#[repr(C)]
-pub struct Context {
-    /// What the application sees; `ops` routes the header-inline data-path calls here.
-    pub c: IbvContext,
-    /// `c.async_fd`: an eventfd that is never signalled (no asynchronous events; see
-    /// `ibv_get_async_event`), closed with the context.
-    pub async_fd: Option<std::os::fd::OwnedFd>,
-}
 
 /// The device and its RDMA CM.
 pub struct Soft {
@@ -51,8 +42,8 @@ pub struct Soft {
     pub mac: [u8; 6],
     /// `struct ibv_device *` (leaked: lives as long as the process).
     ibdev: usize,
-    /// The context librdmacm's ids point at (`id->verbs`), leaked likewise.
-    cm_ctx: usize,
+    /// The context librdmacm's ids point at (`id->verbs`), never closed.
+    cm_ctx: Arc<CtxObj>,
 }
 
 impl Soft {
@@ -63,7 +54,7 @@ impl Soft {
 
     /// The context of CM ids (`id->verbs`).
     pub fn cm_ctx(&self) -> *mut IbvContext {
-        self.cm_ctx as *mut IbvContext
+        self.cm_ctx.ptr()
     }
 
     /// The node GUID (`ibv_get_device_guid`, `node_guid`): the MAC as EUI-64 (siw's
@@ -143,19 +134,20 @@ fn open() -> Option<Soft> {
     ibdev_path.push_str(&spec.name[..spec.name.len().min(IBV_SYSFS_NAME_MAX)]);
     copy_cstr(&mut dev.ibdev_path, &ibdev_path);
     let ibdev = into_raw(dev);
-    let cm_ctx = new_context(ibdev);
+    let cm_ctx = new_context(ibdev, true);
     Some(Soft {
         mtu: device.mtu(),
         device,
         cm,
         mac,
         ibdev: ibdev as usize,
-        cm_ctx: cm_ctx as usize,
+        cm_ctx,
     })
 }
 
-/// A new context of `dev` whose ops are this library's data path.
-pub fn new_context(dev: *mut IbvDevice) -> *mut IbvContext {
+/// A new published context of `dev` whose ops are this library's data path (`cm`:
+/// the context of CM ids, never closed).
+pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Arc<CtxObj> {
     let mut c: IbvContext = zeroed();
     c.device = dev;
     c.ops.poll_cq = Some(crate::ibv::poll_cq);
@@ -163,12 +155,23 @@ pub fn new_context(dev: *mut IbvDevice) -> *mut IbvContext {
     c.ops.post_send = Some(crate::ibv::post_send);
     c.ops.post_recv = Some(crate::ibv::post_recv);
     c.cmd_fd = -1;
-    let async_fd = crate::boundary::new_eventfd().ok();
-    c.async_fd = async_fd
-        .as_ref()
-        .map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
+    let events = crate::boundary::new_eventfd()
+        .ok()
+        .map(|fd| Arc::new(FdQueue::new(fd)));
+    c.async_fd = events.as_ref().map_or(-1, |q| q.raw_fd());
     c.num_comp_vectors = 1;
-    into_raw(Context { c, async_fd }).cast::<IbvContext>()
+    let ctx = CtxObj::new(
+        c,
+        CtxState {
+            events: Mutex::new(events),
+            cm,
+            unacked: AtomicUsize::new(0),
+        },
+    );
+    CtxObj::publish(&ctx);
+    crate::ibv::add_context(&ctx);
+    crate::ibv::start_async_events();
+    ctx
 }
 
 /// The errno of "no device": `ENODEV`.

@@ -4,32 +4,37 @@
 //! through `ctx->ops`).
 //!
 //! Pointer rules: [`crate::boundary`]'s contract. Every entry point runs in
-//! [`guard`]; NULL objects get `EINVAL` (as errno, and as the return value of the
-//! calls that return an errno).
+//! [`guard`]. Object handles are looked up among the live handles
+//! ([`crate::handles`]) before use: NULL, destroyed, foreign or wrong-kind handles get
+//! `EINVAL` (as errno, and as the return value of the calls that return an errno).
 
 #![allow(unsafe_code)]
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use cxgb4::ffi::types::{
-    IbvCompChannel, IbvContext, IbvCq, IbvDevice, IbvDeviceAttr, IbvGid, IbvMr, IbvPd, IbvPortAttr,
-    IbvQp, IbvQpCap, IbvQpInitAttr, IbvRecvWr, IbvSendWr, IbvWc, IBV_ATOMIC_NONE,
+    IbvAsyncEvent, IbvCompChannel, IbvContext, IbvCq, IbvDevice, IbvDeviceAttr, IbvGid, IbvMr,
+    IbvPd, IbvPortAttr, IbvQp, IbvQpCap, IbvQpInitAttr, IbvRecvWr, IbvSendWr, IbvWc,
+    IBV_ATOMIC_NONE,
 };
 use verbs::{
-    AccessFlags, Payload, QpCap, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, Payload, QpCap, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::abi::*;
 use crate::boundary::{
-    c_fn, from_raw, guard, into_raw, obj, set_errno, slice, slice_mut, write_out, zeroed,
+    c_fn, from_raw, guard, into_raw, obj, obj_mut, set_errno, slice, slice_mut, write_out, zeroed,
 };
 use crate::device::{soft, NO_DEVICE};
 use crate::objects::{
-    to_ibv_wc, CompChan, CompShared, CqObj, MrObj, Notify, PdObj, QpObj, POLL_CHUNK,
+    lock, to_ibv_wc, AsyncItem, CompChanObj, CompChanState, CompShared, CqObj, CqState, CtxObj,
+    FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses,
+    POLL_CHUNK,
 };
 
 /// Handles of PDs, MRs, CQs and QPs (`->handle`), for the application's logs only.
@@ -49,6 +54,12 @@ fn null_err<T>(e: c_int) -> *mut T {
 fn err_ret(e: c_int) -> c_int {
     set_errno(e);
     e
+}
+
+/// -1 with `errno` = `e`.
+fn minus_one(e: c_int) -> c_int {
+    set_errno(e);
+    -1
 }
 
 // ------------------------------------------------------------------ devices
@@ -78,16 +89,17 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut IbvDevice) {
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_get_device_name(3)`.
+/// `ibv_get_device_name(3)`: NULL with `EINVAL` for a device that is not ours.
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char {
-    guard("ibv_get_device_name", std::ptr::null(), || {
-        // SAFETY: contract 1.
-        match unsafe { obj(device) } {
+    guard("ibv_get_device_name", std::ptr::null(), || match soft() {
+        // SAFETY: the soft device's `struct ibv_device`, alive for the process.
+        Some(s) if device == s.ibdev() => match unsafe { obj(device) } {
             Some(d) => d.name.as_ptr(),
-            None => {
-                set_errno(libc::EINVAL);
-                std::ptr::null()
-            }
+            None => std::ptr::null(),
+        },
+        _ => {
+            set_errno(libc::EINVAL);
+            std::ptr::null()
         }
     })
 });
@@ -117,35 +129,48 @@ c_fn!("IBVERBS_1.1";
 /// `ibv_open_device(3)`: a new context of the soft device.
 pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvContext {
     guard("ibv_open_device", std::ptr::null_mut(), || match soft() {
-        Some(s) if device == s.ibdev() => crate::device::new_context(device),
+        Some(s) if device == s.ibdev() => crate::device::new_context(device, false).ptr(),
         Some(_) => null_err(libc::EINVAL),
         None => null_err(NO_DEVICE),
     })
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_close_device(3)`. The context of CM ids (`id->verbs`) is never freed.
+/// `ibv_close_device(3)`: 0, or -1 with `EINVAL` for a context that is not open. As
+/// with rdma-core, the context's objects are not released: they stay usable (their
+/// `context` stays readable, see `crate::handles`). The context of CM ids
+/// (`id->verbs`) is never closed.
 pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
     guard("ibv_close_device", -1, || {
-        if context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+        match CtxObj::get(context) {
+            None => return minus_one(libc::EINVAL),
+            Some(c) if c.s.cm => return 0,
+            Some(_) => {}
         }
-        if soft().is_some_and(|s| s.cm_ctx() == context) {
-            return 0;
-        }
-        // SAFETY: contract 1: a context of ours (`Context` starts with the C struct).
-        drop(unsafe { from_raw(context.cast::<crate::device::Context>()) });
+        let Some(c) = CtxObj::take(context) else {
+            return minus_one(libc::EINVAL);
+        };
+        // Closes `async_fd` (unless a call blocked on it still holds it).
+        drop(lock(&c.s.events).take());
+        CtxObj::bury(c);
         0
     })
 });
 
-/// The device behind `context` (NULL: `EINVAL`; no device: `ENODEV`).
+/// The device behind a live `context` (else `EINVAL`; no device: `ENODEV`).
 fn ctx_soft(context: *const IbvContext) -> Result<&'static crate::device::Soft, c_int> {
-    if context.is_null() {
+    if CtxObj::get(context).is_none() {
         return Err(libc::EINVAL);
     }
     soft().ok_or(NO_DEVICE)
+}
+
+/// The live context at `context` and the device (errors as [`ctx_soft`]).
+fn ctx_obj(
+    context: *const IbvContext,
+) -> Result<(Arc<CtxObj>, &'static crate::device::Soft), c_int> {
+    let c = CtxObj::get(context).ok_or(libc::EINVAL)?;
+    Ok((c, soft().ok_or(NO_DEVICE)?))
 }
 
 c_fn!("IBVERBS_1.1";
@@ -283,7 +308,7 @@ c_fn!("IBVERBS_PRIVATE_34";
 pub unsafe extern "C" fn ibv_query_gid_type(context: *mut IbvContext, port_num: u8, index: c_uint, gid_type: *mut c_int) -> c_int {
     guard("ibv_query_gid_type", -1, || {
         // SAFETY: contract 3.
-        if context.is_null() || port_num != 1 || index != 0 || !unsafe { write_out(gid_type, 0) } {
+        if CtxObj::get(context).is_none() || port_num != 1 || index != 0 || !unsafe { write_out(gid_type, 0) } {
             set_errno(libc::EINVAL);
             return -1;
         }
@@ -296,7 +321,7 @@ c_fn!("IBVERBS_1.1";
 pub unsafe extern "C" fn ibv_query_pkey(context: *mut IbvContext, port_num: u8, index: c_int, pkey: *mut u16) -> c_int {
     guard("ibv_query_pkey", -1, || {
         // SAFETY: contract 3.
-        if context.is_null() || port_num != 1 || index != 0 || !unsafe { write_out(pkey, 0xffffu16.to_be()) } {
+        if CtxObj::get(context).is_none() || port_num != 1 || index != 0 || !unsafe { write_out(pkey, 0xffffu16.to_be()) } {
             set_errno(libc::EINVAL);
             return -1;
         }
@@ -310,8 +335,8 @@ c_fn!("IBVERBS_1.1";
 /// `ibv_alloc_pd(3)`.
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
     guard("ibv_alloc_pd", std::ptr::null_mut(), || {
-        let s = match ctx_soft(context) {
-            Ok(s) => s,
+        let (ctx, s) = match ctx_obj(context) {
+            Ok(v) => v,
             Err(e) => return null_err(e),
         };
         match s.device.alloc_pd() {
@@ -319,7 +344,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
                 let mut c: IbvPd = zeroed();
                 c.context = context;
                 c.handle = next_handle();
-                into_raw(PdObj { c, pd }).cast::<IbvPd>()
+                PdObj::publish(&PdObj::new(c, PdState { pd, ctx }))
             }
             Err(e) => null_err(e.errno()),
         }
@@ -327,19 +352,13 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_dealloc_pd(3)`: `EBUSY` while MRs or QPs use it.
+/// `ibv_dealloc_pd(3)`: `EBUSY` while MRs or QPs use it, `EINVAL` if not a live PD.
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
     guard("ibv_dealloc_pd", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(p) = (unsafe { obj(pd.cast::<PdObj>()) }) else {
-            return err_ret(libc::EINVAL);
-        };
-        if let Err(e) = p.pd.dealloc() {
-            return err_ret(e.errno());
+        match PdObj::destroy_with(pd, |p| p.s.pd.dealloc().map_err(|e| e.errno())) {
+            Ok(()) => 0,
+            Err(e) => err_ret(e),
         }
-        // SAFETY: contract 1 and 2: ours, and no call on it is in progress.
-        drop(unsafe { from_raw(pd.cast::<PdObj>()) });
-        0
     })
 });
 
@@ -351,8 +370,7 @@ fn reg_mr(
     iova: u64,
     access: c_uint,
 ) -> *mut IbvMr {
-    // SAFETY: contract 1.
-    let Some(p) = (unsafe { obj(pd.cast::<PdObj>()) }) else {
+    let Some(p) = PdObj::get(pd) else {
         return null_err(libc::EINVAL);
     };
     let Ok(flags) = AccessFlags::for_mr(access & !IBV_ACCESS_OPTIONAL_RANGE) else {
@@ -365,23 +383,28 @@ fn reg_mr(
         return null_err(libc::EFAULT);
     }
     // SAFETY: ibv_reg_mr(3)'s rule, the contract of `UserMemory::new`: the buffer is
-    // the application's and stays valid until ibv_dereg_mr, which drops the MR (and
-    // with it the UserMemory) only after the device is done with it.
+    // the application's and stays valid until ibv_dereg_mr, which deregisters the MR
+    // (the device is done with the memory once the STag stops resolving).
     let Some(mem) = (unsafe { sw::resources::user_memory::UserMemory::new(addr.cast(), length) })
     else {
         return null_err(libc::EINVAL);
     };
-    match p.pd.reg_user_mr(mem, iova, flags, sw::MrOptions::default()) {
+    match p
+        .s
+        .pd
+        .reg_user_mr(mem, iova, flags, sw::MrOptions::default())
+    {
         Ok(mr) => {
             let mut c: IbvMr = zeroed();
-            c.context = p.c.context;
+            c.context = p.s.ctx.ptr();
             c.pd = pd;
             c.addr = addr;
             c.length = length;
             c.handle = next_handle();
             c.lkey = u32::from(mr.lkey());
             c.rkey = u32::from(mr.rkey());
-            into_raw(MrObj { c, mr }).cast::<IbvMr>()
+            let ctx = p.s.ctx.clone();
+            MrObj::publish(&MrObj::new(c, MrState { mr, ctx }))
         }
         Err(e) => null_err(e.errno()),
     }
@@ -412,19 +435,13 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(pd: *mut IbvPd, addr: *mut c_void, leng
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_dereg_mr(3)`.
+/// `ibv_dereg_mr(3)`: `EINVAL` if not a live MR.
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(m) = (unsafe { obj(mr.cast::<MrObj>()) }) else {
-            return err_ret(libc::EINVAL);
-        };
-        if let Err(e) = m.mr.dereg() {
-            return err_ret(e.errno());
+        match MrObj::destroy_with(mr, |m| m.s.mr.dereg().map_err(|e| e.errno())) {
+            Ok(()) => 0,
+            Err(e) => err_ret(e),
         }
-        // SAFETY: contract 1 and 2.
-        drop(unsafe { from_raw(mr.cast::<MrObj>()) });
-        0
     })
 });
 
@@ -434,40 +451,46 @@ c_fn!("IBVERBS_1.0";
 /// `ibv_create_comp_channel(3)`: its fd is an eventfd, readable while an event waits.
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *mut IbvCompChannel {
     guard("ibv_create_comp_channel", std::ptr::null_mut(), || {
-        if let Err(e) = ctx_soft(context) {
-            return null_err(e);
-        }
+        let ctx = match ctx_obj(context) {
+            Ok((c, _)) => c,
+            Err(e) => return null_err(e),
+        };
         let fd = match crate::boundary::new_eventfd() {
             Ok(fd) => fd,
             Err(e) => return null_err(e),
         };
         let shared = Arc::new(CompShared {
-            fd,
-            queue: Mutex::new(Default::default()),
+            q: FdQueue::new(fd),
             cqs: AtomicUsize::new(0),
         });
         let mut c: IbvCompChannel = zeroed();
         c.context = context;
-        c.fd = std::os::fd::AsRawFd::as_raw_fd(&shared.fd);
-        into_raw(CompChan { c, shared }).cast::<IbvCompChannel>()
+        c.fd = shared.q.raw_fd();
+        let state = CompChanState {
+            shared: Mutex::new(Some(shared)),
+            ctx,
+        };
+        CompChanObj::publish(&CompChanObj::new(c, state))
     })
 });
 
 c_fn!("IBVERBS_1.0";
-/// `ibv_destroy_comp_channel(3)`: `EBUSY` while a CQ uses it.
+/// `ibv_destroy_comp_channel(3)`: `EBUSY` while a CQ uses it, `EINVAL` if not a live
+/// channel (returned, as libibverbs does, and in `errno`).
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) -> c_int {
-    guard("ibv_destroy_comp_channel", -1, || {
-        // SAFETY: contract 1.
-        let Some(ch) = (unsafe { obj(channel.cast::<CompChan>()) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
+    guard("ibv_destroy_comp_channel", libc::EIO, || {
+        let busy = |ch: &CompChanObj| {
+            lock(&ch.s.shared)
+                .as_ref()
+                .is_some_and(|s| s.cqs.load(Ordering::Acquire) > 0)
         };
-        if ch.shared.cqs.load(Ordering::Acquire) > 0 {
-            set_errno(libc::EBUSY);
-            return -1;
-        }
-        // SAFETY: contract 1 and 2.
-        drop(unsafe { from_raw(channel.cast::<CompChan>()) });
+        let ch = match CompChanObj::take_idle(channel, busy) {
+            Ok(ch) => ch,
+            Err(e) => return err_ret(e),
+        };
+        // Closes the fd (unless a blocked ibv_get_cq_event still holds it).
+        drop(lock(&ch.s.shared).take());
+        CompChanObj::bury(ch);
         0
     })
 });
@@ -476,46 +499,51 @@ c_fn!("IBVERBS_1.1";
 /// `ibv_create_cq(3)`.
 pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_context: *mut c_void, channel: *mut IbvCompChannel, _comp_vector: c_int) -> *mut IbvCq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
-        let s = match ctx_soft(context) {
-            Ok(s) => s,
+        let (ctx, s) = match ctx_obj(context) {
+            Ok(v) => v,
             Err(e) => return null_err(e),
         };
-        let Ok(n) = usize::try_from(cqe) else {
-            return null_err(libc::EINVAL);
+        let n = match usize::try_from(cqe) {
+            Ok(n) if n > 0 => n,
+            _ => return null_err(libc::EINVAL),
         };
-        if n == 0 {
-            return null_err(libc::EINVAL);
-        }
+        let chan = if channel.is_null() {
+            None
+        } else {
+            match CompChanObj::get(channel).and_then(|c| lock(&c.s.shared).clone()) {
+                Some(sh) => Some(sh),
+                None => return null_err(libc::EINVAL),
+            }
+        };
         let cq = match s.device.create_cq(cq_capacity(n)) {
             Ok(cq) => cq,
             Err(e) => return null_err(e.errno()),
         };
-        // SAFETY: contract 1.
-        let chan = unsafe { obj(channel.cast::<CompChan>()) }.map(|c| c.shared.clone());
         let mut c: IbvCq = zeroed();
         c.context = context;
         c.channel = channel;
         c.cq_context = cq_context;
         c.handle = next_handle();
         c.cqe = i32::try_from(cq.capacity()).unwrap_or(cqe);
-        let p = into_raw(CqObj {
-            c,
-            cq,
-            notify: None,
+        let soft_handle = cq.handle();
+        let o = CqObj::new_cyclic(c, |addr| CqState {
+            cq: Mutex::new(Some(Arc::new(cq))),
+            notify: Mutex::new(chan.map(|chan| {
+                chan.cqs.fetch_add(1, Ordering::AcqRel);
+                Arc::new(Notify {
+                    armed: AtomicBool::new(false),
+                    chan,
+                    cq: addr,
+                })
+            })),
             events: AtomicU32::new(0),
             acked: AtomicU32::new(0),
+            qps: AtomicUsize::new(0),
+            cq_context: cq_context as usize,
+            ctx,
         });
-        if let Some(chan) = chan {
-            chan.cqs.fetch_add(1, Ordering::AcqRel);
-            let notify = Arc::new(Notify {
-                armed: AtomicBool::new(false),
-                chan,
-                cq: p as usize,
-            });
-            // SAFETY: `p` is ours and not yet handed out: no other reference exists.
-            unsafe { (*p).notify = Some(notify) };
-        }
-        p.cast::<IbvCq>()
+        soft_objects(|m| m.insert((SoftKind::Cq, soft_handle), o.addr()));
+        CqObj::publish(&o)
     })
 });
 
@@ -536,30 +564,41 @@ fn cq_capacity(cqe: usize) -> usize {
 pub const MIN_CQE: usize = 64;
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_destroy_cq(3)`: `EBUSY` while a QP uses it (a destroyed QP's flush is waited
-/// for up to 2 s).
+/// `ibv_destroy_cq(3)`: `EBUSY` while a QP uses it (the flush of a QP destroyed just
+/// before is waited for, up to 2 s), `EINVAL` if not a live CQ.
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(c) = (unsafe { obj(cq.cast::<CqObj>()) }) else {
+        let busy = |c: &CqObj| c.s.qps.load(Ordering::Acquire) > 0;
+        let c = match CqObj::take_idle(cq, busy) {
+            Ok(c) => c,
+            Err(e) => return err_ret(e),
+        };
+        // No QP of ours uses it; the soft CQ is in use until the engine flushed the
+        // QPs destroyed last.
+        let Some(soft_cq) = c.s.cq() else {
             return err_ret(libc::EINVAL);
         };
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
-            match c.cq.destroy() {
+            match soft_cq.destroy() {
                 Ok(()) => break,
                 Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                Err(e) => return err_ret(e.errno()),
+                Err(e) => {
+                    CqObj::restore(c);
+                    return err_ret(e.errno());
+                }
             }
         }
-        if let Some(n) = &c.notify {
+        if let Some(n) = lock(&c.s.notify).take() {
             n.retire();
             n.chan.cqs.fetch_sub(1, Ordering::AcqRel);
         }
-        // SAFETY: contract 1 and 2.
-        drop(unsafe { from_raw(cq.cast::<CqObj>()) });
+        drop(lock(&c.s.cq).take());
+        forget_async_events(&c.s.ctx, c.addr());
+        soft_objects(|m| m.remove(&(SoftKind::Cq, soft_cq.handle())));
+        CqObj::bury(c);
         0
     })
 });
@@ -567,25 +606,27 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
 /// `ibv_req_notify_cq` (ops slot): arms the CQ's event; one event for the next
 /// completion (or at once if one is queued: the event is level-checked, so a
 /// completion that raced the arm is never missed; it can be an event with nothing new
-/// to poll, which the verbs loop tolerates).
+/// to poll, which the verbs loop tolerates). `EINVAL` if not a live CQ.
 ///
 /// # Safety
 ///
 /// The pointer contract of [`crate::boundary`].
 pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
     guard("ibv_req_notify_cq", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(c) = (unsafe { obj(cq.cast::<CqObj>()) }) else {
-            return libc::EINVAL;
+        let Some(c) = CqObj::get(cq) else {
+            return err_ret(libc::EINVAL);
         };
-        let Some(n) = &c.notify else {
+        let Some(soft_cq) = c.s.cq() else {
+            return err_ret(libc::EINVAL);
+        };
+        let Some(n) = lock(&c.s.notify).clone() else {
             // No channel: there is nowhere to deliver the event (libibverbs arms anyway).
             return 0;
         };
         n.armed.store(true, Ordering::Release);
         let waker = std::task::Waker::from(n.clone());
         let mut cx = std::task::Context::from_waker(&waker);
-        let mut fut = c.cq.wait_async();
+        let mut fut = soft_cq.wait_async();
         if std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut cx).is_ready() {
             n.fire();
         }
@@ -595,77 +636,74 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_get_cq_event(3)`: blocks until an armed CQ of the channel has a completion
-/// (`EAGAIN` at once if the fd is `O_NONBLOCK`).
+/// (`EAGAIN` at once if the fd is `O_NONBLOCK`); -1 with `EINVAL` if not a live channel.
 pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut IbvCompChannel, cq: *mut *mut IbvCq, cq_context: *mut *mut c_void) -> c_int {
     guard("ibv_get_cq_event", -1, || {
-        // SAFETY: contract 1.
-        let Some(ch) = (unsafe { obj(channel.cast::<CompChan>()) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        let fd = ch.c.fd;
         // Our own reference: the channel may be destroyed while this call blocks.
-        let sh = ch.shared.clone();
+        let Some(sh) = CompChanObj::get(channel).and_then(|ch| lock(&ch.s.shared).clone())
+        else {
+            return minus_one(libc::EINVAL);
+        };
+        let fd = sh.q.raw_fd();
         loop {
-            if let Some(p) = sh.pop() {
-                let c = p as *mut CqObj;
-                // SAFETY: queued CQs are live (destroy removes its events first).
-                let co = unsafe { &*c };
-                co.events.fetch_add(1, Ordering::Relaxed);
+            if let Some(p) = sh.q.pop() {
+                // A CQ destroyed meanwhile has no event (destroy removes them; this
+                // is the race with that removal).
+                let Some(co) = CqObj::get(p as *const IbvCq) else {
+                    continue;
+                };
+                co.s.events.fetch_add(1, Ordering::Relaxed);
                 // SAFETY: contract 3.
                 unsafe {
-                    write_out(cq, c.cast::<IbvCq>());
-                    write_out(cq_context, co.c.cq_context);
+                    write_out(cq, co.ptr());
+                    write_out(cq_context, co.s.cq_context as *mut c_void);
                 }
                 return 0;
             }
             if crate::boundary::is_nonblocking(fd) {
-                set_errno(libc::EAGAIN);
-                return -1;
+                return minus_one(libc::EAGAIN);
             }
             if let Err(e) = crate::boundary::wait_readable(fd) {
-                set_errno(e);
-                return -1;
+                return minus_one(e);
             }
         }
     })
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_ack_cq_events(3)`.
+/// `ibv_ack_cq_events(3)` (nothing for a handle that is not a live CQ).
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
     guard("ibv_ack_cq_events", (), || {
-        // SAFETY: contract 1.
-        if let Some(c) = unsafe { obj(cq.cast::<CqObj>()) } {
-            c.acked.fetch_add(nevents, Ordering::Relaxed);
+        if let Some(c) = CqObj::get(cq) {
+            c.s.acked.fetch_add(nevents, Ordering::Relaxed);
         }
     })
 });
 
-/// `ibv_poll_cq` (ops slot): up to `num_entries` completions; -1 on a CQ in error.
+/// `ibv_poll_cq` (ops slot): up to `num_entries` completions; -1 on a CQ in error
+/// (overrun) and, with `errno` `EINVAL`, on a handle that is not a live CQ.
 ///
 /// # Safety
 ///
 /// The pointer contract of [`crate::boundary`].
 pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc) -> c_int {
     guard("ibv_poll_cq", -1, || {
-        // SAFETY: contract 1.
-        let Some(c) = (unsafe { obj(cq.cast::<CqObj>()) }) else {
-            return -1;
+        let Some(c) = CqObj::get(cq).and_then(|c| c.s.cq()) else {
+            return minus_one(libc::EINVAL);
         };
         let Ok(n) = usize::try_from(num_entries) else {
-            return -1;
+            return minus_one(libc::EINVAL);
         };
         // SAFETY: contract 3: `wc` has `num_entries` writable entries.
         let Some(out) = (unsafe { slice_mut(wc, n) }) else {
-            return -1;
+            return minus_one(libc::EINVAL);
         };
         let blank = WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0);
         let mut buf = [blank; POLL_CHUNK];
         let mut done = 0usize;
         while done < n {
             let want = (n - done).min(POLL_CHUNK);
-            match c.cq.poll_into(&mut buf[..want]) {
+            match c.poll_into(&mut buf[..want]) {
                 Ok(got) => {
                     for (o, w) in out[done..].iter_mut().zip(&buf[..got]) {
                         *o = to_ibv_wc(w);
@@ -678,7 +716,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut Ib
                 Err(_) if done > 0 => break,
                 Err(e) => {
                     crate::stubs::warn_once("ibv_poll_cq", &e.to_string());
-                    return -1;
+                    return minus_one(libc::EIO);
                 }
             }
         }
@@ -752,7 +790,8 @@ fn send_wr(wr: &IbvSendWr) -> Result<SendWr, c_int> {
 }
 
 /// `ibv_post_send` (ops slot): the WR list in order; on a refused WR, `*bad_wr` names
-/// it (the ones before it are posted) and its errno is returned.
+/// it (the ones before it are posted) and its errno is returned; `EINVAL` if not a
+/// live QP.
 ///
 /// # Safety
 ///
@@ -763,9 +802,8 @@ pub unsafe extern "C" fn post_send(
     bad_wr: *mut *mut IbvSendWr,
 ) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(q) = (unsafe { obj(qp.cast::<QpObj>()) }) else {
-            return libc::EINVAL;
+        let Some(q) = QpObj::get(qp).and_then(|q| q.s.qp()) else {
+            return err_ret(libc::EINVAL);
         };
         let mut ptrs: Vec<*mut IbvSendWr> = Vec::new();
         let mut wrs = Vec::new();
@@ -776,7 +814,7 @@ pub unsafe extern "C" fn post_send(
                 Ok(s) => wrs.push(s),
                 Err(e) => {
                     // Post the ones before it, then report it.
-                    let r = post_sends(q, wrs, &ptrs, bad_wr);
+                    let r = post_sends(&q, wrs, &ptrs, bad_wr);
                     if r != 0 {
                         return r;
                     }
@@ -788,12 +826,12 @@ pub unsafe extern "C" fn post_send(
             ptrs.push(cur);
             cur = w.next;
         }
-        post_sends(q, wrs, &ptrs, bad_wr)
+        post_sends(&q, wrs, &ptrs, bad_wr)
     })
 }
 
 fn post_sends(
-    q: &QpObj,
+    q: &sw::Qp,
     wrs: Vec<SendWr>,
     ptrs: &[*mut IbvSendWr],
     bad_wr: *mut *mut IbvSendWr,
@@ -801,10 +839,10 @@ fn post_sends(
     if wrs.is_empty() {
         return 0;
     }
-    match q.qp.post_send_list(wrs) {
+    match q.post_send_list(wrs) {
         Ok(()) => 0,
         Err(e) => {
-            tracing::debug!(qpn = q.c.qp_num, index = e.index, error = %e.error, "ibv_post_send refused a WR");
+            tracing::debug!(qpn = q.qp_num(), index = e.index, error = %e.error, "ibv_post_send refused a WR");
             if let Some(&p) = ptrs.get(e.index) {
                 // SAFETY: contract 3.
                 unsafe { write_out(bad_wr, p) };
@@ -825,9 +863,8 @@ pub unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut IbvRecvWr,
 ) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(q) = (unsafe { obj(qp.cast::<QpObj>()) }) else {
-            return libc::EINVAL;
+        let Some(q) = QpObj::get(qp).and_then(|q| q.s.qp()) else {
+            return err_ret(libc::EINVAL);
         };
         let mut ptrs: Vec<*mut IbvRecvWr> = Vec::new();
         let mut wrs = Vec::new();
@@ -848,7 +885,7 @@ pub unsafe extern "C" fn post_recv(
         if wrs.is_empty() {
             return 0;
         }
-        match q.qp.post_recv_list(wrs) {
+        match q.post_recv_list(wrs) {
             Ok(()) => 0,
             Err(e) => {
                 if let Some(&p) = ptrs.get(e.index) {
@@ -889,30 +926,42 @@ pub fn cap_to_c(c: &QpCap) -> IbvQpCap {
     }
 }
 
-/// The new `struct ibv_qp` of `qp`, on `pd`, from `attr` (capabilities written back
-/// into `attr`).
+/// The new published `struct ibv_qp` of `qp`, on `pd`, with the CQs `send_cq` and
+/// `recv_cq`, from `attr` (capabilities written back into `attr`).
 pub(crate) fn qp_obj(
     qp: Arc<sw::Qp>,
-    pd: *mut IbvPd,
-    attr: *mut IbvQpInitAttr,
+    pd: Arc<PdObj>,
+    attr: &mut IbvQpInitAttr,
     id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
-    context: *mut IbvContext,
+    cqs: [Arc<CqObj>; 2],
 ) -> *mut IbvQp {
-    // SAFETY: contract 3 (checked non-NULL by the caller).
-    let a = unsafe { &mut *attr };
     let cap = qp.query_qp().cap;
-    a.cap = cap_to_c(&cap);
+    attr.cap = cap_to_c(&cap);
     let mut c: IbvQp = zeroed();
-    c.context = context;
-    c.qp_context = a.qp_context;
-    c.pd = pd;
-    c.send_cq = a.send_cq;
-    c.recv_cq = a.recv_cq;
+    c.context = pd.s.ctx.ptr();
+    c.qp_context = attr.qp_context;
+    c.pd = pd.ptr();
+    c.send_cq = cqs[0].ptr();
+    c.recv_cq = cqs[1].ptr();
     c.handle = next_handle();
     c.qp_num = qp.qp_num();
     c.state = IBV_QPS_INIT;
     c.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
-    into_raw(QpObj { c, qp, id, cap }).cast::<IbvQp>()
+    let qpn = qp.qp_num();
+    let [send_cq, recv_cq] = cqs;
+    let ctx = pd.s.ctx.clone();
+    let o = QpObj::new(
+        c,
+        QpObjState {
+            qp: Mutex::new(Some(qp)),
+            id: Mutex::new(id),
+            cap,
+            uses: Mutex::new(Some(QpUses::new(send_cq, recv_cq, pd))),
+            ctx,
+        },
+    );
+    soft_objects(|m| m.insert((SoftKind::Qp, qpn), o.addr()));
+    QpObj::publish(&o)
 }
 
 c_fn!("IBVERBS_1.1";
@@ -920,34 +969,42 @@ c_fn!("IBVERBS_1.1";
 /// connected by the RDMA CM: use `rdma_create_qp`).
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
-        // SAFETY: contract 1 and 3.
-        let (Some(p), Some(a)) = (unsafe { obj(pd.cast::<PdObj>()) }, unsafe { obj(attr) }) else {
+        // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
+        let (Some(p), Some(a)) = (PdObj::get(pd), unsafe { obj_mut(attr) }) else {
             return null_err(libc::EINVAL);
         };
         if a.qp_type != cxgb4::ffi::types::IBV_QPT_RC {
             return null_err(libc::EOPNOTSUPP);
         }
-        // SAFETY: contract 1.
-        let (Some(scq), Some(rcq)) = (unsafe { obj(a.send_cq.cast::<CqObj>()) }, unsafe {
-            obj(a.recv_cq.cast::<CqObj>())
-        }) else {
+        let Some((scq, rcq, soft_scq, soft_rcq)) = cq_pair(a) else {
             return null_err(libc::EINVAL);
         };
         let Some(s) = soft() else {
             return null_err(NO_DEVICE);
         };
         let init = sw::QpInitAttr {
-            send_cq: &scq.cq,
-            recv_cq: &rcq.cq,
+            send_cq: &soft_scq,
+            recv_cq: &soft_rcq,
             cap: cap_of(&a.cap),
             sq_sig_all: a.sq_sig_all != 0,
         };
-        match s.device.create_qp(&p.pd, init) {
-            Ok(qp) => qp_obj(Arc::new(qp), pd, attr, None, p.c.context),
+        match s.device.create_qp(&p.s.pd, init) {
+            Ok(qp) => qp_obj(Arc::new(qp), p, a, None, [scq, rcq]),
             Err(e) => null_err(e.errno()),
         }
     })
 });
+
+/// The live CQs of `attr` and their soft CQs.
+#[allow(clippy::type_complexity)]
+pub(crate) fn cq_pair(
+    attr: &IbvQpInitAttr,
+) -> Option<(Arc<CqObj>, Arc<CqObj>, Arc<sw::Cq>, Arc<sw::Cq>)> {
+    let scq = CqObj::get(attr.send_cq)?;
+    let rcq = CqObj::get(attr.recv_cq)?;
+    let (s, r) = (scq.s.cq()?, rcq.s.cq()?);
+    Some((scq, rcq, s, r))
+}
 
 /// The soft state of a C `enum ibv_qp_state`.
 fn qp_state(s: c_int) -> Option<QpState> {
@@ -957,11 +1014,14 @@ fn qp_state(s: c_int) -> Option<QpState> {
 c_fn!("IBVERBS_1.1";
 /// `ibv_modify_qp(3)`: the state (`IBV_QP_STATE`); on a QP of the RDMA CM only the move
 /// to Error is honoured (the CM drives the others on iWARP); other attributes are
-/// accepted and ignored.
+/// accepted and ignored. `EINVAL` if not a live QP.
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
     guard("ibv_modify_qp", libc::EIO, || {
-        // SAFETY: contract 1 and 3.
-        let (Some(q), Some(a)) = (unsafe { obj(qp.cast::<QpObj>()) }, unsafe { obj(attr) }) else {
+        // SAFETY: contract 3.
+        let (Some(q), Some(a)) = (QpObj::get(qp), unsafe { obj(attr) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        let Some(soft_qp) = q.s.qp() else {
             return err_ret(libc::EINVAL);
         };
         if attr_mask & IBV_QP_STATE == 0 {
@@ -970,10 +1030,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
         let Some(to) = qp_state(a.qp_state) else {
             return err_ret(libc::EINVAL);
         };
-        if q.id.is_some() && to != QpState::Error {
+        if lock(&q.s.id).is_some() && to != QpState::Error {
             return 0;
         }
-        match q.qp.modify_state(to) {
+        match soft_qp.modify_state(to) {
             Ok(()) => 0,
             Err(e) => err_ret(e.errno()),
         }
@@ -981,14 +1041,17 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_query_qp(3)`: state, capabilities, ORD/IRD, access flags.
+/// `ibv_query_qp(3)`: state, capabilities, ORD/IRD, access flags; `EINVAL` if not a
+/// live QP.
 pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _attr_mask: c_int, init_attr: *mut IbvQpInitAttr) -> c_int {
     guard("ibv_query_qp", libc::EIO, || {
-        // SAFETY: contract 1.
-        let Some(q) = (unsafe { obj(qp.cast::<QpObj>()) }) else {
+        let Some(q) = QpObj::get(qp) else {
             return err_ret(libc::EINVAL);
         };
-        let qa = q.qp.query_qp();
+        let Some(soft_qp) = q.s.qp() else {
+            return err_ret(libc::EINVAL);
+        };
+        let qa = soft_qp.query_qp();
         let mut a: IbvQpAttr = zeroed();
         a.qp_state = qa.state as c_int;
         a.cur_qp_state = a.qp_state;
@@ -999,9 +1062,11 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _att
         a.max_dest_rd_atomic = u8::try_from(qa.ird).unwrap_or(u8::MAX);
         a.port_num = 1;
         let mut i: IbvQpInitAttr = zeroed_init();
-        i.qp_context = q.c.qp_context;
-        i.send_cq = q.c.send_cq;
-        i.recv_cq = q.c.recv_cq;
+        q.with_c(|c| {
+            i.qp_context = c.qp_context;
+            i.send_cq = c.send_cq;
+            i.recv_cq = c.recv_cq;
+        });
         i.cap = a.cap;
         i.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
         i.sq_sig_all = c_int::from(qa.sq_sig_all);
@@ -1026,41 +1091,46 @@ fn zeroed_init() -> IbvQpInitAttr {
     }
 }
 
-/// Destroys the QP object at `qp` (both `ibv_destroy_qp` and `rdma_destroy_qp`): the
-/// CM's hold first (its id moves the QP to Error), then ours, waiting for the flush
-/// when ours is the last handle.
-///
-/// # Safety
-///
-/// Contract 1 and 2 for `qp` (non-NULL).
-pub unsafe fn destroy_qp_obj(qp: *mut IbvQp) -> c_int {
-    // SAFETY: the caller's contract.
-    let q = unsafe { from_raw(qp.cast::<QpObj>()) };
-    let QpObj { qp, id, .. } = *q;
-    if let Some(id) = id {
+/// Destroys the QP object `q`, already taken out of the live handles (both
+/// `ibv_destroy_qp` and `rdma_destroy_qp`): the CM's hold first (its id moves the QP to
+/// Error), then ours, waiting for the flush when ours is the last handle; then its CQs
+/// and PD are free of it, and its struct goes to the graveyard.
+pub(crate) fn destroy_qp_obj(q: Arc<QpObj>) -> c_int {
+    if let Some(id) = lock(&q.s.id).take() {
         id.destroy_qp();
     }
-    match Arc::try_unwrap(qp) {
-        Ok(qp) => match qp.destroy() {
-            Ok(()) => 0,
-            Err(e) => e.errno(),
-        },
-        Err(shared) => {
+    let qp = lock(&q.s.qp).take();
+    let r = match qp.map(Arc::try_unwrap) {
+        Some(Ok(qp)) => {
+            let qpn = qp.qp_num();
+            soft_objects(|m| m.remove(&(SoftKind::Qp, qpn)));
+            match qp.destroy() {
+                Ok(()) => 0,
+                Err(e) => e.errno(),
+            }
+        }
+        Some(Err(shared)) => {
+            soft_objects(|m| m.remove(&(SoftKind::Qp, shared.qp_num())));
             let _ = shared.modify_state(QpState::Error);
             0
         }
-    }
+        None => 0,
+    };
+    drop(lock(&q.s.uses).take());
+    forget_async_events(&q.s.ctx, q.addr());
+    QpObj::bury(q);
+    r
 }
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_destroy_qp(3)` (rping destroys its CM-made QP this way, even after its id).
+/// `ibv_destroy_qp(3)` (rping destroys its CM-made QP this way, even after its id);
+/// `EINVAL` if not a live QP.
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
-        if qp.is_null() {
+        let Some(q) = QpObj::take(qp) else {
             return err_ret(libc::EINVAL);
-        }
-        // SAFETY: contract 1 and 2.
-        let r = unsafe { destroy_qp_obj(qp) };
+        };
+        let r = destroy_qp_obj(q);
         if r != 0 {
             set_errno(r);
         }
@@ -1070,40 +1140,208 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
 
 // ------------------------------------------------------------------ async events
 
-c_fn!("IBVERBS_1.1";
-/// `ibv_get_async_event(3)`: the soft device reports its errors as error completions
-/// and CM events, so no asynchronous event ever comes: this blocks on the context's
-/// `async_fd` (an eventfd never signalled), or fails with `EAGAIN` if the application
-/// made that fd `O_NONBLOCK` (as it would with rdma-core when none is pending).
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, _event: *mut c_void) -> c_int {
-    guard("ibv_get_async_event", -1, || {
-        // SAFETY: contract 1.
-        let Some(c) = (unsafe { obj(context) }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        let fd = c.async_fd;
-        if crate::boundary::is_nonblocking(fd) {
-            set_errno(libc::EAGAIN);
-            return -1;
+/// The kinds of soft objects an asynchronous event names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum SoftKind {
+    /// A CQ, by its soft handle.
+    Cq,
+    /// A QP, by its number.
+    Qp,
+}
+
+/// Runs `f` on the map from the soft objects' handles and numbers to ours.
+fn soft_objects<R>(f: impl FnOnce(&mut HashMap<(SoftKind, u32), usize>) -> R) -> R {
+    static M: OnceLock<Mutex<HashMap<(SoftKind, u32), usize>>> = OnceLock::new();
+    f(&mut lock(M.get_or_init(Default::default)))
+}
+
+/// The open contexts (port and device events go to each).
+fn contexts() -> &'static Mutex<Vec<Weak<CtxObj>>> {
+    static C: OnceLock<Mutex<Vec<Weak<CtxObj>>>> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
+/// Events a context keeps for `ibv_get_async_event` at most (the oldest go first: the
+/// context of CM ids may have no reader at all).
+pub const ASYNC_QUEUE: usize = 1024;
+
+/// Starts, once, the thread that moves the device's asynchronous events
+/// (`softiwarp::Device::next_async_event`) to the contexts of the objects they name.
+pub fn start_async_events() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("softiwarp-async".into())
+            .spawn(|| loop {
+                let Some(s) = soft() else { return };
+                let t0 = Instant::now();
+                match s.device.next_async_event(Duration::from_secs(1)) {
+                    Some(ev) => deliver_async_event(ev),
+                    // The device ended and every event was taken: nothing more comes.
+                    None if t0.elapsed() < Duration::from_millis(500) => return,
+                    None => {}
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("libsoftiwarp: no asynchronous events: {e}");
         }
-        match crate::boundary::wait_readable(fd) {
-            // Never signalled; should it be, there is still no event to report.
-            Ok(()) => {
-                set_errno(libc::EIO);
-                -1
+    });
+}
+
+/// Queues `ev` on the context of the object it names (every open context for port and
+/// device events); events of objects already destroyed are dropped.
+fn deliver_async_event(ev: AsyncEvent) {
+    let event_type = ev.event_type().to_ibv();
+    let named = |kind, n| soft_objects(|m| m.get(&(kind, n)).copied());
+    let target = match ev {
+        AsyncEvent::CqErr { cq } => named(SoftKind::Cq, cq)
+            .and_then(|a| CqObj::get(a as *const IbvCq))
+            .map(|c| (c.s.ctx.clone(), c.addr())),
+        AsyncEvent::QpFatal { qp_num }
+        | AsyncEvent::QpReqErr { qp_num }
+        | AsyncEvent::QpAccessErr { qp_num }
+        | AsyncEvent::CommEst { qp_num }
+        | AsyncEvent::SqDrained { qp_num }
+        | AsyncEvent::QpLastWqeReached { qp_num } => named(SoftKind::Qp, qp_num)
+            .and_then(|a| QpObj::get(a as *const IbvQp))
+            .map(|q| (q.s.ctx.clone(), q.addr())),
+        AsyncEvent::PortActive { port } | AsyncEvent::PortErr { port } => {
+            return to_every_context(AsyncItem {
+                event_type,
+                element: usize::from(port),
+            })
+        }
+        _ => {
+            return to_every_context(AsyncItem {
+                event_type,
+                element: 0,
+            })
+        }
+    };
+    if let Some((ctx, element)) = target {
+        if let Some(q) = lock(&ctx.s.events).clone() {
+            q.push_bounded(
+                AsyncItem {
+                    event_type,
+                    element,
+                },
+                ASYNC_QUEUE,
+            );
+        }
+    }
+}
+
+fn to_every_context(item: AsyncItem) {
+    let ctxs: Vec<Arc<CtxObj>> = {
+        let mut c = lock(contexts());
+        c.retain(|w| w.strong_count() > 0);
+        c.iter().filter_map(Weak::upgrade).collect()
+    };
+    for ctx in ctxs {
+        if let Some(q) = lock(&ctx.s.events).clone() {
+            q.push_bounded(item, ASYNC_QUEUE);
+        }
+    }
+}
+
+/// Records a new context for port and device events.
+pub fn add_context(ctx: &Arc<CtxObj>) {
+    lock(contexts()).push(Arc::downgrade(ctx));
+}
+
+/// Drops the queued asynchronous events of the object at `addr` (being destroyed).
+fn forget_async_events(ctx: &CtxObj, addr: usize) {
+    if let Some(q) = lock(&ctx.s.events).clone() {
+        q.retain(|i| !(i.element == addr && names_object(i.event_type)));
+    }
+}
+
+/// True for the event types whose element is a CQ or QP (not a port number).
+fn names_object(event_type: u32) -> bool {
+    !matches!(
+        verbs::AsyncEventType::from_ibv(event_type),
+        Some(
+            verbs::AsyncEventType::PortActive
+                | verbs::AsyncEventType::PortErr
+                | verbs::AsyncEventType::DeviceFatal
+        )
+    )
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_get_async_event(3)`: the next asynchronous event of the context's objects (a CQ
+/// overrun `IBV_EVENT_CQ_ERR` with `element.cq`, a QP that went to Error
+/// `IBV_EVENT_QP_FATAL` / `_REQ_ERR` / `_ACCESS_ERR` with `element.qp`, ...), blocking
+/// until one comes (`EAGAIN` at once if `async_fd` is `O_NONBLOCK`); -1 with `EINVAL`
+/// for a context that is not open. `async_fd` is readable exactly while an event waits.
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, event: *mut IbvAsyncEvent) -> c_int {
+    guard("ibv_get_async_event", -1, || {
+        let Some(q) = CtxObj::get(context).and_then(|c| lock(&c.s.events).clone()) else {
+            return minus_one(libc::EINVAL);
+        };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let fd = q.raw_fd();
+        loop {
+            if let Some(item) = q.pop() {
+                let e = IbvAsyncEvent {
+                    element: item.element as *mut c_void,
+                    event_type: item.event_type,
+                };
+                count_async_event(&item, 1);
+                // SAFETY: contract 3.
+                unsafe { write_out(event, e) };
+                return 0;
             }
-            Err(e) => {
-                set_errno(e);
-                -1
+            if crate::boundary::is_nonblocking(fd) {
+                return minus_one(libc::EAGAIN);
+            }
+            if let Err(e) = crate::boundary::wait_readable(fd) {
+                return minus_one(e);
             }
         }
     })
 });
 
+/// Adds `delta` to the count of unacknowledged asynchronous events of the context of
+/// the object `item` names (nothing for port and device events, or a destroyed object).
+fn count_async_event(item: &AsyncItem, delta: isize) {
+    let ctx = if !names_object(item.event_type) {
+        None
+    } else if item.event_type == verbs::AsyncEventType::CqErr.to_ibv() {
+        CqObj::get(item.element as *const IbvCq).map(|c| c.s.ctx.clone())
+    } else {
+        QpObj::get(item.element as *const IbvQp).map(|q| q.s.ctx.clone())
+    };
+    if let Some(ctx) = ctx {
+        let u = &ctx.s.unacked;
+        if delta > 0 {
+            u.fetch_add(delta.unsigned_abs(), Ordering::AcqRel);
+        } else {
+            let _ = u.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(delta.unsigned_abs()))
+            });
+        }
+    }
+}
+
 c_fn!("IBVERBS_1.1";
-/// `ibv_ack_async_event(3)`: nothing to release.
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut c_void) {});
+/// `ibv_ack_async_event(3)`: counts the event acknowledged. Destroying its CQ or QP
+/// does not wait for the acknowledgement (see README: the event's element stays a
+/// readable, dead handle).
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut IbvAsyncEvent) {
+    guard("ibv_ack_async_event", (), || {
+        // SAFETY: contract 3: NULL or the event ibv_get_async_event filled.
+        if let Some(e) = unsafe { obj(event) } {
+            let item = AsyncItem {
+                event_type: e.event_type,
+                element: e.element as usize,
+            };
+            count_async_event(&item, -1);
+        }
+    })
+});
 
 // ------------------------------------------------------------------ strings, fork
 

@@ -15,6 +15,7 @@
 //! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno` |
 //! | [`abi`] | C layouts beyond `cxgb4::ffi::types`, enum values |
 //! | [`device`] | the process's soft device from `SOFTIWARP_DEVICE`, its RDMA CM |
+//! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
 //! | [`objects`] | the Rust objects behind the C pointers |
 //! | [`ibv`] | libibverbs entry points and the context's data-path ops |
 //! | [`cm`] | librdmacm entry points |
@@ -27,6 +28,7 @@ pub mod abi;
 pub mod boundary;
 pub mod cm;
 pub mod device;
+pub mod handles;
 pub mod ibv;
 pub mod maps;
 pub mod objects;

@@ -1,20 +1,24 @@
-//! The objects behind the C pointers: each a `#[repr(C)]` struct whose first field is
-//! the C struct the application reads, followed by the soft device's object. Safe code:
-//! the pointer steps are in [`crate::boundary`].
+//! The objects behind the C pointers: each an [`Obj`] of the C struct the application
+//! reads and our state, registered as a live handle (`crate::handles`). Safe code:
+//! the pointer steps are in [`crate::boundary`] and [`crate::handles`].
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::Wake;
+use std::thread::ThreadId;
 
 use cxgb4::ffi::types::{
-    IbvCompChannel, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc, RdmaCmEvent, RdmaCmId, RdmaEventChannel,
+    IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc, RdmaCmEvent, RdmaCmId,
+    RdmaEventChannel,
 };
 use rdma_cm::{ChannelEvent, CmId, CmIdRef, EventChannel, EventStream};
 use sw::cm::rdmacm::SoftDevice;
 use sw::{Cq, Mr, Pd, Qp};
 use verbs::{QpCap, WorkCompletion};
+
+pub use crate::handles::Obj;
 
 use crate::boundary::{read_eventfd, signal_eventfd};
 
@@ -24,74 +28,137 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// `struct ibv_pd`.
-#[repr(C)]
-pub struct PdObj {
-    /// C view.
-    pub c: IbvPd,
-    /// The soft PD.
-    pub pd: Pd,
+/// Waits on `cv`, ignoring poisoning.
+pub fn wait<'a, T>(cv: &Condvar, g: std::sync::MutexGuard<'a, T>) -> std::sync::MutexGuard<'a, T> {
+    cv.wait(g).unwrap_or_else(PoisonError::into_inner)
 }
 
-/// `struct ibv_mr` over the application's memory.
-#[repr(C)]
-pub struct MrObj {
-    /// C view.
-    pub c: IbvMr,
-    /// The soft MR (its memory is the application's).
-    pub mr: Mr,
-}
-
-/// The queue and fd of a completion channel, shared with the CQs' notifiers.
-pub struct CompShared {
-    /// The channel's fd: readable exactly while `queue` is not empty.
+/// A queue and an eventfd readable exactly while the queue is not empty (a completion
+/// channel's fd, a context's `async_fd`).
+pub struct FdQueue<T> {
+    /// The fd.
     pub fd: OwnedFd,
-    /// CQs (addresses of [`CqObj`]) with a completion event not yet taken.
-    pub queue: Mutex<VecDeque<usize>>,
-    /// CQs created on the channel and not destroyed (`ibv_destroy_comp_channel` is
-    /// `EBUSY` while any remain).
-    pub cqs: std::sync::atomic::AtomicUsize,
+    /// The queue.
+    pub queue: Mutex<VecDeque<T>>,
 }
 
-impl CompShared {
-    /// Queues an event of `cq` (under the queue lock, `fire` decides).
-    fn push(&self, q: &mut VecDeque<usize>, cq: usize) {
+impl<T> FdQueue<T> {
+    /// An empty queue on `fd` (an eventfd at 0).
+    pub fn new(fd: OwnedFd) -> Self {
+        FdQueue {
+            fd,
+            queue: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Appends `item` to the locked queue `q` (of this `FdQueue`).
+    pub fn push_locked(&self, q: &mut VecDeque<T>, item: T) {
         if q.is_empty() {
             signal_eventfd(self.fd.as_raw_fd());
         }
-        q.push_back(cq);
+        q.push_back(item);
     }
 
-    /// Takes the oldest event, keeping the fd readable exactly while more remain.
-    pub fn pop(&self) -> Option<usize> {
+    /// Appends `item`, dropping the oldest beyond `bound` items.
+    pub fn push_bounded(&self, item: T, bound: usize) {
         let mut q = lock(&self.queue);
-        let cq = q.pop_front()?;
+        self.push_locked(&mut q, item);
+        while q.len() > bound {
+            q.pop_front();
+        }
+    }
+
+    /// Takes the oldest item, keeping the fd readable exactly while more remain.
+    pub fn pop(&self) -> Option<T> {
+        let mut q = lock(&self.queue);
+        let item = q.pop_front()?;
         if q.is_empty() {
             // The counter is non-zero (signalled when the queue became non-empty).
             let _ = read_eventfd(self.fd.as_raw_fd());
         }
-        Some(cq)
+        Some(item)
     }
 
-    /// Drops the queued events of `cq` (destroyed).
-    pub fn forget(&self, cq: usize) {
+    /// Keeps only the items `keep` accepts.
+    pub fn retain(&self, keep: impl FnMut(&T) -> bool) {
         let mut q = lock(&self.queue);
         let had = !q.is_empty();
-        q.retain(|&c| c != cq);
+        q.retain(keep);
         if had && q.is_empty() {
             let _ = read_eventfd(self.fd.as_raw_fd());
         }
     }
+
+    /// The raw fd.
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// An asynchronous event waiting in a context (`struct ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncItem {
+    /// `event_type`.
+    pub event_type: u32,
+    /// `element`: the CQ's or QP's handle, or the port number.
+    pub element: usize,
+}
+
+/// Our side of `struct ibv_context`.
+pub struct CtxState {
+    /// The asynchronous events (`async_fd` is its fd), until the context is closed.
+    pub events: Mutex<Option<Arc<FdQueue<AsyncItem>>>>,
+    /// The context of CM ids (`id->verbs`): never closed.
+    pub cm: bool,
+    /// Async events handed out by `ibv_get_async_event` and not yet acknowledged.
+    pub unacked: AtomicUsize,
+}
+
+/// `struct ibv_context`.
+pub type CtxObj = Obj<IbvContext, CtxState>;
+
+/// Our side of `struct ibv_pd`.
+pub struct PdState {
+    /// The soft PD.
+    pub pd: Pd,
+    /// Its context (kept readable as long as the PD's struct is).
+    pub ctx: Arc<CtxObj>,
+}
+
+/// `struct ibv_pd`.
+pub type PdObj = Obj<IbvPd, PdState>;
+
+/// Our side of `struct ibv_mr` over the application's memory.
+pub struct MrState {
+    /// The soft MR (its memory is the application's).
+    pub mr: Mr,
+    /// Its context.
+    pub ctx: Arc<CtxObj>,
+}
+
+/// `struct ibv_mr`.
+pub type MrObj = Obj<IbvMr, MrState>;
+
+/// The queue and fd of a completion channel, shared with the CQs' notifiers.
+pub struct CompShared {
+    /// CQ handles with a completion event not yet taken; the fd is readable exactly
+    /// while it is not empty.
+    pub q: FdQueue<usize>,
+    /// CQs created on the channel and not destroyed (`ibv_destroy_comp_channel` is
+    /// `EBUSY` while any remain).
+    pub cqs: AtomicUsize,
+}
+
+/// Our side of `struct ibv_comp_channel`.
+pub struct CompChanState {
+    /// Queue and fd (taken, and the fd closed, when the channel is destroyed).
+    pub shared: Mutex<Option<Arc<CompShared>>>,
+    /// Its context.
+    pub ctx: Arc<CtxObj>,
 }
 
 /// `struct ibv_comp_channel`.
-#[repr(C)]
-pub struct CompChan {
-    /// C view (`fd` is `shared.fd`).
-    pub c: IbvCompChannel,
-    /// Queue and fd.
-    pub shared: Arc<CompShared>,
-}
+pub type CompChanObj = Obj<IbvCompChannel, CompChanState>;
 
 /// The completion-event arm of one CQ (`ibv_req_notify_cq`): registered as a waker of
 /// the soft CQ, it queues one event on the channel when a completion arrives while
@@ -101,26 +168,26 @@ pub struct Notify {
     pub armed: AtomicBool,
     /// The channel.
     pub chan: Arc<CompShared>,
-    /// The CQ's address (what `ibv_get_cq_event` returns).
+    /// The CQ's handle (what `ibv_get_cq_event` returns).
     pub cq: usize,
 }
 
 impl Notify {
     /// Queues the event if armed (one event per arm, as the verbs rule).
     pub fn fire(&self) {
-        let mut q = lock(&self.chan.queue);
+        let mut q = lock(&self.chan.q.queue);
         if self.armed.swap(false, Ordering::AcqRel) {
-            self.chan.push(&mut q, self.cq);
+            self.chan.q.push_locked(&mut q, self.cq);
         }
     }
 
     /// Disarms for good and drops queued events (the CQ is being destroyed).
     pub fn retire(&self) {
         {
-            let _q = lock(&self.chan.queue);
+            let _q = lock(&self.chan.q.queue);
             self.armed.store(false, Ordering::Release);
         }
-        self.chan.forget(self.cq);
+        self.chan.q.retain(|&c| c != self.cq);
     }
 }
 
@@ -134,33 +201,90 @@ impl Wake for Notify {
     }
 }
 
-/// `struct ibv_cq`.
-#[repr(C)]
-pub struct CqObj {
-    /// C view.
-    pub c: IbvCq,
-    /// The soft CQ.
-    pub cq: Cq,
-    /// Its completion-event arm, if it has a channel.
-    pub notify: Option<Arc<Notify>>,
+/// Our side of `struct ibv_cq`.
+pub struct CqState {
+    /// The soft CQ (taken when destroyed: a destroyed CQ's struct stays in the
+    /// graveyard, its queue does not).
+    pub cq: Mutex<Option<Arc<Cq>>>,
+    /// Its completion-event arm, if it has a channel (taken when destroyed: it holds
+    /// the channel's fd).
+    pub notify: Mutex<Option<Arc<Notify>>>,
     /// Events handed out by `ibv_get_cq_event`.
     pub events: AtomicU32,
     /// Events acknowledged (`ibv_ack_cq_events`).
     pub acked: AtomicU32,
+    /// QPs (of ours, not destroyed) that use the CQ: `ibv_destroy_cq` is `EBUSY` at once
+    /// while any remain.
+    pub qps: AtomicUsize,
+    /// `cq_context` as created (returned by `ibv_get_cq_event`).
+    pub cq_context: usize,
+    /// Its context.
+    pub ctx: Arc<CtxObj>,
 }
 
-/// `struct ibv_qp` (RC).
-#[repr(C)]
-pub struct QpObj {
-    /// C view.
-    pub c: IbvQp,
-    /// The soft QP.
-    pub qp: Arc<Qp>,
+impl CqState {
+    /// The soft CQ, unless destroyed.
+    pub fn cq(&self) -> Option<Arc<Cq>> {
+        lock(&self.cq).clone()
+    }
+}
+
+/// `struct ibv_cq`.
+pub type CqObj = Obj<IbvCq, CqState>;
+
+/// One QP's use of its CQs and PD (the C-level counts); dropped when the QP is
+/// destroyed.
+pub struct QpUses {
+    /// Send and receive CQ.
+    pub cqs: [Arc<CqObj>; 2],
+    /// The PD.
+    pub pd: Arc<PdObj>,
+}
+
+impl QpUses {
+    /// Counts the QP on its CQs.
+    pub fn new(send_cq: Arc<CqObj>, recv_cq: Arc<CqObj>, pd: Arc<PdObj>) -> QpUses {
+        for c in [&send_cq, &recv_cq] {
+            c.s.qps.fetch_add(1, Ordering::AcqRel);
+        }
+        QpUses {
+            cqs: [send_cq, recv_cq],
+            pd,
+        }
+    }
+}
+
+impl Drop for QpUses {
+    fn drop(&mut self) {
+        for c in &self.cqs {
+            c.s.qps.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Our side of `struct ibv_qp` (RC).
+pub struct QpState {
+    /// The soft QP (taken when destroyed).
+    pub qp: Mutex<Option<Arc<Qp>>>,
     /// The CM id that made it (`rdma_create_qp`), which destroys it.
-    pub id: Option<CmIdRef<SoftDevice>>,
+    pub id: Mutex<Option<CmIdRef<SoftDevice>>>,
     /// Capabilities granted.
     pub cap: QpCap,
+    /// Its CQs and PD, until destroyed.
+    pub uses: Mutex<Option<QpUses>>,
+    /// Its context.
+    pub ctx: Arc<CtxObj>,
 }
+
+impl QpState {
+    /// The soft QP, unless destroyed.
+    pub fn qp(&self) -> Option<Arc<Qp>> {
+        lock(&self.qp).clone()
+    }
+}
+
+/// `struct ibv_qp`.
+pub type QpObj = Obj<IbvQp, QpState>;
 
 /// What a CQ poll fills per call before copying out, WCs.
 pub const POLL_CHUNK: usize = 32;
@@ -183,23 +307,23 @@ pub fn to_ibv_wc(wc: &WorkCompletion) -> IbvWc {
     w
 }
 
-/// `struct rdma_event_channel`: the fd is readable exactly while an event can be taken.
-#[repr(C)]
-pub struct ChanObj {
-    /// C view.
-    pub c: RdmaEventChannel,
-    /// The channel; a call blocked on it holds its own reference, so
-    /// `rdma_destroy_event_channel` under a blocked `rdma_get_cm_event` (rping does this
-    /// at exit) frees nothing that thread still uses.
-    pub shared: Arc<ChanShared>,
+/// Our side of `struct rdma_event_channel`.
+pub struct ChanState {
+    /// The channel's state, until destroyed; ids on the channel hold it too (a channel
+    /// destroyed under live ids, which librdmacm allows, stays usable by them).
+    pub shared: Mutex<Option<Arc<ChanShared>>>,
 }
+
+/// `struct rdma_event_channel`: the fd is readable exactly while an event can be taken.
+pub type ChanObj = Obj<RdmaEventChannel, ChanState>;
 
 /// The state of an event channel.
 pub struct ChanShared {
     /// The rdma-cm channel.
     pub ch: EventChannel<SoftDevice>,
-    /// Events taken from the channel and not yet returned, and the stream they come
-    /// from (its waker signals the fd).
+    /// The stream of its events (whose waker signals the fd), and the events the
+    /// stream handed out that no `rdma_get_cm_event` has returned yet (rare: an event
+    /// that arrived while the fd's state was being restored).
     pub state: Mutex<(EventStream<SoftDevice>, VecDeque<ChannelEvent<SoftDevice>>)>,
     /// Signals the fd when an event is queued.
     pub waker: Arc<FdWaker>,
@@ -222,13 +346,16 @@ impl Wake for FdWaker {
 }
 
 impl ChanShared {
-    /// Restores the fd rule after the stash changed: with events stashed the fd is
-    /// readable; with none, the fd is drained first and then the stream polled, so an
-    /// event queued after the poll signals the fd through the waker (no wake-up lost).
+    /// Restores the fd rule: readable exactly while an event can be taken. With events
+    /// stashed, or queued on the channel, the fd is signalled; with none, it is drained
+    /// and the stream polled, so that an event queued after the poll signals the fd
+    /// through the waker (no wake-up lost). An event the poll hands out then is stashed
+    /// (it counts as held by this thread, where `rdma_get_cm_event` would have taken
+    /// it from the channel on its caller's thread).
     pub fn refill(&self, st: &mut (EventStream<SoftDevice>, VecDeque<ChannelEvent<SoftDevice>>)) {
         use futures_core::Stream;
         let fd = self.waker.fd.as_raw_fd();
-        if !st.1.is_empty() {
+        if !st.1.is_empty() || self.ch.queued() > 0 {
             signal_eventfd(fd);
             return;
         }
@@ -240,38 +367,67 @@ impl ChanShared {
             signal_eventfd(fd);
         }
     }
+
+    /// The next event: stashed first, then taken from the channel on this thread.
+    pub fn take(&self) -> Option<ChannelEvent<SoftDevice>> {
+        let mut st = lock(&self.state);
+        let ev = st.1.pop_front().or_else(|| self.ch.try_get_event());
+        self.refill(&mut st);
+        ev
+    }
 }
 
-/// `struct rdma_cm_id`.
-#[repr(C)]
-pub struct IdObj {
-    /// C view.
-    pub c: RdmaCmId,
-    /// The rdma-cm id (taken when destroyed).
+/// Our side of `struct rdma_cm_id`.
+pub struct IdState {
+    /// The rdma-cm id (taken while being destroyed, and when destroyed).
     pub id: Mutex<Option<CmId<SoftDevice>>>,
-    /// Its serial (the registry key).
+    /// Its serial (the key of its events).
     pub serial: u64,
-    /// The channel (`ChanObj` address).
-    pub chan: usize,
-    /// The channel was made for this id (`rdma_create_id` with a NULL channel).
-    pub own_chan: bool,
+    /// The channel's state (taken when destroyed: it holds the channel's fd).
+    pub chan: Mutex<Option<Arc<ChanShared>>>,
+    /// The channel object, if it was made for this id (`rdma_create_id` with a NULL
+    /// channel): destroyed with the id.
+    pub own_chan: Option<Arc<ChanObj>>,
     /// For the new id of a request: the peer's ORD and IRD (what `rdma_accept` with a
     /// NULL `conn_param` mirrors).
     pub request: (u16, u16),
+    /// Serializes the Rust side's reads and writes of the id's C view.
+    pub c_lock: Mutex<()>,
+    /// The threads holding events of the id handed out by `rdma_get_cm_event` and not
+    /// yet acked, one entry per event (librdmacm's rule: a `CONNECT_REQUEST` counts
+    /// against its listener).
+    pub held: Mutex<Vec<ThreadId>>,
+    /// Signalled when an event of the id is acked.
+    pub acked: Condvar,
 }
 
-impl IdObj {
+impl IdState {
+    /// The channel's state, unless destroyed.
+    pub fn chan(&self) -> Option<Arc<ChanShared>> {
+        lock(&self.chan).clone()
+    }
+
     /// A reference to the rdma-cm id, unless destroyed.
     pub fn id_ref(&self) -> Option<CmIdRef<SoftDevice>> {
         lock(&self.id).as_ref().map(|i| i.as_ref())
     }
 }
 
-/// `struct rdma_cm_event` and the event it stands for (acked when freed).
-#[repr(C)]
-pub struct EventObj {
-    /// C view; `param.conn.private_data` points into `ev`.
-    pub c: RdmaCmEvent,
-    /// The rdma-cm event.
-    pub ev: ChannelEvent<SoftDevice>,
+/// `struct rdma_cm_id`.
+pub type IdObj = Obj<RdmaCmId, IdState>;
+
+/// Our side of `struct rdma_cm_event` (the event is acked when dropped).
+pub struct EventState {
+    /// The rdma-cm event (`param.conn.private_data` points into it), until acked.
+    pub ev: Mutex<Option<ChannelEvent<SoftDevice>>>,
+    /// The id the event counts against (its listener for a connect request), whose
+    /// `held` lists this event.
+    pub owner: Arc<IdObj>,
+    /// `event->id` (kept readable while the event is).
+    pub id: Arc<IdObj>,
+    /// The thread that took it.
+    pub holder: ThreadId,
 }
+
+/// `struct rdma_cm_event`.
+pub type EventObj = Obj<RdmaCmEvent, EventState>;
