@@ -26,14 +26,15 @@
 //! table, outlive them), and the inline reaches our function, which finds the handle
 //! dead and returns `EINVAL`. The soft objects behind a destroyed handle are destroyed at
 //! once; what stays is the C struct and a small remainder of our state (a few hundred
-//! bytes; an `rdma_cm_id` is the largest at about 500).
+//! bytes; an `rdma_cm_id` is the largest at about 650).
 //!
 //! The graveyard holds the last [`GRAVEYARD`] destroyed handles (first in, first out),
-//! so its memory is bounded (well under 2 MiB). The trade-off: a handle used more
-//! than [`GRAVEYARD`] destroys after its own has been freed, and its address may then
-//! be reused by a new object of ours (the stale handle then names that object, as
-//! with rdma-core's freed pointers). Within the window, a stale handle is always
-//! `EINVAL`, and its address cannot be reused, because the memory is not freed.
+//! so its memory is bounded: about 2 MiB at most, counting the ids that buried events
+//! keep. The trade-off: a handle used more than [`GRAVEYARD`] destroys after its own
+//! has been freed, and its address may then be reused by a new object of ours (the
+//! stale handle then names that object, as with rdma-core's freed pointers). Within
+//! the window, a stale handle is always `EINVAL`, and its address cannot be reused,
+//! because the memory is not freed.
 //!
 //! # The C view
 //!
