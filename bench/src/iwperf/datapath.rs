@@ -391,27 +391,26 @@ impl<P: Provider> Side<P> {
 
     /// After a `DeviceRemoval` ended the run: polls the CQ until every WR this side
     /// posted has completed, successfully or flushed ([`WrCounts::outstanding`] is 0),
-    /// or until `limit` passes; returns the counts then. Every posted WR completes
-    /// exactly once (design.md section 5): a WR still outstanding is a lost one.
-    pub fn drain_after_removal(&self, limit: Duration) -> WrCounts {
+    /// or until `limit` passes; returns the counts then, and the poll's error if the
+    /// CQ failed (an overrun: its completions lost). Every posted WR completes exactly
+    /// once (design.md section 5): a WR still outstanding is a lost one.
+    pub fn drain_after_removal(&self, limit: Duration) -> (WrCounts, Option<String>) {
         let Some(cq) = self.cq.as_ref() else {
-            return self.ledger.counts();
+            return (self.ledger.counts(), None);
         };
         let deadline = Instant::now() + limit;
         let mut wcs = vec![WorkCompletion::new(0, WcStatus::Success, verbs::WcOpcode::Send, 0); 64];
         while self.ledger.counts().outstanding() > 0 && Instant::now() < deadline {
-            match poll_counted(cq, &mut wcs, &self.ledger) {
+            match cq.poll_into(&mut wcs) {
                 Ok(0) => {
+                    // A failed wait shows at the next poll.
                     let _ = cq.wait(Duration::from_millis(5));
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "poll CQ after the removal");
-                    break;
-                }
+                Ok(n) => self.ledger.completed(&wcs[..n]),
+                Err(e) => return (self.ledger.counts(), Some(format!("poll CQ: {e}"))),
             }
         }
-        self.ledger.counts()
+        (self.ledger.counts(), None)
     }
 
     /// The inline data asked for at QP creation: [`MAX_INLINE`], or less if the device
@@ -805,8 +804,10 @@ fn removed_err() -> IwperfError {
     IwperfError::DeviceRemoved("DeviceRemoval during the run".into())
 }
 
-fn poll_err(e: impl std::fmt::Display) -> IwperfError {
-    IwperfError::Connection(format!("poll CQ: {e}"))
+/// A failed poll (soft device: `CQ ... overflowed: N completions lost`) ends the run,
+/// with this side's WR counts so far.
+fn poll_err(e: impl std::fmt::Display, ledger: &WrLedger) -> IwperfError {
+    IwperfError::Connection(format!("poll CQ: {e}; WRs: {}", ledger.counts()))
 }
 
 /// Polls up to `wcs.len()` completions; any in error ends the run ([`wc_error`]).
@@ -829,7 +830,7 @@ fn poll_counted<C: CompletionQueue>(
     wcs: &mut [WorkCompletion],
     ledger: &WrLedger,
 ) -> Result<usize, IwperfError> {
-    let n = cq.poll_into(wcs).map_err(poll_err)?;
+    let n = cq.poll_into(wcs).map_err(|e| poll_err(e, ledger))?;
     ledger.completed(&wcs[..n]);
     Ok(n)
 }

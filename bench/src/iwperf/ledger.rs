@@ -54,6 +54,22 @@ impl WrCounts {
     }
 }
 
+impl std::fmt::Display for WrCounts {
+    /// `S sends (U unsignaled) and R receives posted, C completed, F flushed, E in error`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} sends ({} unsignaled) and {} receives posted, {} completed, {} flushed, {} in error",
+            self.sends_signaled + self.sends_unsignaled,
+            self.sends_unsignaled,
+            self.recvs,
+            self.completed,
+            self.flushed,
+            self.errors
+        )
+    }
+}
+
 impl WrLedger {
     /// `signaled` and `unsignaled` send-queue WRs were posted.
     pub fn posted_sends(&self, signaled: u64, unsignaled: u64) {

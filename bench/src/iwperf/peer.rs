@@ -214,7 +214,7 @@ pub struct ServerSummary {
 /// `removal`, and one line on stderr). The rules it shows: exactly one `DeviceRemoval`
 /// per live id, and every posted WR completes, successfully or flushed (design.md
 /// section 5; librdmacm's `RDMA_CM_EVENT_DEVICE_REMOVAL`, rdma_get_cm_event(3)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemovalReport {
     /// `DeviceRemoval` events received.
     pub events: usize,
@@ -228,25 +228,23 @@ pub struct RemovalReport {
     pub wrs: WrCounts,
     /// Signaled WRs never completed ([`WrCounts::outstanding`]; 0 when none was lost).
     pub outstanding: u64,
+    /// Why the CQ could not be drained, if it failed (an overrun: the completions
+    /// lost, which are among the outstanding ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cq_error: Option<String>,
 }
 
 impl std::fmt::Display for RemovalReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let w = &self.wrs;
         write!(
             f,
-            "DeviceRemoval: {} events for {} ids ({} live); WRs: {} sends ({} unsignaled) and {} receives posted, {} completed, {} flushed, {} in error, {} outstanding",
-            self.events,
-            self.ids,
-            self.live_ids,
-            w.sends_signaled + w.sends_unsignaled,
-            w.sends_unsignaled,
-            w.recvs,
-            w.completed,
-            w.flushed,
-            w.errors,
-            self.outstanding
-        )
+            "DeviceRemoval: {} events for {} ids ({} live); WRs: {}, {} outstanding",
+            self.events, self.ids, self.live_ids, self.wrs, self.outstanding
+        )?;
+        match &self.cq_error {
+            Some(e) => write!(f, "; {e}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -290,7 +288,7 @@ fn teardown<P: Provider>(
     cm.close(conns);
     side.release();
     tracing::debug!(elapsed = ?t0.elapsed(), "ids and verbs objects destroyed");
-    let removal = drained.map(|(live_ids, wrs)| {
+    let removal = drained.map(|(live_ids, (wrs, cq_error))| {
         let (events, ids, most_per_id) = status.removals();
         RemovalReport {
             events,
@@ -299,6 +297,7 @@ fn teardown<P: Provider>(
             live_ids,
             wrs,
             outstanding: wrs.outstanding(),
+            cq_error,
         }
     });
     (disconnected, removal)
@@ -582,4 +581,44 @@ fn drive<P: Provider>(
         (report.disconnected, report.removal) = teardown(cm, conns, side, true, 0);
         err
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_removal_line_counts_every_wr_and_names_a_failed_cq() {
+        let mut r = RemovalReport {
+            events: 1,
+            ids: 1,
+            most_per_id: 1,
+            live_ids: 1,
+            wrs: WrCounts {
+                sends_signaled: 10,
+                sends_unsignaled: 2,
+                recvs: 16,
+                completed: 20,
+                flushed: 8,
+                errors: 0,
+            },
+            outstanding: 0,
+            cq_error: None,
+        };
+        assert_eq!(
+            r.to_string(),
+            "DeviceRemoval: 1 events for 1 ids (1 live); WRs: 12 sends (2 unsignaled) and 16 receives posted, 20 completed, 8 flushed, 0 in error, 0 outstanding"
+        );
+        // A CQ that overran while it was drained: said, with what the poll said.
+        r.outstanding = 3;
+        r.cq_error = Some("poll CQ: ibv_poll_cq: CQ 0x1 overflowed: 3 completions lost".into());
+        assert!(r.to_string().ends_with(
+            ", 3 outstanding; poll CQ: ibv_poll_cq: CQ 0x1 overflowed: 3 completions lost"
+        ));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["cq_error"], r.cq_error.clone().unwrap().as_str());
+        r.cq_error = None;
+        // Absent when the CQ drained, so earlier readers see the same object.
+        assert!(serde_json::to_value(&r).unwrap().get("cq_error").is_none());
+    }
 }
