@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use bench::iwperf::conn::{DeviceOptions, LinkChoice};
+use bench::iwperf::conn::DeviceOptions;
 use bench::iwperf::datapath::{RunLength, ServerLimits, Tuning};
 use bench::iwperf::peer::{run_client, run_server, ClientTest};
 use bench::iwperf::wire::{Mode, Op, TestParams};
@@ -21,21 +21,8 @@ const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 236, 0, 2);
 
 fn options(name: &str, link: MemoryLink, ip: Ipv4Addr) -> DeviceOptions {
     DeviceOptions {
-        name: name.into(),
-        link: LinkChoice::Memory(link),
-        ip,
-        prefix_len: 24,
-        mac: None,
-        crc: true,
-        markers: false,
-        mpa_rev: 2,
-        profile: Default::default(),
-        pcap: None,
-        engine_spin: Duration::ZERO,
         progress: softiwarp::ProgressMode::Engine,
-        tcp_buffer: 256 << 10,
-        offload: true,
-        first_fpdu_delay: Duration::ZERO,
+        ..DeviceOptions::memory(name, link, ip)
     }
 }
 

@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use bench::iwperf::conn::{DeviceOptions, LinkChoice, MpaProfile};
+use bench::iwperf::conn::{DeviceOptions, MpaProfile};
 use bench::iwperf::datapath::{RunLength, Tuning};
 use bench::iwperf::peer::{run_client, run_server, ClientTest};
 use bench::iwperf::wire::{Mode, Op, VerifyStatus};
@@ -28,21 +28,9 @@ fn options(
     mpa_rev: u8,
 ) -> DeviceOptions {
     DeviceOptions {
-        name: name.into(),
-        link: LinkChoice::Memory(link),
-        ip,
-        prefix_len: 24,
-        mac: None,
-        crc: true,
-        markers: false,
         mpa_rev,
         profile,
-        pcap: None,
-        engine_spin: Duration::ZERO,
-        progress: softiwarp::ProgressMode::Hybrid,
-        tcp_buffer: 256 << 10,
-        offload: true,
-        first_fpdu_delay: Duration::ZERO,
+        ..DeviceOptions::memory(name, link, ip)
     }
 }
 

@@ -94,6 +94,32 @@ pub struct DeviceOptions {
     pub first_fpdu_delay: Duration,
 }
 
+impl DeviceOptions {
+    /// A soft device named `name` at `ip`/24 on one end of an in-process memory link,
+    /// as the tests and the rootless demo open it: MPA rev 2 with CRC (siw's defaults),
+    /// no markers, application threads driving the device (`ProgressMode::Hybrid`),
+    /// 256 KiB TCP buffers, no capture, no engine spin, no first-FPDU delay.
+    pub fn memory(name: &str, link: MemoryLink, ip: Ipv4Addr) -> DeviceOptions {
+        DeviceOptions {
+            name: name.into(),
+            link: LinkChoice::Memory(link),
+            ip,
+            prefix_len: 24,
+            mac: None,
+            crc: true,
+            markers: false,
+            mpa_rev: 2,
+            profile: MpaProfile::Siw,
+            pcap: None,
+            engine_spin: Duration::ZERO,
+            progress: softiwarp::ProgressMode::Hybrid,
+            tcp_buffer: 256 << 10,
+            offload: true,
+            first_fpdu_delay: Duration::ZERO,
+        }
+    }
+}
+
 /// Whose MPA defaults the soft device starts from (`--mpa-profile`); `crc`, `markers`
 /// and `mpa_rev` of [`DeviceOptions`] apply on top.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -158,7 +158,7 @@ impl ClientTest {
 }
 
 /// What a client run produced (also what `iwperf client --json` prints).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClientReport {
     /// Bandwidth results, one per operation.
     pub bandwidth: Vec<BwResult>,
@@ -186,7 +186,7 @@ pub struct ClientReport {
 }
 
 /// What a server run saw (also what `iwperf server --json` prints).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerSummary {
     /// Bandwidth runs: the server's counts and checks.
     pub bandwidth: Option<ServerReport>,
@@ -368,17 +368,7 @@ pub fn run_server(
     first_timeout: Duration,
     ready: impl FnOnce(SocketAddrV4),
 ) -> (ServerSummary, Option<IwperfError>) {
-    let mut summary = ServerSummary {
-        bandwidth: None,
-        answered: None,
-        connections: 0,
-        disconnected: 0,
-        ids_leaked: 0,
-        error: None,
-        exit_code: 0,
-        cpu_seconds: 0.0,
-        removal: None,
-    };
+    let mut summary = ServerSummary::default();
     let err = match dev.into() {
         Backend::Soft(opts) => {
             let mut leaked = 0;
@@ -488,18 +478,7 @@ pub fn run_client(
     tuning: Tuning,
     progress: &mut dyn FnMut(&Progress),
 ) -> (ClientReport, Option<IwperfError>) {
-    let mut report = ClientReport {
-        bandwidth: Vec::new(),
-        latency: None,
-        connections: 0,
-        disconnected: 0,
-        ids_leaked: 0,
-        connect_seconds: 0.0,
-        error: None,
-        exit_code: 0,
-        cpu_seconds: 0.0,
-        removal: None,
-    };
+    let mut report = ClientReport::default();
     let err = if let Err(e) = test.validate() {
         Some(e)
     } else {
