@@ -20,8 +20,17 @@
 //!
 //! # Flow control
 //!
-//! Writes and Reads are limited by the send queue depth (`tx_depth`; Reads also by the
-//! negotiated ORD). Sends need a posted receive at the server (iWARP has no RNR retry: a
+//! Every send-queue WR is posted within a [`SendWindow`]: data WRs within the QP's data
+//! window ([`QpBufs::window`]: `tx_depth`, or less where the device's send queue or CQ
+//! is smaller; Reads also the negotiated ORD), control messages within
+//! [`CTRL_SENDS`]; both signal one WR in a few, and a slot is free again only once a
+//! signaled completion at or after it was polled (verbs' rule, not the soft device's
+//! looser one). No loop posts until `QueueFull` to find out when to poll: a refused post
+//! is an error. The one CQ holds every QP's windows and receive queues, so it cannot
+//! overrun; if it does anyway, the poll's error (with the completions lost) ends the
+//! run with the WR counts.
+//!
+//! Sends need a posted receive at the server (iWARP has no RNR retry: a
 //! Send without one is a fatal error, RFC 5040 7.2), so the server posts its receives
 //! before it accepts, tells the client how many ([`AcceptInfo::credits`]), reposts each
 //! as it completes and returns them in batches of a quarter as [`Ctrl::Credit`]; the
@@ -42,13 +51,13 @@ use verbs::provider::{
     QueuePair,
 };
 use verbs::{
-    AccessFlags, DeviceCaps, QpCap, RecvWr, SendFlags, SendWr, Sge, VerbsError, WcStatus,
-    WorkCompletion,
+    AccessFlags, DeviceCaps, QpCap, RecvWr, SendFlags, SendWr, Sge, WcStatus, WorkCompletion,
 };
 
 use super::conn::{check_interrupted, CmStatus, VerbsSetup};
 use super::ledger::{WrCounts, WrLedger};
 use super::report::{gbps, BwResult, LatStats};
+use super::window::SendWindow;
 use super::wire::{AcceptInfo, Ctrl, Mode, MrInfo, Op, TestParams, VerifyStatus, CTRL_LEN};
 use super::IwperfError;
 
@@ -59,6 +68,13 @@ pub const BUFFER_BUDGET: usize = 1 << 20;
 pub const VERIFY_BUDGET: usize = 16 << 20;
 /// Receives for control messages each side keeps posted.
 pub const CTRL_RECVS: u32 = 16;
+/// Send-queue slots of a QP for control messages (`Credit`, `Done`, `DoneAck`), beside
+/// its data window: the control messages' [`SendWindow`], which signals every
+/// `CTRL_SENDS / 2`-th.
+pub const CTRL_SENDS: u32 = 16;
+/// The smallest `max_qp_wr` iwperf runs with: a data WR beside the control messages, and
+/// 8 receives (a Send test's server).
+pub const MIN_QP_WR: u32 = CTRL_SENDS + 8;
 /// Bytes per control slot.
 const CTRL_SLOT: usize = 64;
 /// Receives each side keeps posted in a latency run.
@@ -271,6 +287,10 @@ pub struct QpBufs<P: Provider> {
     pub ctrl: P::Mr,
     /// Data receives posted (server Send tests, latency runs).
     pub data_recvs: u32,
+    /// The data WRs that may be outstanding on the send queue ([`SendWindow`]):
+    /// `tx_depth`, or less where the device granted a smaller send queue (beside
+    /// [`CTRL_SENDS`]) or a smaller CQ ([`Side`]'s CQ share).
+    pub window: u32,
     /// Client: the server's answer; server: what it answered.
     pub accept: AcceptInfo,
     /// The side's WR ledger (shared by its QPs).
@@ -358,6 +378,10 @@ pub struct Side<P: Provider> {
     pub qps: Vec<QpBufs<P>>,
     /// Every WR posted and completion polled on this side.
     ledger: Arc<WrLedger>,
+    /// The largest data window each connection's share of the CQ leaves room for
+    /// (`u32::MAX` until the CQ is made; less than `tx_depth` only where the device's
+    /// `max_cqe` is smaller than the test needs).
+    cq_window: u32,
 }
 
 impl<P: Provider> std::fmt::Debug for Side<P> {
@@ -382,6 +406,7 @@ impl<P: Provider> Side<P> {
             caps: None,
             qps: Vec::new(),
             ledger: Arc::default(),
+            cq_window: u32::MAX,
         }
     }
 
@@ -468,7 +493,9 @@ impl<P: Provider> Side<P> {
                 } else {
                     self.tuning.rx_depth
                 }
-                .max(8);
+                .max(8)
+                // No more than the device's receive queue holds.
+                .min(self.caps.map_or(u32::MAX, |c| c.max_qp_wr.max(8)));
                 let slots = if p.verify {
                     recvs
                 } else {
@@ -486,6 +513,23 @@ impl<P: Provider> Side<P> {
     /// Registers the buffers of a new QP, fills patterns and posts receives.
     fn add_qp(&mut self, params: &TestParams, qp: &Arc<P::Qp>) -> Result<&QpBufs<P>, IwperfError> {
         let (slots, slot_len, data_recvs) = self.data_slots(params);
+        // The data window: what the test asks, within the send queue the device granted
+        // (beside the control messages) and the connection's share of the CQ.
+        let granted = qp.cap();
+        let window = u32::from(params.tx_depth)
+            .max(1)
+            .min(self.cq_window)
+            .min(granted.max_send_wr.saturating_sub(CTRL_SENDS));
+        // One receive queue: a side posts either control receives or data receives,
+        // never both (receives are consumed in posting order).
+        let ctrl_recvs = if data_recvs == 0 { CTRL_RECVS } else { 0 };
+        if window == 0 || granted.max_recv_wr < ctrl_recvs + data_recvs {
+            return Err(IwperfError::Setup(format!(
+                "the QP's queues are too small: {granted:?} granted, {} sends and {} receives needed",
+                CTRL_SENDS + 1,
+                ctrl_recvs + data_recvs
+            )));
+        }
         let pd = self.pd.as_ref().expect("PD made with the first QP");
         let len = u64::from(slots) * u64::from(slot_len);
         let mr_len = usize::try_from(len)
@@ -520,9 +564,6 @@ impl<P: Provider> Side<P> {
         let pos = self.qps.len();
         // Receives: data receives for the server of a Send test and both sides of a
         // latency run (all into slot 1); control receives otherwise.
-        // One receive queue: a side posts either control receives or data receives,
-        // never both (receives are consumed in posting order).
-        let ctrl_recvs = if data_recvs == 0 { CTRL_RECVS } else { 0 };
         let mut recvs: Vec<RecvWr> = (0..ctrl_recvs)
             .map(|k| {
                 RecvWr::new(
@@ -570,6 +611,7 @@ impl<P: Provider> Side<P> {
             slot_len,
             ctrl,
             data_recvs,
+            window,
             accept,
             ledger: self.ledger.clone(),
             ord: 0,
@@ -590,18 +632,47 @@ impl<P: Provider> Side<P> {
     }
 }
 
+/// The CQ of a test of `qps` connections, each with a data window of `depth` WRs,
+/// [`CTRL_SENDS`] control messages and `recvs` receives: the entries to ask for (each
+/// connection's windows and receive queue: everything it can leave unpolled) and the
+/// data window each connection's share leaves room for (`depth`, or less where the
+/// device's `max_cqe` is smaller).
+///
+/// Errors: [`IwperfError::Setup`] when `max_cqe` cannot hold even one data WR beside
+/// every connection's receives and control messages.
+fn cq_size(depth: u32, recvs: u32, qps: u16, max_cqe: u32) -> Result<(u32, u32), IwperfError> {
+    let qps = u32::from(qps.max(1));
+    let fixed = CTRL_SENDS.saturating_add(recvs);
+    let n = depth.saturating_add(fixed).saturating_mul(qps).min(max_cqe);
+    match (n / qps).checked_sub(fixed) {
+        Some(window) if window > 0 => Ok((n, window.min(depth))),
+        _ => Err(IwperfError::Setup(format!(
+            "the device's CQs hold at most {max_cqe} completions (max_cqe); {qps} connections need {} (fewer QPs, or a smaller receive depth)",
+            fixed.saturating_add(1).saturating_mul(qps)
+        ))),
+    }
+}
+
 impl<P: Provider> VerbsSetup<P> for Side<P> {
     fn qp_resources(
         &mut self,
         device: &P::Device,
         params: &TestParams,
     ) -> Result<(&P::Pd, &P::Cq, QpCap), IwperfError> {
-        let (_, _, data_recvs) = self.data_slots(params);
-        let depth = u32::from(params.tx_depth);
         if self.caps.is_none() {
-            self.caps = Some(device.caps().map_err(setup_err("query the device"))?);
+            let caps = device.caps().map_err(setup_err("query the device"))?;
+            if caps.max_qp_wr < MIN_QP_WR {
+                return Err(IwperfError::Setup(format!(
+                    "the device's queues hold at most {} WRs (max_qp_wr); iwperf needs {MIN_QP_WR}",
+                    caps.max_qp_wr
+                )));
+            }
+            self.caps = Some(caps);
         }
         let caps = self.caps.expect("read above");
+        let (_, _, data_recvs) = self.data_slots(params);
+        // At least one data WR (a request from the network may say 0).
+        let depth = u32::from(params.tx_depth).max(1);
         if self.pd.is_none() {
             self.pd = Some(device.alloc_pd().map_err(setup_err("allocate the PD"))?);
         }
@@ -617,13 +688,13 @@ impl<P: Provider> VerbsSetup<P> for Side<P> {
                 .max()
                 .unwrap_or(data_recvs)
                 .max(data_recvs);
-            let n = (depth + 64 + most_recvs + CTRL_RECVS).saturating_mul(u32::from(params.qps));
-            let n = n.min(caps.max_cqe.max(1));
+            let (n, window) = cq_size(depth, most_recvs + CTRL_RECVS, params.qps, caps.max_cqe)?;
             self.cq = Some(device.create_cq(n).map_err(setup_err("create the CQ"))?);
+            self.cq_window = window;
         }
         let max_wr = caps.max_qp_wr.max(1);
         let cap = QpCap {
-            max_send_wr: (depth + 64).min(max_wr),
+            max_send_wr: (depth.min(self.cq_window) + CTRL_SENDS).min(max_wr),
             max_recv_wr: (data_recvs + CTRL_RECVS).min(max_wr),
             max_send_sge: 1,
             max_recv_sge: 1,
@@ -855,11 +926,38 @@ fn repost_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, slot: u64) -> Result<(), 
     .map_err(post_err)
 }
 
-fn send_ctrl<P: Provider>(q: &QpBufs<P>, pos: usize, c: Ctrl) -> Result<(), ProviderError> {
-    q.post_send(SendWr::send_inline(
-        wr_id(K_CTRL_SEND, pos, 0),
+/// The window of a QP's control messages: [`CTRL_SENDS`] outstanding, one in
+/// `CTRL_SENDS / 2` signaled.
+fn ctrl_window() -> SendWindow {
+    SendWindow::new(CTRL_SENDS.into(), (CTRL_SENDS / 2).into())
+}
+
+/// Sends the control message `c` within the control window `win`; `Ok(false)` (nothing
+/// posted) while the window is full: poll, then try again.
+fn send_ctrl<P: Provider>(
+    q: &QpBufs<P>,
+    pos: usize,
+    win: &mut SendWindow,
+    c: Ctrl,
+) -> Result<bool, ProviderError> {
+    let Some((seq, signaled)) = win.take(false) else {
+        return Ok(false);
+    };
+    let wr = SendWr::send_inline(
+        wr_id(K_CTRL_SEND, pos, seq),
         c.encode_distinct(q.params.size as usize),
-    ))
+    );
+    q.post_send(signaled_if(wr, signaled))?;
+    Ok(true)
+}
+
+/// A send-queue WR `wr`, signaled if `signaled`.
+fn signaled_if(wr: SendWr, signaled: bool) -> SendWr {
+    if signaled {
+        wr.with_flags(SendFlags::SIGNALED)
+    } else {
+        wr
+    }
 }
 
 /// Index of `op` in [`Op::ALL`].
@@ -868,12 +966,13 @@ fn op_slot(op: Op) -> usize {
 }
 
 /// Client state of one connection in a bandwidth run.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ClientQp {
-    posted: u64,
-    done: u64,
+    /// The data WRs: `posted()` so far, `done()` (completed, in order).
+    data: SendWindow,
+    /// The control messages (`Done`).
+    ctrl: SendWindow,
     credits: u64,
-    limit: u64,
     last_posted: bool,
     done_sent: bool,
     end: Option<Instant>,
@@ -894,16 +993,24 @@ pub fn client_bandwidth<P: Provider>(
         .qps
         .iter()
         .map(|q| {
-            let depth = u64::from(q.params.tx_depth);
+            let depth = u64::from(q.window);
             let limit = if q.params.op == Op::Read {
                 depth.min(u64::from(q.ord.max(1)))
             } else {
                 depth
             };
+            // Every WR signaled when verifying (each is checked as it completes),
+            // otherwise one in eight of the window.
+            let every = if q.params.verify { 1 } else { limit / 8 };
             ClientQp {
+                data: SendWindow::new(limit, every),
+                ctrl: ctrl_window(),
                 credits: u64::from(q.accept.credits),
-                limit,
-                ..ClientQp::default()
+                last_posted: false,
+                done_sent: false,
+                end: None,
+                ack: None,
+                local_mismatches: 0,
             }
         })
         .collect();
@@ -922,7 +1029,7 @@ pub fn client_bandwidth<P: Provider>(
                 .collect();
             let first = mine.first()?;
             let size = first.0.params.size;
-            let iterations: u64 = mine.iter().map(|(_, s)| s.done).sum();
+            let iterations: u64 = mine.iter().map(|(_, s)| s.data.done()).sum();
             let end = mine
                 .iter()
                 .map(|(_, s)| s.end.unwrap_or(now))
@@ -1000,17 +1107,6 @@ fn client_bw_loop<P: Provider>(
     // The last time anything moved (a WR posted, a completion); a run with WRs in
     // flight and nothing moving for STALL_LIMIT ends.
     let mut last_moved = start;
-    let sig_every: Vec<u64> = qps
-        .iter()
-        .zip(st.iter())
-        .map(|(q, s)| {
-            if q.params.verify {
-                1
-            } else {
-                (s.limit / 8).max(1)
-            }
-        })
-        .collect();
     loop {
         let now = Instant::now();
         check_interrupted()?;
@@ -1026,15 +1122,14 @@ fn client_bw_loop<P: Provider>(
             }
             batch.clear();
             let size = q.params.size;
-            while s.posted - s.done < s.limit
-                && (q.params.op != Op::Send || s.credits > 1)
-                && !s.last_posted
-            {
-                let i = s.posted;
-                let last = i + 1 >= iters || time_up;
+            // Within the window: a full one waits for the completions polled below.
+            while (q.params.op != Op::Send || s.credits > 1) && !s.last_posted {
+                let last = s.data.posted() + 1 >= iters || time_up;
+                let Some((i, signaled)) = s.data.take(last) else {
+                    break;
+                };
                 let slot = (i % u64::from(q.slots)) * u64::from(q.slot_len);
                 let rslot = (i % u64::from(q.accept.slots)) * u64::from(q.accept.slot_len);
-                let signaled = last || (i + 1) % sig_every[pos] == 0;
                 if q.params.verify && q.params.op != Op::Read && size >= 8 {
                     q.data
                         .write(slot as usize, &i.to_le_bytes())
@@ -1043,7 +1138,7 @@ fn client_bw_loop<P: Provider>(
                 let sge = vec![sge(&q.data, slot, size)];
                 let id = wr_id(K_DATA_SEND, pos, i);
                 let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
-                let mut wr = match q.params.op {
+                let wr = match q.params.op {
                     Op::Write => SendWr::rdma_write(id, sge, q.accept.mr.iova + rslot, rkey),
                     Op::Read => SendWr::rdma_read(id, sge, q.accept.mr.iova + rslot, rkey),
                     Op::Send => {
@@ -1051,11 +1146,7 @@ fn client_bw_loop<P: Provider>(
                         SendWr::send(id, sge)
                     }
                 };
-                if signaled {
-                    wr = wr.with_flags(SendFlags::SIGNALED);
-                }
-                batch.push(wr);
-                s.posted += 1;
+                batch.push(signaled_if(wr, signaled));
                 s.last_posted = last;
             }
             if !batch.is_empty() {
@@ -1073,8 +1164,7 @@ fn client_bw_loop<P: Provider>(
             match wr_kind(wc.wr_id) {
                 K_DATA_SEND => {
                     let seq = wr_n(wc.wr_id);
-                    let newly = seq + 1 - s.done.min(seq + 1);
-                    s.done = s.done.max(seq + 1);
+                    let newly = s.data.completed(seq);
                     sample_bytes[op_slot(q.params.op)] += newly * u64::from(q.params.size);
                     report_bytes += newly * u64::from(q.params.size);
                     if q.params.verify && q.params.op == Op::Read && !q.patterns.is_empty() {
@@ -1088,9 +1178,12 @@ fn client_bw_loop<P: Provider>(
                             s.local_mismatches += 1;
                         }
                     }
-                    if s.last_posted && s.done == s.posted {
+                    if s.last_posted && s.data.outstanding() == 0 {
                         s.end = Some(Instant::now());
                     }
+                }
+                K_CTRL_SEND => {
+                    s.ctrl.completed(wr_n(wc.wr_id));
                 }
                 K_CTRL_RECV => {
                     let slot = wr_n(wc.wr_id);
@@ -1112,20 +1205,22 @@ fn client_bw_loop<P: Provider>(
         }
         // Done messages.
         for (pos, (q, s)) in qps.iter().zip(st.iter_mut()).enumerate() {
-            if s.last_posted && s.done == s.posted && !s.done_sent {
-                if q.params.op == Op::Send {
-                    if s.credits == 0 {
-                        continue;
-                    }
-                    s.credits -= 1;
+            if s.last_posted && s.data.outstanding() == 0 && !s.done_sent {
+                if q.params.op == Op::Send && s.credits == 0 {
+                    continue;
                 }
+                let wrs = s.data.posted();
                 let c = Ctrl::Done {
-                    wrs: s.posted,
-                    bytes: s.posted * u64::from(q.params.size),
+                    wrs,
+                    bytes: wrs * u64::from(q.params.size),
                 };
-                send_ctrl(q, pos, c).map_err(post_err)?;
-                s.done_sent = true;
-                moved = true;
+                if send_ctrl(q, pos, &mut s.ctrl, c).map_err(post_err)? {
+                    if q.params.op == Op::Send {
+                        s.credits -= 1;
+                    }
+                    s.done_sent = true;
+                    moved = true;
+                }
             }
         }
         if st.iter().all(|s| s.ack.is_some()) {
@@ -1145,7 +1240,7 @@ fn client_bw_loop<P: Provider>(
             let total: u64 = qps
                 .iter()
                 .zip(st.iter())
-                .map(|(q, s)| s.done * u64::from(q.params.size))
+                .map(|(q, s)| s.data.done() * u64::from(q.params.size))
                 .sum();
             progress(&Progress {
                 seconds: now.duration_since(start).as_secs_f64(),
@@ -1160,7 +1255,7 @@ fn client_bw_loop<P: Provider>(
             idle.progressed();
         } else {
             if now.duration_since(last_moved) >= STALL_LIMIT {
-                let in_flight: u64 = st.iter().map(|s| s.posted - s.done).sum();
+                let in_flight: u64 = st.iter().map(|s| s.data.outstanding()).sum();
                 return Err(IwperfError::Connection(format!(
                     "no completion in {} s with {in_flight} WRs in flight: the peer or the path stopped answering",
                     STALL_LIMIT.as_secs()
@@ -1195,8 +1290,10 @@ pub struct ServerReport {
     pub checked: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ServerQp {
+    /// The control messages (`Credit`, `DoneAck`).
+    ctrl: SendWindow,
     received: u64,
     reposts: Vec<RecvWr>,
     unreported: u32,
@@ -1212,6 +1309,22 @@ struct ServerQp {
 }
 
 impl ServerQp {
+    /// A connection's state; a `retired` one (gone before the test started) is done
+    /// from the start.
+    fn new(retired: bool) -> ServerQp {
+        ServerQp {
+            ctrl: ctrl_window(),
+            received: 0,
+            reposts: Vec::new(),
+            unreported: 0,
+            done: None,
+            acked: retired,
+            mismatches: 0,
+            checked: 0,
+            failed: None,
+        }
+    }
+
     /// Marks the connection of `q` failed with `e` (done with, as far as the loop goes).
     fn fail<P: Provider>(&mut self, q: &QpBufs<P>, e: IwperfError) {
         tracing::warn!(
@@ -1284,14 +1397,7 @@ pub fn server_bandwidth<P: Provider>(
     status: &CmStatus,
 ) -> (ServerReport, Option<IwperfError>) {
     // Retired connections (gone before the test started) are done from the start.
-    let mut st: Vec<ServerQp> = side
-        .qps
-        .iter()
-        .map(|q| ServerQp {
-            acked: q.retired,
-            ..ServerQp::default()
-        })
-        .collect();
+    let mut st: Vec<ServerQp> = side.qps.iter().map(|q| ServerQp::new(q.retired)).collect();
     let err = server_bw_loop(side, status, &mut st).err();
     let verify_on = side.qps.iter().any(|q| q.params.verify);
     let mismatches: u64 = st.iter().map(|s| s.mismatches).sum();
@@ -1378,6 +1484,9 @@ fn server_bw_loop<P: Provider>(
                         vec![sge(&q.data, slot * u64::from(q.slot_len), q.slot_len)],
                     ));
                 }
+                K_CTRL_SEND => {
+                    s.ctrl.completed(wr_n(wc.wr_id));
+                }
                 K_CTRL_RECV => {
                     let slot = wr_n(wc.wr_id);
                     match read_ctrl(&q.ctrl, slot as usize * CTRL_SLOT, wc.byte_len) {
@@ -1409,22 +1518,21 @@ fn server_bw_loop<P: Provider>(
             }
             let batch = (q.data_recvs / 4).max(1);
             if q.params.op == Op::Send && s.unreported >= batch && s.done.is_none() {
-                match send_ctrl(q, pos, Ctrl::Credit(s.unreported)) {
-                    Ok(()) => {
+                // A full control window waits for its signaled completion (polled
+                // above); the credits go out with the next Credit.
+                match send_ctrl(q, pos, &mut s.ctrl, Ctrl::Credit(s.unreported)) {
+                    Ok(true) => {
                         s.unreported = 0;
                         moved = true;
                     }
-                    Err(ProviderError::Verbs {
-                        source: VerbsError::QueueFull { .. },
-                        ..
-                    }) => {}
+                    Ok(false) => {}
                     Err(e) => {
                         s.fail(q, post_err(e));
                         continue;
                     }
                 }
             }
-            if let (Some(wrs), false) = (s.done, s.acked) {
+            if let (Some(wrs), false, true) = (s.done, s.acked, s.ctrl.has_room()) {
                 match q.params.op {
                     Op::Write if q.params.verify => {
                         let (bad, checked) = check_write_slots(q, wrs)?;
@@ -1446,7 +1554,7 @@ fn server_bw_loop<P: Provider>(
                     mismatches: s.mismatches,
                     checked: s.checked,
                 };
-                if let Err(e) = send_ctrl(q, pos, ack) {
+                if let Err(e) = send_ctrl(q, pos, &mut s.ctrl, ack) {
                     s.fail(q, post_err(e));
                     continue;
                 }
@@ -1530,41 +1638,45 @@ fn client_lat_loop<P: Provider>(
     let rkey = verbs::Stag::from_raw(q.accept.mr.rkey);
     let my_in = q.slot_len as usize;
     let mut byte = [0u8; 1];
+    // One WR per round trip; a Send's or Write's slot is free again once a signaled
+    // one's completion is polled (every Read is signaled: its completion is the answer).
+    let w = u64::from(q.window);
+    let mut win = SendWindow::new(w, w / 2);
     let mut i = 0u64;
     while i < iters && until.is_none_or(|u| Instant::now() < u) {
         let v = (i % 255 + 1) as u8;
         let t0 = Instant::now();
+        let Some((seq, signaled)) = win.take(q.params.op == Op::Read) else {
+            // Each round trip below waits for room for the next.
+            return Err(IwperfError::Connection("the send queue is full".into()));
+        };
+        let id = wr_id(K_DATA_SEND, 0, seq);
         let wr = match q.params.op {
-            Op::Send if inline => SendWr::send_inline(wr_id(K_DATA_SEND, 0, i), lat_payload(q, v)),
-            Op::Send => SendWr::send(wr_id(K_DATA_SEND, 0, i), vec![sge(&q.data, 0, size)]),
+            Op::Send if inline => SendWr::send_inline(id, lat_payload(q, v)),
+            Op::Send => SendWr::send(id, vec![sge(&q.data, 0, size)]),
             Op::Write => {
                 let p = lat_payload(q, v);
                 if inline {
-                    SendWr::rdma_write_inline(wr_id(K_DATA_SEND, 0, i), p, remote_in, rkey)
+                    SendWr::rdma_write_inline(id, p, remote_in, rkey)
                 } else {
                     q.data
                         .write(0, &p)
                         .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
-                    SendWr::rdma_write(
-                        wr_id(K_DATA_SEND, 0, i),
-                        vec![sge(&q.data, 0, size)],
-                        remote_in,
-                        rkey,
-                    )
+                    SendWr::rdma_write(id, vec![sge(&q.data, 0, size)], remote_in, rkey)
                 }
             }
             Op::Read => SendWr::rdma_read(
-                wr_id(K_DATA_SEND, 0, i),
+                id,
                 vec![sge(&q.data, u64::from(q.slot_len), size)],
                 q.accept.mr.iova,
                 rkey,
-            )
-            .with_flags(SendFlags::SIGNALED),
+            ),
         };
-        q.post_send(wr).map_err(post_err)?;
-        // Wait for the answer.
+        q.post_send(signaled_if(wr, signaled)).map_err(post_err)?;
+        // Wait for the answer, then for room in the window for the next WR.
         idle.progressed();
-        loop {
+        let mut rtt = None;
+        while rtt.is_none() || !win.has_room() {
             check_interrupted()?;
             if status.removed() {
                 return Err(IwperfError::DeviceRemoved(
@@ -1572,15 +1684,21 @@ fn client_lat_loop<P: Provider>(
                 ));
             }
             if t0.elapsed() > LAT_ANSWER_TIMEOUT {
-                return Err(IwperfError::Connection(format!(
-                    "no answer to round trip {i} in {} s",
-                    LAT_ANSWER_TIMEOUT.as_secs()
-                )));
+                return Err(IwperfError::Connection(match rtt {
+                    None => format!(
+                        "no answer to round trip {i} in {} s",
+                        LAT_ANSWER_TIMEOUT.as_secs()
+                    ),
+                    Some(_) => format!(
+                        "no send completion to free the send queue in {} s",
+                        LAT_ANSWER_TIMEOUT.as_secs()
+                    ),
+                }));
             }
             let mut answered = false;
             for wc in poll_ok(cq, &mut wcs, status, ledger)? {
-                match (q.params.op, wr_kind(wc.wr_id)) {
-                    (Op::Send, K_DATA_RECV) => {
+                match wr_kind(wc.wr_id) {
+                    K_DATA_RECV if q.params.op == Op::Send => {
                         answered = true;
                         q.post_recv(RecvWr::new(
                             wc.wr_id,
@@ -1588,26 +1706,30 @@ fn client_lat_loop<P: Provider>(
                         ))
                         .map_err(post_err)?;
                     }
-                    (Op::Read, K_DATA_SEND) => answered = true,
+                    K_DATA_SEND => {
+                        win.completed(wr_n(wc.wr_id));
+                        answered |= q.params.op == Op::Read;
+                    }
                     _ => {}
                 }
             }
-            if q.params.op == Op::Write {
+            if q.params.op == Op::Write && rtt.is_none() {
                 q.data
                     .read(my_in + size as usize - 1, &mut byte)
                     .map_err(|e| IwperfError::Setup(format!("poll byte: {e}")))?;
                 answered = byte[0] == v;
             }
-            if answered {
-                break;
+            if answered && rtt.is_none() {
+                rtt = Some(t0.elapsed().as_nanos() as u64);
+                continue;
             }
-            idle.wait(if q.params.op == Op::Write {
+            idle.wait(if q.params.op == Op::Write && rtt.is_none() {
                 None
             } else {
                 Some(cq)
             });
         }
-        let rtt = t0.elapsed().as_nanos() as u64;
+        let rtt = rtt.unwrap_or_default();
         samples.push(if q.params.op == Op::Read {
             rtt
         } else {
@@ -1659,6 +1781,10 @@ pub fn server_latency<P: Provider>(
     let my_in = q.slot_len as usize + size as usize - 1;
     let mut byte = [0u8; 1];
     let mut answered = 0u64;
+    // Sends received and not answered yet (the window was full).
+    let mut due = 0u64;
+    let w = u64::from(q.window);
+    let mut win = SendWindow::new(w, w / 2);
     let mut flushed_at: Option<Instant> = None;
     loop {
         check_interrupted()?;
@@ -1689,30 +1815,46 @@ pub fn server_latency<P: Provider>(
                 }
                 return Err(wc_error(wc, status));
             }
-            if q.params.op == Op::Send && wr_kind(wc.wr_id) == K_DATA_RECV {
-                let id = wr_id(K_DATA_SEND, 0, answered);
-                let wr = if inline {
-                    SendWr::send_inline(id, vec![0xa5; size as usize])
-                } else {
-                    SendWr::send(id, vec![sge(&q.data, 0, size)])
-                };
-                q.post_send(wr).map_err(post_err)?;
-                q.post_recv(RecvWr::new(
-                    wc.wr_id,
-                    vec![sge(&q.data, u64::from(q.slot_len), q.slot_len)],
-                ))
-                .map_err(post_err)?;
-                answered += 1;
+            match wr_kind(wc.wr_id) {
+                K_DATA_SEND => {
+                    win.completed(wr_n(wc.wr_id));
+                }
+                K_DATA_RECV if q.params.op == Op::Send => {
+                    q.post_recv(RecvWr::new(
+                        wc.wr_id,
+                        vec![sge(&q.data, u64::from(q.slot_len), q.slot_len)],
+                    ))
+                    .map_err(post_err)?;
+                    due += 1;
+                }
+                _ => {}
             }
+        }
+        // Answers, within the window (a full one waits for the next completion).
+        while due > 0 {
+            let Some((seq, signaled)) = win.take(false) else {
+                break;
+            };
+            let id = wr_id(K_DATA_SEND, 0, seq);
+            let wr = if inline {
+                SendWr::send_inline(id, vec![0xa5; size as usize])
+            } else {
+                SendWr::send(id, vec![sge(&q.data, 0, size)])
+            };
+            q.post_send(signaled_if(wr, signaled)).map_err(post_err)?;
+            due -= 1;
+            answered += 1;
         }
         if q.params.op == Op::Write {
             let v = (answered % 255 + 1) as u8;
             q.data
                 .read(my_in, &mut byte)
                 .map_err(|e| IwperfError::Setup(format!("poll byte: {e}")))?;
-            if byte[0] == v {
+            // Answered once there is room in the window (the byte stays until then).
+            let slot = if byte[0] == v { win.take(false) } else { None };
+            if let Some((seq, signaled)) = slot {
                 let p = lat_payload(q, v);
-                let id = wr_id(K_DATA_SEND, 0, answered);
+                let id = wr_id(K_DATA_SEND, 0, seq);
                 let wr = if inline {
                     SendWr::rdma_write_inline(id, p, remote_in, rkey)
                 } else {
@@ -1721,7 +1863,7 @@ pub fn server_latency<P: Provider>(
                         .map_err(|e| IwperfError::Setup(format!("fill: {e}")))?;
                     SendWr::rdma_write(id, vec![sge(&q.data, 0, size)], remote_in, rkey)
                 };
-                q.post_send(wr).map_err(post_err)?;
+                q.post_send(signaled_if(wr, signaled)).map_err(post_err)?;
                 answered += 1;
                 moved = true;
             }
@@ -1797,9 +1939,27 @@ mod tests {
         // Each connection's send queue and receives, the Send one's included.
         assert_eq!(
             cq.0.capacity(),
-            2 * (16 + 64 + send_recvs + CTRL_RECVS) as usize
+            2 * (16 + CTRL_SENDS + send_recvs + CTRL_RECVS) as usize
         );
         side.release();
+    }
+
+    #[test]
+    fn the_cq_holds_every_window_and_receive_queue_or_the_windows_shrink_to_fit() {
+        // Two connections of 64 data WRs, 16 control messages and 16 receives each.
+        assert_eq!(cq_size(64, 16, 2, 1 << 22).unwrap(), (192, 64));
+        // A device with a smaller CQ: each connection's share keeps its receives and
+        // control messages, the data window gets the rest.
+        assert_eq!(cq_size(64, 16, 2, 100).unwrap(), (100, 18));
+        assert_eq!(cq_size(64, 16, 2, 66).unwrap(), (66, 1));
+        // Not even one data WR beside them: refused, with what it would take.
+        let e = cq_size(64, 16, 2, 65).unwrap_err().to_string();
+        assert!(
+            e.contains("at most 65 completions") && e.contains("need 66"),
+            "{e}"
+        );
+        // Whatever the numbers (a receive depth from the command line), no overflow.
+        assert_eq!(cq_size(1, u32::MAX, 1, 1 << 22).unwrap_err().exit_code(), 1);
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //!   connection events (a `DeviceRemoval` on any id ends the run), disconnect and
 //!   destroy.
 //! - [`datapath`]: the verbs side: PD, CQ, MRs, the bandwidth loops (Write, Read, Send
-//!   with receive credits) and the ping-pong latency loops, `--verify` patterned data.
+//!   with receive credits) and the ping-pong latency loops, `--verify` patterned data;
+//!   every loop posts within a [`window::SendWindow`] of its send queue and polls as it
+//!   goes, never waiting for `QueueFull`.
 //! - [`report`]: perftest's tables, latency statistics, the demo's table and JSON.
 //! - [`peer`]: one whole side (server or client) as the `iwperf server` / `iwperf
 //!   client` commands and the demo run it: device ([`peer::Backend`]), connections,
@@ -31,6 +33,9 @@ pub mod ledger;
 pub mod netdev;
 pub mod peer;
 pub mod report;
+#[cfg(test)]
+mod strict;
+pub mod window;
 pub mod wire;
 
 /// Exit status: success.

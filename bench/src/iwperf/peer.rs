@@ -306,7 +306,7 @@ fn teardown<P: Provider>(
 /// Opens the soft device of `opts` and its RDMA CM, runs `run` on them (the server or
 /// the client), then tears both down in order: the CM (its ids counted into
 /// `ids_leaked`), then the device. Returns `run`'s error, or the setup's.
-fn on_soft_device(
+pub(super) fn on_soft_device(
     opts: DeviceOptions,
     ids_leaked: &mut usize,
     run: impl FnOnce(&SoftCm<'_>, &Arc<softiwarp::Device>) -> Option<IwperfError>,
@@ -415,7 +415,7 @@ pub fn run_server(
 /// The server's one code path on either backend: listen on `addr`, `ready`, accept
 /// the test's connections, run, tear down; fills `summary` and returns the error that
 /// ended it, if any.
-fn serve<P: Provider>(
+pub(super) fn serve<P: Provider>(
     p: &P,
     addr: SocketAddrV4,
     backlog: u32,
@@ -514,7 +514,7 @@ pub fn run_client(
 
 /// The client's one code path on either backend: connect (from `source` if given),
 /// run, tear down; fills `report` and returns the error that ended the run, if any.
-fn drive<P: Provider>(
+pub(super) fn drive<P: Provider>(
     p: &P,
     source: Option<Ipv4Addr>,
     test: &ClientTest,
