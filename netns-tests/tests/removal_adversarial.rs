@@ -62,13 +62,14 @@ fn pair(
     let names = bench.topology().namespaces();
     let result = (|| -> Result<(Outcome, Vec<PeerReport>), String> {
         let e = |e: netlab::HarnessError| e.to_string();
-        let (mut server, mut client) = start_pair(&bench, load_qps, client_args, progress)?;
+        let (mut server, mut client) = start_pair(&bench, load_qps, client_args, progress, true)?;
         let armed = bench.arm(server_side, action).map_err(|e| e.to_string())?;
         client
             .wait_for_line(|l| l.starts_with("PHASE load "), Duration::from_secs(60))
             .map_err(e)?;
         std::thread::sleep(Duration::from_millis(300));
         let (t_act, t_done) = armed.fire().map_err(|e| e.to_string())?;
+        bench.acted().map_err(|e| e.to_string())?;
         if up_again {
             let ep = bench.endpoint(server_side);
             let st = netlab::netns::run_ip(&["-n", &ep.netns, "link", "set", &ep.tap, "up"]);
@@ -192,8 +193,13 @@ fn overrunning_client(load_qps: usize) -> PeerReport {
     let bench = Bench::create().expect("topology");
     let names = bench.topology().namespaces();
     let result = (|| -> Result<PeerReport, String> {
-        let (mut server, mut client) =
-            start_pair(&bench, load_qps, &["--post-until-full"], Some("hybrid"))?;
+        let (mut server, mut client) = start_pair(
+            &bench,
+            load_qps,
+            &["--post-until-full"],
+            Some("hybrid"),
+            false,
+        )?;
         wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
         // The client's failure (exit 1, its violations) is what this run is for.
         let stdout = match netlab::wait_all(vec![client], Duration::from_secs(1)) {
@@ -210,25 +216,33 @@ fn overrunning_client(load_qps: usize) -> PeerReport {
 
 /// Starts the server, waits for its `READY`, then starts the client with `load_qps`
 /// load connections, `client_args` added and its progress mode forced to `progress` if
-/// given. Returns (server, client).
+/// given; with `removal`, both wait for the harness's action ([`Bench::awaits_action`]).
+/// Returns (server, client).
 fn start_pair(
     bench: &Bench,
     load_qps: usize,
     client_args: &[&str],
     progress: Option<&str>,
+    removal: bool,
 ) -> Result<(netlab::Peer, netlab::Peer), String> {
+    let spec = |server_side: bool| {
+        let spec = bench.peer(PEER.as_ref(), server_side);
+        if removal {
+            bench.awaits_action(spec)
+        } else {
+            spec
+        }
+    };
     let e = |e: netlab::HarnessError| e.to_string();
     let timeout = TCP_TIMEOUT_MS.to_string();
-    let mut server = bench
-        .peer(PEER.as_ref(), true)
+    let mut server = spec(true)
         .args(["--tcp-timeout-ms", &timeout])
         .spawn()
         .map_err(e)?;
     server
         .wait_for_line(|l| l == "READY", Duration::from_secs(20))
         .map_err(e)?;
-    let mut client = bench
-        .peer(PEER.as_ref(), false)
+    let mut client = spec(false)
         .args(["--tcp-timeout-ms", &timeout])
         .args(["--load-qps", &load_qps.to_string()])
         .args(client_args);

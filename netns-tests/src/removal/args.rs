@@ -105,6 +105,13 @@ pub struct PeerArgs {
     /// tight CQ overruns). Only to check that an overrun is reported.
     #[arg(long)]
     pub post_until_full: bool,
+    /// A file the harness creates once its action on a TAP (`ip link del` / `set down`)
+    /// returned. Until it exists the peer does not conclude that its device was not
+    /// removed: on a loaded machine the kernel can take longer to carry the action out
+    /// (two seconds, with busy loops on both cores) than the TCP user timeout takes to
+    /// end the connections, and a peer that exited on that timeout never saw its removal.
+    #[arg(long)]
+    pub acted_file: Option<std::path::PathBuf>,
     /// Give up (with a violation) after this many seconds.
     #[arg(long, default_value_t = 30.0)]
     pub max_secs: f64,

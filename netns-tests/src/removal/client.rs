@@ -391,10 +391,11 @@ pub(super) fn run_client(args: &PeerArgs) -> Result<PeerReport, PeerError> {
     }
     step("loads-ended");
     // Wait a little for our own device's removal (the survivor has none), and for as
-    // long as it takes (within --max-secs) once the device has ended.
+    // long as it takes (within --max-secs) once the device has ended or while the
+    // harness's action is under way.
     let deadline = Instant::now() + Duration::from_millis(args.linger_ms);
     while p.newly_removed_peek().is_empty()
-        && (Instant::now() < deadline || p.removal_pending())
+        && (Instant::now() < deadline || p.removal_pending() || p.action_pending())
         && !p.out_of_time()
     {
         std::thread::sleep(Duration::from_millis(2));

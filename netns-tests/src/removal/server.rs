@@ -166,7 +166,7 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
             || (p.established == 0
                 && conns.is_empty()
                 && ready.elapsed() >= Duration::from_millis(args.first_connection_ms));
-        if done && !p.removal_pending() {
+        if done && !p.removal_pending() && !p.action_pending() {
             break;
         }
         if p.out_of_time() {
@@ -219,6 +219,12 @@ impl Peer {
         self.devices
             .iter()
             .any(|d| d.device().ended().is_some() && listed.contains(&d.device().name().to_owned()))
+    }
+
+    /// True while the harness's action may still be under way (`--acted-file` given and
+    /// not created yet).
+    pub(super) fn action_pending(&self) -> bool {
+        self.args.acted_file.as_ref().is_some_and(|f| !f.exists())
     }
 
     pub(super) fn newly_removed_peek(&self) -> Vec<String> {

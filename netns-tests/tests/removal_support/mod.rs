@@ -188,6 +188,8 @@ pub struct Bench {
     topo: netlab::Topology,
     bridges: [String; 2],
     extra: Option<String>,
+    /// The peers' `--acted-file` ([`Bench::awaits_action`], [`Bench::acted`]).
+    acted: std::path::PathBuf,
     /// Held while the bench exists (dropped last, after the topology's clean-up): one
     /// bench per test process at a time. These tests bound how fast a removal is
     /// noticed and a peer exits; two pairs of peers under load at once on two cores
@@ -225,6 +227,11 @@ impl Bench {
             topo,
             bridges,
             extra: None,
+            acted: std::env::temp_dir().join(format!(
+                "removal-acted-{}-{}",
+                std::process::id(),
+                netlab::now_ns()
+            )),
             _one_at_a_time: one_at_a_time,
         })
     }
@@ -294,6 +301,22 @@ impl Bench {
         Ok(name)
     }
 
+    /// `spec` with `--acted-file`: the peer will not conclude that its device was not
+    /// removed before [`Bench::acted`] (call it once the action on the TAP returned).
+    /// Forgets an earlier iteration's action.
+    pub fn awaits_action(&self, spec: netlab::PeerSpec) -> netlab::PeerSpec {
+        let _ = std::fs::remove_file(&self.acted);
+        spec.arg("--acted-file").arg(&self.acted)
+    }
+
+    /// Tells the peers started with [`Bench::awaits_action`] that the action on the TAP
+    /// has returned.
+    ///
+    /// Errors: the file cannot be created.
+    pub fn acted(&self) -> std::io::Result<()> {
+        std::fs::File::create(&self.acted).map(drop)
+    }
+
     /// A [`netlab::PeerSpec`] for `removal-peer` at `program` on a side, with the
     /// side's `--tap --ip` and, for the client, `--peer-ip` of the server; output not
     /// echoed (it is long; failures carry its tail).
@@ -328,6 +351,7 @@ impl Drop for Bench {
         if let Some(t) = self.extra.take() {
             let _ = netlab::netns::ip_output(&["-n", &self.topo.a().netns, "link", "del", &t]);
         }
+        let _ = std::fs::remove_file(&self.acted);
     }
 }
 
@@ -448,7 +472,7 @@ fn iteration(
     plan: &Plan,
 ) -> Result<Outcome, RemovalTestError> {
     let seed = plan.seed.to_string();
-    let mut sspec = bench.peer(program, true).args([
+    let mut sspec = bench.awaits_action(bench.peer(program, true)).args([
         "--seed",
         &seed,
         "--tcp-timeout-ms",
@@ -462,7 +486,7 @@ fn iteration(
     }
     let mut server = sspec.spawn()?;
     server.wait_for_line(|l| l == "READY", Duration::from_secs(20))?;
-    let mut cspec = bench.peer(program, false).args([
+    let mut cspec = bench.awaits_action(bench.peer(program, false)).args([
         "--seed",
         &seed,
         "--tcp-timeout-ms",
@@ -489,6 +513,7 @@ fn iteration(
     )?;
     std::thread::sleep(Duration::from_micros(plan.delay_us));
     let (t_act, t_done) = armed.fire()?;
+    bench.acted()?;
     let exits = wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
     let outs = netlab::wait_all(vec![server, client], Duration::from_secs(1))?;
     let reports: Vec<PeerReport> = outs.iter().map(report_of).collect::<Result<_, _>>()?;
@@ -669,17 +694,18 @@ pub fn run_pair(
     } = spec;
     let trigger = trigger.as_str();
     let mut server = bench
-        .peer(program, true)
+        .awaits_action(bench.peer(program, true))
         .args(server_args.iter().cloned())
         .spawn()?;
     server.wait_for_line(|l| l == "READY", Duration::from_secs(20))?;
     let mut client = bench
-        .peer(program, false)
+        .awaits_action(bench.peer(program, false))
         .args(client_args.iter().cloned())
         .spawn()?;
     client.wait_for_line(|l| l.starts_with(trigger), Duration::from_secs(30))?;
     std::thread::sleep(*delay);
     let action = armed.fire()?;
+    bench.acted()?;
     after_fire(&mut client)?;
     let exits = wait_exits(&mut [&mut server, &mut client], Duration::from_secs(30));
     let outs = netlab::wait_all(vec![server, client], Duration::from_secs(1))?;
