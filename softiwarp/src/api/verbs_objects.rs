@@ -1,7 +1,7 @@
 //! The verbs objects of a soft device, [`Pd`], [`Mr`], [`Cq`] and [`Qp`], re-exported at
 //! the crate root, whose documentation gives their thread, memory and lifetime rules.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,78 @@ impl DeviceAttr {
 }
 
 // ---------------------------------------------------------------------------------
+// Lifetimes of PDs and CQs against the QPs created on them.
+
+/// The life of a PD or CQ that QPs use ([`Life`]): live.
+const LIVE: u8 = 0;
+/// A destroy is deciding (it checks the object's QP count next).
+const DESTROYING: u8 = 1;
+/// Destroyed.
+const DESTROYED: u8 = 2;
+
+/// The life of a PD or CQ, against the creation of the QPs that use it. A creation
+/// and a destroy that race meet as in Dekker's protocol, so that never both succeed:
+/// the creator counts its QP on the object first and checks the life after
+/// ([`Life::check_live`]); the destroyer moves the life to [`DESTROYING`] first and
+/// checks the count after ([`Life::destroy`]), every step `SeqCst`. So at least one of
+/// them sees the other: a creator that sees a destroy undoes its count and fails; a
+/// destroy that sees a QP goes back to live and fails with
+/// [`VerbsError::InUse`]. (Both can fail when they race, as with the kernel's uobject
+/// locks: the destroy of a PD or CQ a creation is looking at fails with `EBUSY`.)
+#[derive(Debug)]
+struct Life(AtomicU8);
+
+impl Life {
+    fn new() -> Life {
+        Life(AtomicU8::new(LIVE))
+    }
+
+    /// True once a destroy succeeded.
+    fn destroyed(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == DESTROYED
+    }
+
+    /// A creator's check, after it counted its QP: `Err` (the caller undoes its count)
+    /// unless live.
+    fn check_live(&self, object: ObjectKind, handle: u32) -> Result<(), VerbsError> {
+        if self.0.load(Ordering::SeqCst) == LIVE {
+            Ok(())
+        } else {
+            Err(VerbsError::InvalidHandle { object, handle })
+        }
+    }
+
+    /// Destroys the object unless `users` (its QP count) is above 0 or `finish` (the
+    /// rest of the destroy) refuses: [`VerbsError::InUse`] then, and the object stays
+    /// live. [`VerbsError::InvalidHandle`] if already destroyed; `InUse` while another
+    /// destroy of it is deciding.
+    fn destroy(
+        &self,
+        users: &AtomicUsize,
+        object: ObjectKind,
+        handle: u32,
+        finish: impl FnOnce() -> Result<(), VerbsError>,
+    ) -> Result<(), VerbsError> {
+        match self
+            .0
+            .compare_exchange(LIVE, DESTROYING, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {}
+            Err(DESTROYED) => return Err(VerbsError::InvalidHandle { object, handle }),
+            Err(_) => return Err(VerbsError::InUse { object }),
+        }
+        let r = if users.load(Ordering::SeqCst) > 0 {
+            Err(VerbsError::InUse { object })
+        } else {
+            finish()
+        };
+        self.0
+            .store(if r.is_ok() { DESTROYED } else { LIVE }, Ordering::SeqCst);
+        r
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // Protection domains.
 
 /// The PD object behind [`Pd`] handles, [`Mr`]s and [`Qp`]s.
@@ -55,7 +127,7 @@ pub(crate) struct PdInner {
     id: PdId,
     handle: Arc<Handle>,
     qps: AtomicUsize,
-    freed: AtomicBool,
+    life: Life,
 }
 
 impl PdInner {
@@ -64,14 +136,14 @@ impl PdInner {
             id,
             handle,
             qps: AtomicUsize::new(0),
-            freed: AtomicBool::new(false),
+            life: Life::new(),
         }
     }
 }
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        if !self.freed.load(Ordering::Acquire) {
+        if !self.life.destroyed() {
             // Nothing uses it any more (MRs and QPs hold this object).
             let _ = self.handle.mrs.dealloc_pd(self.id);
         }
@@ -184,17 +256,18 @@ impl Pd {
     /// # Errors
     ///
     /// [`VerbsError::InUse`] (`EBUSY`) while MRs are registered or QPs exist in it
-    /// (a dropped QP until the engine flushed and removed it);
-    /// [`VerbsError::InvalidHandle`] if already deallocated.
+    /// (a dropped QP until the engine flushed and removed it), or while a QP is being
+    /// created in it on another thread or another dealloc of it runs (never both the
+    /// creation and the dealloc succeed); [`VerbsError::InvalidHandle`] if already
+    /// deallocated.
     pub fn dealloc(&self) -> Result<(), VerbsError> {
-        if self.inner.qps.load(Ordering::Acquire) > 0 {
-            return Err(VerbsError::InUse {
-                object: ObjectKind::Pd,
-            });
-        }
-        self.inner.handle.mrs.dealloc_pd(self.inner.id)?;
-        self.inner.freed.store(true, Ordering::Release);
-        Ok(())
+        let inner = &self.inner;
+        inner
+            .life
+            .destroy(&inner.qps, ObjectKind::Pd, inner.id.raw(), || {
+                // MRs: counted and checked under the MR table's lock.
+                inner.handle.mrs.dealloc_pd(inner.id)
+            })
     }
 }
 
@@ -342,7 +415,7 @@ pub(crate) struct CqInner {
     cq: Arc<CompletionQueue>,
     handle: Arc<Handle>,
     users: AtomicUsize,
-    destroyed: AtomicBool,
+    life: Life,
 }
 
 impl CqInner {
@@ -351,7 +424,7 @@ impl CqInner {
             cq,
             handle,
             users: AtomicUsize::new(0),
-            destroyed: AtomicBool::new(false),
+            life: Life::new(),
         }
     }
 }
@@ -422,7 +495,7 @@ impl Cq {
 
     /// `Err(Destroyed)` once [`Cq::destroy`] succeeded.
     fn check_live(&self) -> Result<(), CqError> {
-        if self.inner.destroyed.load(Ordering::Acquire) {
+        if self.inner.life.destroyed() {
             return Err(CqError::Destroyed { cq: self.handle() });
         }
         Ok(())
@@ -523,22 +596,16 @@ impl Cq {
     ///
     /// [`VerbsError::InUse`] (`EBUSY`) while QPs use it, including a dropped QP the
     /// engine has not flushed and removed yet (its flushed completions still come
-    /// here; [`Qp::destroy`] waits for that); [`VerbsError::InvalidHandle`] if already
-    /// destroyed.
+    /// here; [`Qp::destroy`] waits for that), or while a QP is being created on it on
+    /// another thread or another destroy of it runs (never both the creation and the
+    /// destroy succeed); [`VerbsError::InvalidHandle`] if already destroyed.
     pub fn destroy(&self) -> Result<(), VerbsError> {
-        if self.inner.users.load(Ordering::Acquire) > 0 {
-            return Err(VerbsError::InUse {
-                object: ObjectKind::Cq,
-            });
-        }
-        if self.inner.destroyed.swap(true, Ordering::AcqRel) {
-            return Err(VerbsError::InvalidHandle {
-                object: ObjectKind::Cq,
-                handle: self.handle(),
-            });
-        }
+        let inner = &self.inner;
+        inner
+            .life
+            .destroy(&inner.users, ObjectKind::Cq, self.handle(), || Ok(()))?;
         // Drain what is queued: nothing is delivered from a destroyed CQ.
-        let _ = self.inner.cq.poll(usize::MAX);
+        let _ = inner.cq.poll(usize::MAX);
         Ok(())
     }
 }
@@ -612,23 +679,31 @@ pub(crate) struct QpUses {
 }
 
 impl QpUses {
-    fn new(pd: &Arc<PdInner>, send_cq: &Arc<CqInner>, recv_cq: &Arc<CqInner>) -> QpUses {
-        pd.qps.fetch_add(1, Ordering::AcqRel);
-        send_cq.users.fetch_add(1, Ordering::AcqRel);
-        recv_cq.users.fetch_add(1, Ordering::AcqRel);
-        QpUses {
+    /// Counts a QP about to be created on the PD and CQs, then checks that they are
+    /// live ([`Life`]: the creator's half of the protocol); on `Err` the counts are
+    /// undone (the `QpUses` is dropped).
+    fn acquire(pd: &Arc<PdInner>, send_cq: &Cq, recv_cq: &Cq) -> Result<QpUses, VerbsError> {
+        pd.qps.fetch_add(1, Ordering::SeqCst);
+        send_cq.inner.users.fetch_add(1, Ordering::SeqCst);
+        recv_cq.inner.users.fetch_add(1, Ordering::SeqCst);
+        let uses = QpUses {
             pd: Arc::clone(pd),
-            send_cq: Arc::clone(send_cq),
-            recv_cq: Arc::clone(recv_cq),
+            send_cq: Arc::clone(&send_cq.inner),
+            recv_cq: Arc::clone(&recv_cq.inner),
+        };
+        for cq in [send_cq, recv_cq] {
+            cq.inner.life.check_live(ObjectKind::Cq, cq.handle())?;
         }
+        pd.life.check_live(ObjectKind::Pd, pd.id.raw())?;
+        Ok(uses)
     }
 }
 
 impl Drop for QpUses {
     fn drop(&mut self) {
-        self.pd.qps.fetch_sub(1, Ordering::AcqRel);
-        self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
-        self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.pd.qps.fetch_sub(1, Ordering::SeqCst);
+        self.send_cq.users.fetch_sub(1, Ordering::SeqCst);
+        self.recv_cq.users.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -659,14 +734,9 @@ impl Qp {
         {
             return Err(foreign);
         }
-        for cq in [attr.send_cq, attr.recv_cq] {
-            if cq.inner.destroyed.load(Ordering::Acquire) {
-                return Err(VerbsError::InvalidHandle {
-                    object: ObjectKind::Cq,
-                    handle: cq.handle(),
-                });
-            }
-        }
+        // Counted on the PD and CQs first, then checked live (`Life`): a racing
+        // `Pd::dealloc` or `Cq::destroy` and this creation never both succeed.
+        let uses = QpUses::acquire(&pd.inner, attr.send_cq, attr.recv_cq)?;
         check_cap(&attr.cap)?;
         let qpn = handle.next_qpn();
         let mut init = QpInit::new(qpn, pd.inner.id, attr.cap);
@@ -687,11 +757,7 @@ impl Qp {
             handle.async_events(),
             handle.kick(),
         );
-        let uses = Arc::new(QpUses::new(
-            &pd.inner,
-            &attr.send_cq.inner,
-            &attr.recv_cq.inner,
-        ));
+        let uses = Arc::new(uses);
         core.uses = Some(Arc::clone(&uses) as UsesGuard);
         let shared = Arc::clone(&core.shared);
         handle.enqueue(Command::CreateQp {

@@ -6,6 +6,10 @@
 //!   completed (RTS needs the LLP connection, as in kernel siw);
 //! - `Cq::destroy` / `Pd::dealloc` succeeded right after a QP was dropped, before the
 //!   engine flushed it, and the flushed completions then reached the destroyed CQ.
+//! - a QP created on one thread while another destroyed its CQ (or deallocated its
+//!   PD): the destroy checked the QP count before the creation raised it, and the
+//!   creation checked the CQ before the destroy marked it, so both succeeded and the
+//!   QP used a destroyed CQ.
 
 use std::time::{Duration, Instant};
 
@@ -199,5 +203,94 @@ fn cq_and_pd_stay_in_use_until_a_dropped_qp_is_flushed() {
             cq.poll(WRS as usize),
             Err(CqError::Destroyed { cq: cq.handle() })
         );
+    }
+}
+
+/// Which parent of a QP [`creation_racing_a_destroy_never_both_succeed`] destroys.
+#[derive(Clone, Copy, Debug)]
+enum Parent {
+    Cq,
+    Pd,
+}
+
+/// Creates a QP on one thread while another destroys its CQ or deallocates its PD,
+/// `rounds` times with a varying head start: never both succeed, and each failure is
+/// the documented one (`InUse` for the destroy, `InvalidHandle` for the creation).
+fn creation_racing_a_destroy(parent: Parent, rounds: usize) -> (usize, usize) {
+    let (a, _b) = devices(&Setup::default());
+    let (mut destroy_won, mut create_won) = (0, 0);
+    for round in 0..rounds {
+        let pd = a.dev.alloc_pd().unwrap();
+        let cq = a.dev.create_cq(64).unwrap();
+        let barrier = std::sync::Barrier::new(2);
+        let (qp, destroyed) = std::thread::scope(|s| {
+            let creator = s.spawn(|| {
+                barrier.wait();
+                a.dev.create_qp(
+                    &pd,
+                    QpInitAttr {
+                        send_cq: &cq,
+                        recv_cq: &cq,
+                        cap: cap(16, 1),
+                        sq_sig_all: false,
+                    },
+                )
+            });
+            barrier.wait();
+            for _ in 0..(round % 40) * 50 {
+                std::hint::spin_loop();
+            }
+            let destroyed = match parent {
+                Parent::Cq => cq.destroy(),
+                Parent::Pd => pd.dealloc(),
+            };
+            (creator.join().unwrap(), destroyed)
+        });
+        let object = match parent {
+            Parent::Cq => ObjectKind::Cq,
+            Parent::Pd => ObjectKind::Pd,
+        };
+        match (qp, destroyed) {
+            (Ok(_), Ok(())) => {
+                panic!("round {round}: the QP was created and its {parent:?} destroyed")
+            }
+            (Ok(qp), Err(e)) => {
+                assert_eq!(e, VerbsError::InUse { object }, "round {round}");
+                create_won += 1;
+                qp.destroy().unwrap();
+            }
+            (Err(e), Ok(())) => {
+                assert!(
+                    matches!(e, VerbsError::InvalidHandle { object: o, .. } if o == object),
+                    "round {round}: {e}"
+                );
+                destroy_won += 1;
+            }
+            // Both refused: possible when they race (the creation saw the destroy
+            // deciding, the destroy saw the creation's count), never both succeeding.
+            (Err(_), Err(_)) => {}
+        }
+        // Whatever is left goes (the engine may still hold a destroyed QP briefly).
+        let deadline = Instant::now() + WAIT;
+        let gone = |f: &dyn Fn() -> Result<(), VerbsError>| loop {
+            match f() {
+                Ok(()) | Err(VerbsError::InvalidHandle { .. }) => break,
+                Err(VerbsError::InUse { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("round {round}: cleanup: {e}"),
+            }
+        };
+        gone(&|| cq.destroy());
+        gone(&|| pd.dealloc());
+    }
+    (destroy_won, create_won)
+}
+
+#[test]
+fn creation_racing_a_destroy_never_both_succeed() {
+    for parent in [Parent::Cq, Parent::Pd] {
+        let (destroy_won, create_won) = creation_racing_a_destroy(parent, 400);
+        println!("{parent:?}: destroy won {destroy_won}, creation won {create_won}");
     }
 }
