@@ -221,10 +221,14 @@ impl Peer {
             .any(|d| d.device().ended().is_some() && listed.contains(&d.device().name().to_owned()))
     }
 
-    /// True while the harness's action may still be under way (`--acted-file` given and
-    /// not created yet).
+    /// True while the harness's action may still be under way: `--acted-file` given and
+    /// not created yet, and none of our devices removed (a removal seen is the action's
+    /// end for this peer; waiting on would also wait for itself, since `ip link del` of
+    /// a TAP returns only once the peer's device closed the TAP's fd).
     pub(super) fn action_pending(&self) -> bool {
         self.args.acted_file.as_ref().is_some_and(|f| !f.exists())
+            && self.removed.is_empty()
+            && self.newly_removed_peek().is_empty()
     }
 
     pub(super) fn newly_removed_peek(&self) -> Vec<String> {
