@@ -25,6 +25,18 @@
 //!    pointer (`struct ibv_wc *` of `num_entries`, `struct ibv_port_attr *`, ...) is
 //!    writable for the call.
 //!
+//! What the library checks before it relies on contract 3, so that a wrong count or
+//! pointer is an error and never a panic that aborts (Rust's debug checks of
+//! `slice::from_raw_parts` and of a misaligned dereference cannot unwind, so
+//! [`guard`] cannot catch them): a negative count is `EINVAL` before any slice is
+//! made; a count is checked against the object's limit where it has one (`num_sge`
+//! against the QP's `max_send_sge` / `max_recv_sge`, inline bytes against
+//! `max_inline_data`, a WR list against the queue's depth) before the array is read;
+//! [`slice`], [`slice_mut`], [`obj`], [`obj_mut`] and [`write_out`] refuse a
+//! misaligned pointer, and [`slice`] / [`slice_mut`] an array larger than
+//! `isize::MAX` bytes. That a pointer which passes these checks is readable or
+//! writable is the application's part of the contract.
+//!
 //! Every object this library hands out is a [`crate::handles::Obj`]: a `#[repr(C)]`
 //! pair whose first field is the C struct (in an `UnsafeCell`), so the C pointer is the
 //! object's address; its rules for the C view are in [`crate::handles`].
@@ -66,23 +78,33 @@ pub fn errno() -> c_int {
 /// The struct at `p`: an input struct of the application (contract 3), or our own
 /// `struct ibv_device` (checked to be ours first).
 ///
+/// `None` for NULL or a pointer misaligned for `T`.
+///
 /// # Safety
 ///
-/// `p` is NULL or readable for a `T` for the call.
+/// `p` is NULL, misaligned, or readable for a `T` for the call.
 pub unsafe fn obj<'a, T>(p: *const T) -> Option<&'a T> {
-    // SAFETY: the caller's contract: NULL or readable.
+    if !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: the caller's contract: NULL or readable; aligned (checked).
     unsafe { p.as_ref() }
 }
 
 /// The object at `p`, writable (an input/output struct the application passes, such
 /// as `struct ibv_qp_init_attr`, whose `cap` is written back).
 ///
+/// `None` for NULL or a pointer misaligned for `T`.
+///
 /// # Safety
 ///
-/// Contract 3: `p` is NULL or readable and writable for a `T`, not otherwise
-/// referenced for the call.
+/// Contract 3: `p` is NULL, misaligned, or readable and writable for a `T`, not
+/// otherwise referenced for the call.
 pub unsafe fn obj_mut<'a, T>(p: *mut T) -> Option<&'a mut T> {
-    // SAFETY: the caller's contract.
+    if !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: the caller's contract; aligned (checked).
     unsafe { p.as_mut() }
 }
 
@@ -101,16 +123,17 @@ pub unsafe fn from_raw<T>(p: *mut T) -> Box<T> {
     unsafe { Box::from_raw(p) }
 }
 
-/// Writes `v` to `*p`; false if `p` is NULL.
+/// Writes `v` to `*p`; false if `p` is NULL or misaligned for `T`.
 ///
 /// # Safety
 ///
-/// Contract 3: `p` is NULL or writable for a `T`.
+/// Contract 3: `p` is NULL, misaligned, or writable for a `T`.
 pub unsafe fn write_out<T>(p: *mut T, v: T) -> bool {
-    if p.is_null() {
+    if p.is_null() || !p.is_aligned() {
         return false;
     }
-    // SAFETY: non-null and writable by the caller's contract; `write` drops nothing.
+    // SAFETY: non-null, aligned, and writable by the caller's contract; `write` drops
+    // nothing.
     unsafe { p.write(v) };
     true
 }
@@ -145,23 +168,25 @@ pub unsafe fn gather(list: &[cxgb4::ffi::types::IbvSge]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The `n` elements at `p` (empty for `n == 0`); `None` for a NULL `p` with `n > 0`.
+/// The `n` elements at `p` (empty for `n == 0`); `None` for a NULL or misaligned `p`
+/// with `n > 0`, or `n` elements larger than `isize::MAX` bytes.
 ///
 /// # Safety
 ///
-/// Contract 3: `p` points to `n` readable `T`s.
+/// Contract 3: `p` points to `n` readable `T`s (unless refused as above).
 pub unsafe fn slice<'a, T>(p: *const T, n: usize) -> Option<&'a [T]> {
     if n == 0 {
         return Some(&[]);
     }
-    if p.is_null() {
+    if !array_ok(p, n) {
         return None;
     }
-    // SAFETY: the caller's contract; `p` is non-null.
+    // SAFETY: the caller's contract; `p` is non-null and aligned, and `n` elements
+    // fit in `isize::MAX` bytes (`array_ok`): `from_raw_parts`' preconditions.
     Some(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
-/// The `n` writable elements at `p`; `None` for NULL with `n > 0`.
+/// The `n` writable elements at `p`; `None` as for [`slice`].
 ///
 /// # Safety
 ///
@@ -170,11 +195,20 @@ pub unsafe fn slice_mut<'a, T>(p: *mut T, n: usize) -> Option<&'a mut [T]> {
     if n == 0 {
         return Some(&mut []);
     }
-    if p.is_null() {
+    if !array_ok(p, n) {
         return None;
     }
-    // SAFETY: the caller's contract; `p` is non-null.
+    // SAFETY: as in `slice`.
     Some(unsafe { std::slice::from_raw_parts_mut(p, n) })
+}
+
+/// True if `p` is non-null and aligned for `T`, and `n` `T`s fit in `isize::MAX`
+/// bytes (what `slice::from_raw_parts` requires besides readability).
+fn array_ok<T>(p: *const T, n: usize) -> bool {
+    !p.is_null()
+        && p.is_aligned()
+        && n.checked_mul(std::mem::size_of::<T>().max(1))
+            .is_some_and(|b| b <= isize::MAX as usize)
 }
 
 /// The NUL-terminated string at `p`, if not NULL and UTF-8.
@@ -200,8 +234,9 @@ pub unsafe fn read_sockaddr(p: *const libc::sockaddr) -> Result<Option<SocketAdd
     if p.is_null() {
         return Ok(None);
     }
-    // SAFETY: every sockaddr starts with its family.
-    let family = unsafe { (*p).sa_family };
+    // SAFETY: every sockaddr starts with its family (at offset 0; read unaligned: `p`
+    // may be any address the application passed).
+    let family = unsafe { std::ptr::read_unaligned(p.cast::<libc::sa_family_t>()) };
     match c_int::from(family) {
         libc::AF_INET => {
             // SAFETY: AF_INET: the caller's sockaddr is a sockaddr_in; read unaligned.
@@ -445,6 +480,29 @@ mod tests {
 
     fn zeroed_storage() -> libc::sockaddr_storage {
         sockaddr_storage(None)
+    }
+
+    #[test]
+    fn counts_and_pointers_that_would_abort_are_refused() {
+        let v = [1u64, 2, 3];
+        // SAFETY: `v` is 3 readable u64s; the refused cases are never read.
+        unsafe {
+            assert_eq!(slice(v.as_ptr(), 3), Some(&v[..]));
+            assert_eq!(slice(std::ptr::null::<u64>(), 0), Some(&[][..]));
+            assert_eq!(slice(std::ptr::null::<u64>(), 1), None);
+            // More than isize::MAX bytes (what a negative num_sge made).
+            assert_eq!(slice(v.as_ptr(), usize::MAX), None);
+            assert_eq!(slice(v.as_ptr(), usize::MAX / 8), None);
+            // Misaligned.
+            let odd = v.as_ptr().cast::<u8>().add(1).cast::<u64>();
+            assert_eq!(slice(odd, 1), None);
+            assert!(obj(odd).is_none());
+            let odd_mut = odd.cast_mut();
+            assert!(obj_mut(odd_mut).is_none());
+            assert!(slice_mut(odd_mut, 1).is_none());
+            assert!(!write_out(odd_mut, 5));
+            assert!(!write_out(std::ptr::null_mut::<u64>(), 5));
+        }
     }
 
     #[test]

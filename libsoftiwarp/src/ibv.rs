@@ -733,11 +733,33 @@ fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
         .collect()
 }
 
-/// The soft send WR of a C one; `Err(errno)` for an opcode the device does not do.
-fn send_wr(wr: &IbvSendWr) -> Result<SendWr, c_int> {
-    let n = usize::try_from(wr.num_sge).map_err(|_| libc::EINVAL)?;
+/// The `num_sge` SGEs at `sg_list`, `EINVAL` for a negative count or one above `max`
+/// (checked before the array is read, as rdma-core's providers do, so a count larger
+/// than the array is refused and not read past it).
+fn sge_list<'a>(
+    sg_list: *mut cxgb4::ffi::types::IbvSge,
+    num_sge: c_int,
+    max: u32,
+) -> Result<&'a [cxgb4::ffi::types::IbvSge], c_int> {
+    let n = usize::try_from(num_sge).map_err(|_| libc::EINVAL)?;
+    if n > max as usize {
+        return Err(libc::EINVAL);
+    }
     // SAFETY: contract 3: `sg_list` has `num_sge` readable entries.
-    let list = unsafe { slice(wr.sg_list, n) }.ok_or(libc::EINVAL)?;
+    unsafe { slice(sg_list, n) }.ok_or(libc::EINVAL)
+}
+
+/// The soft send WR of a C one on a QP with capabilities `cap`; `Err(errno)` for an
+/// opcode the device does not do, or SGEs / inline data beyond the QP's limits.
+fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
+    let inline = wr.send_flags & IBV_SEND_INLINE != 0;
+    // Inline data is limited by `max_inline_data` (below), not `max_send_sge`.
+    let max_sge = if inline {
+        sw::DeviceAttr::SOFT.max_sge
+    } else {
+        cap.max_send_sge
+    };
+    let list = sge_list(wr.sg_list, wr.num_sge, max_sge)?;
     let mut flags = SendFlags::empty();
     for (bit, f) in [
         (IBV_SEND_FENCE, SendFlags::FENCE),
@@ -774,7 +796,12 @@ fn send_wr(wr: &IbvSendWr) -> Result<SendWr, c_int> {
         },
         _ => return Err(libc::EINVAL),
     };
-    let payload = if flags.contains(SendFlags::INLINE) {
+    let payload = if inline {
+        let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        if total > u64::from(cap.max_inline_data) {
+            // Refused before the SGEs' memory is read.
+            return Err(libc::EINVAL);
+        }
         // SAFETY: contract 3: inline data is read from the SGEs' addresses at post
         // time (ibv_post_send(3): "the buffers can be reused after the call").
         Payload::Inline(unsafe { crate::boundary::gather(list) }.ok_or(libc::EINVAL)?)
@@ -789,9 +816,86 @@ fn send_wr(wr: &IbvSendWr) -> Result<SendWr, c_int> {
     })
 }
 
-/// `ibv_post_send` (ops slot): the WR list in order; on a refused WR, `*bad_wr` names
-/// it (the ones before it are posted) and its errno is returned; `EINVAL` if not a
-/// live QP.
+/// A C work request list (`struct ibv_send_wr` or `struct ibv_recv_wr`).
+trait CWr: Sized {
+    /// `next`.
+    fn next(&self) -> *mut Self;
+}
+
+impl CWr for IbvSendWr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl CWr for IbvRecvWr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts the C WR list at `first` in order, at most `depth` WRs (the queue's depth: a
+/// longer list, a cyclic one included, cannot fit): each is converted by `convert`,
+/// and the converted ones are posted by `post` (which reports the index and errno of
+/// the WR it refused). On a refused WR, `*bad_wr` names it (the ones before it are
+/// posted) and its errno is returned: `EINVAL` for a WR `convert` refuses or a
+/// misaligned pointer, `ENOMEM` for the first WR beyond `depth` (as rdma-core's
+/// providers report a full queue).
+fn post_c_list<W: CWr, T>(
+    first: *mut W,
+    bad_wr: *mut *mut W,
+    depth: usize,
+    mut convert: impl FnMut(&W) -> Result<T, c_int>,
+    post: impl FnOnce(Vec<T>) -> Result<(), (usize, c_int)>,
+) -> c_int {
+    let mut ptrs: Vec<*mut W> = Vec::new();
+    let mut wrs = Vec::new();
+    let mut cur = first;
+    let mut refused = None;
+    while !cur.is_null() {
+        if ptrs.len() >= depth {
+            refused = Some((cur, libc::ENOMEM));
+            break;
+        }
+        // SAFETY: contract 3: a NULL-terminated list of readable WRs (a misaligned
+        // pointer is refused).
+        let Some(w) = (unsafe { obj(cur) }) else {
+            refused = Some((cur, libc::EINVAL));
+            break;
+        };
+        match convert(w) {
+            Ok(t) => wrs.push(t),
+            Err(e) => {
+                refused = Some((cur, e));
+                break;
+            }
+        }
+        ptrs.push(cur);
+        cur = w.next();
+    }
+    // Post the ones before the refused WR, then report it.
+    if !wrs.is_empty() {
+        if let Err((index, e)) = post(wrs) {
+            if let Some(&p) = ptrs.get(index) {
+                // SAFETY: contract 3.
+                unsafe { write_out(bad_wr, p) };
+            }
+            return e;
+        }
+    }
+    match refused {
+        Some((p, e)) => {
+            // SAFETY: contract 3.
+            unsafe { write_out(bad_wr, p) };
+            e
+        }
+        None => 0,
+    }
+}
+
+/// `ibv_post_send` (ops slot): the WR list in order, at most the send queue's depth;
+/// on a refused WR, `*bad_wr` names it (the ones before it are posted) and its errno is
+/// returned; `EINVAL` if not a live QP.
 ///
 /// # Safety
 ///
@@ -802,54 +906,23 @@ pub unsafe extern "C" fn post_send(
     bad_wr: *mut *mut IbvSendWr,
 ) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
-        let Some(q) = QpObj::get(qp).and_then(|q| q.s.qp()) else {
+        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
             return err_ret(libc::EINVAL);
         };
-        let mut ptrs: Vec<*mut IbvSendWr> = Vec::new();
-        let mut wrs = Vec::new();
-        let mut cur = wr;
-        // SAFETY: contract 3: a NULL-terminated list of readable WRs.
-        while let Some(w) = unsafe { obj(cur) } {
-            match send_wr(w) {
-                Ok(s) => wrs.push(s),
-                Err(e) => {
-                    // Post the ones before it, then report it.
-                    let r = post_sends(&q, wrs, &ptrs, bad_wr);
-                    if r != 0 {
-                        return r;
-                    }
-                    // SAFETY: contract 3.
-                    unsafe { write_out(bad_wr, cur) };
-                    return e;
-                }
-            }
-            ptrs.push(cur);
-            cur = w.next;
-        }
-        post_sends(&q, wrs, &ptrs, bad_wr)
+        let cap = o.s.cap;
+        post_c_list(
+            wr,
+            bad_wr,
+            cap.max_send_wr as usize,
+            |w| send_wr(w, &cap),
+            |wrs| {
+                q.post_send_list(wrs).map_err(|e| {
+                    tracing::debug!(qpn = q.qp_num(), index = e.index, error = %e.error, "ibv_post_send refused a WR");
+                    (e.index, e.error.errno())
+                })
+            },
+        )
     })
-}
-
-fn post_sends(
-    q: &sw::Qp,
-    wrs: Vec<SendWr>,
-    ptrs: &[*mut IbvSendWr],
-    bad_wr: *mut *mut IbvSendWr,
-) -> c_int {
-    if wrs.is_empty() {
-        return 0;
-    }
-    match q.post_send_list(wrs) {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::debug!(qpn = q.qp_num(), index = e.index, error = %e.error, "ibv_post_send refused a WR");
-            if let Some(&p) = ptrs.get(e.index) {
-                // SAFETY: contract 3.
-                unsafe { write_out(bad_wr, p) };
-            }
-            e.error.errno()
-        }
-    }
 }
 
 /// `ibv_post_recv` (ops slot), as [`post_send`].
@@ -863,38 +936,23 @@ pub unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut IbvRecvWr,
 ) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
-        let Some(q) = QpObj::get(qp).and_then(|q| q.s.qp()) else {
+        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
             return err_ret(libc::EINVAL);
         };
-        let mut ptrs: Vec<*mut IbvRecvWr> = Vec::new();
-        let mut wrs = Vec::new();
-        let mut cur = wr;
-        // SAFETY: contract 3.
-        while let Some(w) = unsafe { obj(cur) } {
-            let n = usize::try_from(w.num_sge).unwrap_or(usize::MAX);
-            // SAFETY: contract 3.
-            let Some(list) = (unsafe { slice(w.sg_list, n) }) else {
-                // SAFETY: contract 3.
-                unsafe { write_out(bad_wr, cur) };
-                return libc::EINVAL;
-            };
-            wrs.push(RecvWr::new(w.wr_id, sges(list)));
-            ptrs.push(cur);
-            cur = w.next;
-        }
-        if wrs.is_empty() {
-            return 0;
-        }
-        match q.post_recv_list(wrs) {
-            Ok(()) => 0,
-            Err(e) => {
-                if let Some(&p) = ptrs.get(e.index) {
-                    // SAFETY: contract 3.
-                    unsafe { write_out(bad_wr, p) };
-                }
-                e.error.errno()
-            }
-        }
+        let cap = o.s.cap;
+        post_c_list(
+            wr,
+            bad_wr,
+            cap.max_recv_wr as usize,
+            |w| {
+                let list = sge_list(w.sg_list, w.num_sge, cap.max_recv_sge)?;
+                Ok(RecvWr::new(w.wr_id, sges(list)))
+            },
+            |wrs| {
+                q.post_recv_list(wrs)
+                    .map_err(|e| (e.index, e.error.errno()))
+            },
+        )
     })
 }
 
