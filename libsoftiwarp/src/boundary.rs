@@ -341,7 +341,10 @@ pub fn read_eventfd(fd: c_int) -> Result<u64, c_int> {
 }
 
 /// Resets the eventfd `fd` to not readable (reads its counter if it is readable, without
-/// blocking whatever the fd's `O_NONBLOCK`).
+/// blocking whatever the fd's `O_NONBLOCK`; an fd the application read itself is
+/// already reset). Only a reader of the application taking the counter between the
+/// `poll` and the `read` here could make the read wait: the fd's `O_NONBLOCK` is the
+/// application's to set, so it cannot be set for this read alone.
 pub fn drain_eventfd(fd: c_int) {
     let mut p = libc::pollfd {
         fd,

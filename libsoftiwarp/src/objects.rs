@@ -20,7 +20,7 @@ use verbs::{QpCap, WorkCompletion};
 
 pub use crate::handles::Obj;
 
-use crate::boundary::{read_eventfd, signal_eventfd};
+use crate::boundary::{drain_eventfd, signal_eventfd};
 
 /// Locks `m`, ignoring poisoning (a panic caught at the boundary must not wedge the
 /// object for the rest of the process).
@@ -73,8 +73,11 @@ impl<T> FdQueue<T> {
         let mut q = lock(&self.queue);
         let item = q.pop_front()?;
         if q.is_empty() {
-            // The counter is non-zero (signalled when the queue became non-empty).
-            let _ = read_eventfd(self.fd.as_raw_fd());
+            // The counter was signalled when the queue became non-empty, but the
+            // application may have read the fd itself: drained without blocking (a
+            // blocking read here would hold the lock that `push_locked`'s callers
+            // need to signal it again).
+            drain_eventfd(self.fd.as_raw_fd());
         }
         Some(item)
     }
@@ -85,7 +88,7 @@ impl<T> FdQueue<T> {
         let had = !q.is_empty();
         q.retain(keep);
         if had && q.is_empty() {
-            let _ = read_eventfd(self.fd.as_raw_fd());
+            drain_eventfd(self.fd.as_raw_fd());
         }
     }
 
