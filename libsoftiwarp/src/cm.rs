@@ -512,7 +512,7 @@ fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_i
     if a.qp_type != IBV_QPT_RC {
         return fail(libc::EOPNOTSUPP);
     }
-    let Some((scq, rcq, soft_scq, soft_rcq)) = crate::ibv::cq_pair(a) else {
+    let Some((uses, soft_scq, soft_rcq)) = crate::ibv::cq_pair(a, &p) else {
         return fail(libc::EINVAL);
     };
     let init = sw::QpInitAttr {
@@ -523,7 +523,7 @@ fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_i
     };
     match r.create_qp(&p.s.pd, init) {
         Ok(qp) => {
-            let q = crate::ibv::qp_obj(qp, p, a, Some(r), [scq, rcq]);
+            let q = crate::ibv::qp_obj(qp, a, Some(r), uses);
             let _c = lock(&o.s.c_lock);
             o.update_c(|c| c.qp = q);
             0

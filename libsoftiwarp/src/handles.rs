@@ -12,9 +12,19 @@
 //! type with the object) is `EINVAL` and is never dereferenced. The `Arc` a call holds
 //! keeps the object alive while a destroy on another thread races it.
 //!
-//! Destroying takes the handle out of the registry first ([`Obj::take`]), so of two
-//! destroys (or a destroy and a racing call) exactly one finds it; a destroy refused
-//! because the object is in use (`EBUSY`) puts it back ([`Obj::restore`]).
+//! A destroy that cannot be refused (a QP, a CM id, an event's ack) takes the handle
+//! out of the registry first ([`Obj::take`]), so of two destroys (or a destroy and a
+//! racing call) exactly one finds it. A destroy the object's use can refuse (`EBUSY`: a
+//! PD, MR, CQ or completion channel) first marks the object dying
+//! ([`Obj::begin_destroy`]) and takes it out of the registry only once it succeeded
+//! ([`Destroying::finish`]): while it runs, the object stays live for every other call
+//! (a refused destroy leaves no window in which the live object is `EINVAL`), a second
+//! destroy gets `EBUSY` (as the kernel's exclusive lock of a uobject being destroyed
+//! does), and the creation of a child (a CQ on a channel, a QP on a CQ) fails. Creator
+//! and destroyer meet as in Dekker's protocol: the creator counts its child on the
+//! parent first and then checks [`Obj::is_dying`]; the destroyer marks the parent dying
+//! first and then checks the count (both `SeqCst`), so at least one of them sees the
+//! other and never both succeed.
 //!
 //! # The graveyard
 //!
@@ -51,6 +61,7 @@
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 /// How many destroyed handles stay readable (see the [module docs](self)).
@@ -62,6 +73,9 @@ pub struct Obj<C, S> {
     c: UnsafeCell<C>,
     /// Our side of the object.
     pub s: S,
+    /// A destroy that may be refused is in progress, or succeeded
+    /// ([`Obj::begin_destroy`]).
+    dying: AtomicBool,
 }
 
 // SAFETY: `C` is one of rdma-core's plain C structs (integers, arrays, raw pointers
@@ -94,6 +108,7 @@ impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
         Arc::new(Obj {
             c: UnsafeCell::new(c),
             s,
+            dying: AtomicBool::new(false),
         })
     }
 
@@ -102,6 +117,7 @@ impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
         Arc::new_cyclic(|w| Obj {
             c: UnsafeCell::new(c),
             s: f(w.as_ptr() as usize),
+            dying: AtomicBool::new(false),
         })
     }
 
@@ -147,43 +163,44 @@ impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
         live.remove(&(p as usize))?.downcast::<Self>().ok()
     }
 
-    /// Takes the live object at `p` out of the registry for a destroy unless `busy`
-    /// says it is in use: `Err(EINVAL)` if not live, `Err(EBUSY)` if busy (checked
-    /// before and again after the take, so a use that raced in keeps it live).
-    pub fn take_idle(p: *const C, busy: impl Fn(&Self) -> bool) -> Result<Arc<Self>, i32> {
-        match Self::get(p) {
-            None => return Err(libc::EINVAL),
-            Some(o) if busy(&o) => return Err(libc::EBUSY),
-            Some(_) => {}
+    /// Starts a destroy that may be refused: marks the live object at `p` dying (see
+    /// the [module docs](self)), leaving it live for other calls until
+    /// [`Destroying::finish`]; dropping the [`Destroying`] instead (the destroy was
+    /// refused) makes it an ordinary live object again. `Err(EINVAL)` if not live,
+    /// `Err(EBUSY)` while another destroy of it runs.
+    pub fn begin_destroy(p: *const C) -> Result<Destroying<C, S>, i32> {
+        let o = Self::get(p).ok_or(libc::EINVAL)?;
+        if o.dying
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            // Another destroy runs, or has just succeeded.
+            return Err(if Self::get(p).is_some() {
+                libc::EBUSY
+            } else {
+                libc::EINVAL
+            });
         }
-        let o = Self::take(p).ok_or(libc::EINVAL)?;
-        if busy(&o) {
-            Self::restore(o);
-            return Err(libc::EBUSY);
-        }
-        Ok(o)
+        Ok(Destroying {
+            obj: o,
+            finished: false,
+        })
     }
 
-    /// Destroys the live object at `p`: takes it, runs `f`, buries it if `f` succeeds,
-    /// puts it back if `f` refuses (`Err(errno)`). `Err(EINVAL)` if not live.
+    /// Destroys the live object at `p` with `f`, which may refuse (`Err(errno)`): as
+    /// [`Obj::begin_destroy`], then buried if `f` succeeds, live again if it refuses.
     pub fn destroy_with(p: *const C, f: impl FnOnce(&Self) -> Result<(), i32>) -> Result<(), i32> {
-        let o = Self::take(p).ok_or(libc::EINVAL)?;
-        match f(&o) {
-            Ok(()) => {
-                Self::bury(o);
-                Ok(())
-            }
-            Err(e) => {
-                Self::restore(o);
-                Err(e)
-            }
-        }
+        let d = Self::begin_destroy(p)?;
+        f(d.obj())?;
+        d.finish();
+        Ok(())
     }
 
-    /// Puts a taken object back (its destroy was refused).
-    pub fn restore(this: Arc<Self>) {
-        let any: AnyObj = this.clone();
-        write(&registry().live).insert(this.addr(), any);
+    /// True while a destroy of the object that may be refused runs, and once one
+    /// succeeded: a creator that counted a child on the object checks this afterwards
+    /// and undoes its count if true (`SeqCst`, see the [module docs](self)).
+    pub fn is_dying(&self) -> bool {
+        self.dying.load(Ordering::SeqCst)
     }
 
     /// Keeps a destroyed object's memory readable for the next [`GRAVEYARD`] destroys.
@@ -224,6 +241,37 @@ impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
     }
 }
 
+/// A destroy in progress ([`Obj::begin_destroy`]): the object is live and dying.
+pub struct Destroying<C: 'static, S: Send + Sync + 'static> {
+    obj: Arc<Obj<C, S>>,
+    finished: bool,
+}
+
+impl<C: 'static, S: Send + Sync + 'static> Destroying<C, S> {
+    /// The object being destroyed.
+    pub fn obj(&self) -> &Arc<Obj<C, S>> {
+        &self.obj
+    }
+
+    /// The destroy succeeded: the handle is dead from now on (out of the registry, so
+    /// every later call finds nothing; it stays dying) and its memory goes to the
+    /// graveyard.
+    pub fn finish(mut self) {
+        self.finished = true;
+        write(&registry().live).remove(&self.obj.addr());
+        Obj::bury(self.obj.clone());
+    }
+}
+
+impl<C: 'static, S: Send + Sync + 'static> Drop for Destroying<C, S> {
+    /// Not finished: the destroy was refused, and the object is an ordinary live one.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.obj.dying.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(PoisonError::into_inner)
 }
@@ -260,12 +308,36 @@ mod tests {
             "a second destroy finds nothing"
         );
         assert!(Obj::<CA, u32>::get(p).is_none());
-        Obj::restore(t);
-        let t = Obj::<CA, u32>::take(p).expect("restored");
+        Obj::publish(&t);
+        let t = Obj::<CA, u32>::take(p).expect("published again");
         t.with_c(|c| assert_eq!(c.0, 1));
         Obj::bury(t);
         drop(a);
         assert!(Obj::<CA, u32>::get(p).is_none());
+    }
+
+    #[test]
+    fn a_dying_object_stays_live_until_its_destroy_succeeds() {
+        let a = Obj::new(CA(2), 20u32);
+        let p = Obj::publish(&a);
+        let d = Obj::<CA, u32>::begin_destroy(p).expect("live");
+        assert!(a.is_dying());
+        // Other calls still find it; a second destroy is refused while this one runs.
+        assert!(Obj::<CA, u32>::get(p).is_some());
+        assert_eq!(Obj::<CA, u32>::begin_destroy(p).err(), Some(libc::EBUSY));
+        // Refused: an ordinary live object again.
+        drop(d);
+        assert!(!a.is_dying());
+        assert_eq!(
+            Obj::<CA, u32>::destroy_with(p, |_| Err(libc::EBUSY)),
+            Err(libc::EBUSY)
+        );
+        assert!(!a.is_dying() && Obj::<CA, u32>::get(p).is_some());
+        // Succeeded: dead, and it stays dying (a creator that raced it sees that).
+        assert_eq!(Obj::<CA, u32>::destroy_with(p, |_| Ok(())), Ok(()));
+        assert!(a.is_dying());
+        assert!(Obj::<CA, u32>::get(p).is_none());
+        assert_eq!(Obj::<CA, u32>::begin_destroy(p).err(), Some(libc::EINVAL));
     }
 
     #[test]

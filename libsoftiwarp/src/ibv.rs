@@ -479,19 +479,24 @@ c_fn!("IBVERBS_1.0";
 /// channel (returned, as libibverbs does, and in `errno`).
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) -> c_int {
     guard("ibv_destroy_comp_channel", libc::EIO, || {
-        let busy = |ch: &CompChanObj| {
-            lock(&ch.s.shared)
+        // Marked dying first, the CQ count checked after (`crate::handles`; the
+        // other half is `ibv_create_cq`).
+        let r = CompChanObj::destroy_with(channel, |ch| {
+            let mut shared = lock(&ch.s.shared);
+            if shared
                 .as_ref()
-                .is_some_and(|s| s.cqs.load(Ordering::Acquire) > 0)
-        };
-        let ch = match CompChanObj::take_idle(channel, busy) {
-            Ok(ch) => ch,
-            Err(e) => return err_ret(e),
-        };
-        // Closes the fd (unless a blocked ibv_get_cq_event still holds it).
-        drop(lock(&ch.s.shared).take());
-        CompChanObj::bury(ch);
-        0
+                .is_some_and(|s| s.cqs.load(Ordering::SeqCst) > 0)
+            {
+                return Err(libc::EBUSY);
+            }
+            // Closes the fd (unless a blocked ibv_get_cq_event still holds it).
+            drop(shared.take());
+            Ok(())
+        });
+        match r {
+            Ok(()) => 0,
+            Err(e) => err_ret(e),
+        }
     })
 });
 
@@ -510,14 +515,19 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
         let chan = if channel.is_null() {
             None
         } else {
-            match CompChanObj::get(channel).and_then(|c| lock(&c.s.shared).clone()) {
+            match CompChanObj::get(channel).and_then(|c| chan_use(&c)) {
                 Some(sh) => Some(sh),
                 None => return null_err(libc::EINVAL),
             }
         };
         let cq = match s.device.create_cq(cq_capacity(n)) {
             Ok(cq) => cq,
-            Err(e) => return null_err(e.errno()),
+            Err(e) => {
+                if let Some(chan) = chan {
+                    chan.cqs.fetch_sub(1, Ordering::SeqCst);
+                }
+                return null_err(e.errno());
+            }
         };
         let mut c: IbvCq = zeroed();
         c.context = context;
@@ -529,7 +539,6 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
         let o = CqObj::new_cyclic(c, |addr| CqState {
             cq: Mutex::new(Some(Arc::new(cq))),
             notify: Mutex::new(chan.map(|chan| {
-                chan.cqs.fetch_add(1, Ordering::AcqRel);
                 Arc::new(Notify {
                     armed: AtomicBool::new(false),
                     chan,
@@ -546,6 +555,21 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
         CqObj::publish(&o)
     })
 });
+
+/// Counts a CQ about to be created on the channel `c`, before the CQ is made: its
+/// shared state, or `None` (the count undone) if the channel is being destroyed or is
+/// destroyed. Counted first, checked after (`SeqCst`); `ibv_destroy_comp_channel`
+/// marks the channel dying first and checks the count after (`crate::handles`): never
+/// both succeed.
+fn chan_use(c: &CompChanObj) -> Option<Arc<CompShared>> {
+    let sh = lock(&c.s.shared).clone()?;
+    sh.cqs.fetch_add(1, Ordering::SeqCst);
+    if c.is_dying() {
+        sh.cqs.fetch_sub(1, Ordering::SeqCst);
+        return None;
+    }
+    Some(sh)
+}
 
 /// The capacity given to a CQ asked for `cqe` entries: at least [`MIN_CQE`], rounded
 /// up to a power of two, capped at the device's maximum (ibv_create_cq(3): "the CQ
@@ -568,40 +592,44 @@ c_fn!("IBVERBS_1.1";
 /// before is waited for, up to 2 s), `EINVAL` if not a live CQ.
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
-        let busy = |c: &CqObj| c.s.qps.load(Ordering::Acquire) > 0;
-        let c = match CqObj::take_idle(cq, busy) {
-            Ok(c) => c,
-            Err(e) => return err_ret(e),
-        };
-        // No QP of ours uses it; the soft CQ is in use until the engine flushed the
-        // QPs destroyed last.
-        let Some(soft_cq) = c.s.cq() else {
-            return err_ret(libc::EINVAL);
-        };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match soft_cq.destroy() {
-                Ok(()) => break,
-                Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => {
-                    CqObj::restore(c);
-                    return err_ret(e.errno());
-                }
-            }
+        // Marked dying first, the QP count checked after (`crate::handles`; the
+        // other half is `QpUses::acquire`).
+        match CqObj::destroy_with(cq, destroy_cq_obj) {
+            Ok(()) => 0,
+            Err(e) => err_ret(e),
         }
-        if let Some(n) = lock(&c.s.notify).take() {
-            n.retire();
-            n.chan.cqs.fetch_sub(1, Ordering::AcqRel);
-        }
-        drop(lock(&c.s.cq).take());
-        forget_async_events(&c.s.ctx, c.addr());
-        soft_objects(|m| m.remove(&(SoftKind::Cq, soft_cq.handle())));
-        CqObj::bury(c);
-        0
     })
 });
+
+/// Destroys the soft side of the dying CQ `c`: `Err(EBUSY)` while a QP of ours uses
+/// it, or while the engine has not flushed the QPs destroyed last (waited for up to
+/// 2 s). The CQ stays live (and usable) until this returns.
+fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
+    if c.s.qps.load(Ordering::SeqCst) > 0 {
+        return Err(libc::EBUSY);
+    }
+    let Some(soft_cq) = c.s.cq() else {
+        return Err(libc::EINVAL);
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match soft_cq.destroy() {
+            Ok(()) => break,
+            Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e.errno()),
+        }
+    }
+    if let Some(n) = lock(&c.s.notify).take() {
+        n.retire();
+        n.chan.cqs.fetch_sub(1, Ordering::SeqCst);
+    }
+    drop(lock(&c.s.cq).take());
+    forget_async_events(&c.s.ctx, c.addr());
+    soft_objects(|m| m.remove(&(SoftKind::Cq, soft_cq.handle())));
+    Ok(())
+}
 
 /// `ibv_req_notify_cq` (ops slot): arms the CQ's event; one event for the next
 /// completion (or at once if one is queued: the event is level-checked, so a
@@ -714,6 +742,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut Ib
                     }
                 }
                 Err(_) if done > 0 => break,
+                // Destroyed by a destroy that raced this call (README: it fails with
+                // EINVAL).
+                Err(sw::CqError::Destroyed { .. }) => return minus_one(libc::EINVAL),
                 Err(e) => {
                     crate::stubs::warn_once("ibv_poll_cq", &e.to_string());
                     return minus_one(libc::EIO);
@@ -984,29 +1015,28 @@ pub fn cap_to_c(c: &QpCap) -> IbvQpCap {
     }
 }
 
-/// The new published `struct ibv_qp` of `qp`, on `pd`, with the CQs `send_cq` and
-/// `recv_cq`, from `attr` (capabilities written back into `attr`).
+/// The new published `struct ibv_qp` of `qp`, on the PD and CQs of `uses`, from
+/// `attr` (capabilities written back into `attr`).
 pub(crate) fn qp_obj(
     qp: Arc<sw::Qp>,
-    pd: Arc<PdObj>,
     attr: &mut IbvQpInitAttr,
     id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
-    cqs: [Arc<CqObj>; 2],
+    uses: QpUses,
 ) -> *mut IbvQp {
     let cap = qp.query_qp().cap;
     attr.cap = cap_to_c(&cap);
+    let pd = &uses.pd;
     let mut c: IbvQp = zeroed();
     c.context = pd.s.ctx.ptr();
     c.qp_context = attr.qp_context;
     c.pd = pd.ptr();
-    c.send_cq = cqs[0].ptr();
-    c.recv_cq = cqs[1].ptr();
+    c.send_cq = uses.cqs[0].ptr();
+    c.recv_cq = uses.cqs[1].ptr();
     c.handle = next_handle();
     c.qp_num = qp.qp_num();
     c.state = IBV_QPS_INIT;
     c.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
     let qpn = qp.qp_num();
-    let [send_cq, recv_cq] = cqs;
     let ctx = pd.s.ctx.clone();
     let o = QpObj::new(
         c,
@@ -1014,7 +1044,7 @@ pub(crate) fn qp_obj(
             qp: Mutex::new(Some(qp)),
             id: Mutex::new(id),
             cap,
-            uses: Mutex::new(Some(QpUses::new(send_cq, recv_cq, pd))),
+            uses: Mutex::new(Some(uses)),
             ctx,
         },
     );
@@ -1034,11 +1064,11 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         if a.qp_type != cxgb4::ffi::types::IBV_QPT_RC {
             return null_err(libc::EOPNOTSUPP);
         }
-        let Some((scq, rcq, soft_scq, soft_rcq)) = cq_pair(a) else {
-            return null_err(libc::EINVAL);
-        };
         let Some(s) = soft() else {
             return null_err(NO_DEVICE);
+        };
+        let Some((uses, soft_scq, soft_rcq)) = cq_pair(a, &p) else {
+            return null_err(libc::EINVAL);
         };
         let init = sw::QpInitAttr {
             send_cq: &soft_scq,
@@ -1047,21 +1077,24 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             sq_sig_all: a.sq_sig_all != 0,
         };
         match s.device.create_qp(&p.s.pd, init) {
-            Ok(qp) => qp_obj(Arc::new(qp), p, a, None, [scq, rcq]),
+            Ok(qp) => qp_obj(Arc::new(qp), a, None, uses),
+            // `uses` dropped: the CQs are free of it again.
             Err(e) => null_err(e.errno()),
         }
     })
 });
 
-/// The live CQs of `attr` and their soft CQs.
-#[allow(clippy::type_complexity)]
+/// The live CQs of `attr`, counted as used by a QP about to be made on `pd`
+/// ([`QpUses::acquire`]: `None` if either is being destroyed), and their soft CQs.
 pub(crate) fn cq_pair(
     attr: &IbvQpInitAttr,
-) -> Option<(Arc<CqObj>, Arc<CqObj>, Arc<sw::Cq>, Arc<sw::Cq>)> {
+    pd: &Arc<PdObj>,
+) -> Option<(QpUses, Arc<sw::Cq>, Arc<sw::Cq>)> {
     let scq = CqObj::get(attr.send_cq)?;
     let rcq = CqObj::get(attr.recv_cq)?;
     let (s, r) = (scq.s.cq()?, rcq.s.cq()?);
-    Some((scq, rcq, s, r))
+    let uses = QpUses::acquire(scq, rcq, pd.clone())?;
+    Some((uses, s, r))
 }
 
 /// The soft state of a C `enum ibv_qp_state`.

@@ -236,7 +236,7 @@ impl CqState {
 pub type CqObj = Obj<IbvCq, CqState>;
 
 /// One QP's use of its CQs and PD (the C-level counts); dropped when the QP is
-/// destroyed.
+/// destroyed, or when its creation fails.
 pub struct QpUses {
     /// Send and receive CQ.
     pub cqs: [Arc<CqObj>; 2],
@@ -245,22 +245,30 @@ pub struct QpUses {
 }
 
 impl QpUses {
-    /// Counts the QP on its CQs.
-    pub fn new(send_cq: Arc<CqObj>, recv_cq: Arc<CqObj>, pd: Arc<PdObj>) -> QpUses {
+    /// Counts a QP about to be created on its CQs, before the QP is made: `None` (the
+    /// count undone) if either CQ is being destroyed or is destroyed. The count comes
+    /// first and the check after (`SeqCst`), while `ibv_destroy_cq` marks the CQ dying
+    /// first and checks the count after (`crate::handles`): of a creation and a
+    /// destroy that race, never both succeed.
+    pub fn acquire(send_cq: Arc<CqObj>, recv_cq: Arc<CqObj>, pd: Arc<PdObj>) -> Option<QpUses> {
         for c in [&send_cq, &recv_cq] {
-            c.s.qps.fetch_add(1, Ordering::AcqRel);
+            c.s.qps.fetch_add(1, Ordering::SeqCst);
         }
-        QpUses {
+        let uses = QpUses {
             cqs: [send_cq, recv_cq],
             pd,
+        };
+        if uses.cqs.iter().any(|c| c.is_dying() || c.s.cq().is_none()) {
+            return None;
         }
+        Some(uses)
     }
 }
 
 impl Drop for QpUses {
     fn drop(&mut self) {
         for c in &self.cqs {
-            c.s.qps.fetch_sub(1, Ordering::AcqRel);
+            c.s.qps.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
