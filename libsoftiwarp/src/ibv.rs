@@ -150,8 +150,10 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
         let Some(c) = CtxObj::take(context) else {
             return minus_one(libc::EINVAL);
         };
-        // Closes `async_fd` (unless a call blocked on it still holds it).
+        // Closes `async_fd` (unless a call blocked on it still holds it); port and
+        // device events no longer come here.
         drop(lock(&c.s.events).take());
+        remove_context(&c);
         CtxObj::bury(c);
         0
     })
@@ -1335,9 +1337,25 @@ fn to_every_context(item: AsyncItem) {
     }
 }
 
-/// Records a new context for port and device events.
+/// Records a new context for port and device events (and forgets the contexts gone
+/// meanwhile: a `Weak` keeps its object's memory allocated).
 pub fn add_context(ctx: &Arc<CtxObj>) {
-    lock(contexts()).push(Arc::downgrade(ctx));
+    let mut c = lock(contexts());
+    c.retain(|w| w.strong_count() > 0);
+    c.push(Arc::downgrade(ctx));
+}
+
+/// How many contexts port and device events go to (the open ones; tests check that a
+/// closed context leaves nothing behind).
+pub fn event_contexts() -> usize {
+    lock(contexts()).len()
+}
+
+/// Forgets the closed context `ctx` (its struct lives on in the graveyard, but no event
+/// goes to it any more).
+fn remove_context(ctx: &Arc<CtxObj>) {
+    lock(contexts())
+        .retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(ctx)));
 }
 
 /// Drops the queued asynchronous events of the object at `addr` (being destroyed).

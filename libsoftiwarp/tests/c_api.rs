@@ -258,3 +258,20 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
         assert_eq!(ibv::ibv_close_device(ctx), 0);
     }
 }
+
+#[test]
+fn a_closed_context_leaves_nothing_in_the_list_of_contexts() {
+    let before = ibv::event_contexts();
+    for _ in 0..500 {
+        let ctx = open();
+        // SAFETY: the C API as a C program uses it.
+        assert_eq!(unsafe { ibv::ibv_close_device(ctx) }, 0);
+    }
+    // Other tests of this binary open a few contexts meanwhile; 500 closed ones used
+    // to stay listed (each keeping its context's memory) until a port event.
+    let after = ibv::event_contexts();
+    assert!(
+        after <= before + 8,
+        "{before} contexts listed before, {after} after"
+    );
+}
