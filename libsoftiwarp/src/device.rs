@@ -134,7 +134,14 @@ fn open() -> Option<Soft> {
     ibdev_path.push_str(&spec.name[..spec.name.len().min(IBV_SYSFS_NAME_MAX)]);
     copy_cstr(&mut dev.ibdev_path, &ibdev_path);
     let ibdev = into_raw(dev);
-    let cm_ctx = new_context(ibdev, true);
+    let cm_ctx = match new_context(ibdev, true) {
+        Ok(c) => c,
+        Err(e) => {
+            let e = std::io::Error::from_raw_os_error(e);
+            eprintln!("libsoftiwarp: cannot make the RDMA CM's device context: {e}; no device");
+            return None;
+        }
+    };
     Some(Soft {
         mtu: device.mtu(),
         device,
@@ -146,8 +153,9 @@ fn open() -> Option<Soft> {
 }
 
 /// A new published context of `dev` whose ops are this library's data path (`cm`:
-/// the context of CM ids, never closed).
-pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Arc<CtxObj> {
+/// the context of CM ids, never closed); `Err(errno)` if its `async_fd` cannot be
+/// made (`EMFILE` when the process is out of fds).
+pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Result<Arc<CtxObj>, c_int> {
     let mut c: IbvContext = zeroed();
     c.device = dev;
     c.ops.poll_cq = Some(crate::ibv::poll_cq);
@@ -155,15 +163,13 @@ pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Arc<CtxObj> {
     c.ops.post_send = Some(crate::ibv::post_send);
     c.ops.post_recv = Some(crate::ibv::post_recv);
     c.cmd_fd = -1;
-    let events = crate::boundary::new_eventfd()
-        .ok()
-        .map(|fd| Arc::new(FdQueue::new(fd)));
-    c.async_fd = events.as_ref().map_or(-1, |q| q.raw_fd());
+    let events = Arc::new(FdQueue::new(crate::boundary::new_eventfd()?));
+    c.async_fd = events.raw_fd();
     c.num_comp_vectors = 1;
     let ctx = CtxObj::new(
         c,
         CtxState {
-            events: Mutex::new(events),
+            events: Mutex::new(Some(events)),
             cm,
             unacked: AtomicUsize::new(0),
         },
@@ -171,7 +177,7 @@ pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Arc<CtxObj> {
     CtxObj::publish(&ctx);
     crate::ibv::add_context(&ctx);
     crate::ibv::start_async_events();
-    ctx
+    Ok(ctx)
 }
 
 /// The errno of "no device": `ENODEV`.

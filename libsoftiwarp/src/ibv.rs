@@ -129,7 +129,10 @@ c_fn!("IBVERBS_1.1";
 /// `ibv_open_device(3)`: a new context of the soft device.
 pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvContext {
     guard("ibv_open_device", std::ptr::null_mut(), || match soft() {
-        Some(s) if device == s.ibdev() => crate::device::new_context(device, false).ptr(),
+        Some(s) if device == s.ibdev() => match crate::device::new_context(device, false) {
+            Ok(c) => c.ptr(),
+            Err(e) => null_err(e),
+        },
         Some(_) => null_err(libc::EINVAL),
         None => null_err(NO_DEVICE),
     })
