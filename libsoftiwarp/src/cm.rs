@@ -574,7 +574,12 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
                 }
                 continue;
             }
+            let nonblocking = crate::boundary::is_nonblocking(fd);
             if ChanObj::get(channel).is_none() {
+                if nonblocking {
+                    // Never blocks: the channel is gone.
+                    return fail(libc::EINVAL);
+                }
                 // The channel was destroyed under this call: as a read blocked on
                 // librdmacm's closed fd, it never returns. rping destroys its channel
                 // at exit while its CM thread waits here; returning an error made that
@@ -583,7 +588,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
                     std::thread::sleep(Duration::from_secs(3600));
                 }
             }
-            if crate::boundary::is_nonblocking(fd) {
+            if nonblocking {
                 return fail(libc::EAGAIN);
             }
             if let Err(e) = crate::boundary::wait_readable(fd) {
