@@ -256,12 +256,9 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
             Some(o) if lock(&o.s.held).contains(&me) => return fail(libc::EDEADLK),
             Some(_) => {}
         }
-        // From here the handle is dead: a second destroy finds nothing, and events of
-        // the id taken from now on are dropped (`make_event`).
-        let Some(o) = IdObj::take(id) else {
+        let Some(o) = take_when_unheld(id) else {
             return fail(libc::EINVAL);
         };
-        lock(ids()).remove(&o.s.serial);
         // The channel's state goes with the id, after it (the last id of a destroyed
         // channel closes its fd).
         let chan = lock(&o.s.chan).take();
@@ -273,13 +270,6 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
                 e.id().serial() != serial && e.listener().is_none_or(|l| l.serial() != serial)
             });
             sh.refill(&mut st);
-        }
-        {
-            // librdmacm: wait for the acks of the events other threads hold.
-            let mut held = lock(&o.s.held);
-            while !held.is_empty() {
-                held = wait(&o.s.acked, held);
-            }
         }
         let taken = lock(&o.s.id).take();
         if let Some(cmid) = taken {
@@ -299,6 +289,32 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
         0
     })
 });
+
+/// Waits until no event of the live id at `id` is held (librdmacm: every event of
+/// the id handed out to another thread is acked), then takes it out of the live
+/// handles and the live ids at once; `None` if it is not live (or another destroy took
+/// it meanwhile). The id stays live while this waits, so the threads holding its
+/// events can still use `event->id`. The last check and the removal are under the lock
+/// of the live ids, which `make_event` holds to count an event as held (`Hold`): an
+/// event counted before the removal is waited for, and none is counted after it, so no
+/// event of the id is returned after `rdma_destroy_id` returned.
+fn take_when_unheld(id: *mut RdmaCmId) -> Option<Arc<IdObj>> {
+    let o = IdObj::get(id)?;
+    loop {
+        let mut live = lock(ids());
+        let held = lock(&o.s.held);
+        if held.is_empty() {
+            // From here the handle is dead: a second destroy finds nothing, and
+            // events of the id taken from now on are dropped (`make_event`).
+            let taken = IdObj::take(id)?;
+            live.remove(&taken.s.serial);
+            return Some(taken);
+        }
+        drop(live);
+        // Woken by an ack (`unhold`); the held list is checked again, with the ids.
+        drop(wait(&o.s.acked, held));
+    }
+}
 
 c_fn!("RDMACM_1.0";
 /// `rdma_bind_addr(3)` (IPv4, or IPv4-mapped IPv6).
@@ -598,13 +614,61 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
     })
 });
 
+/// An event of `owner` counted as held by `holder` (`IdState::held`) until it is
+/// handed out; dropped before that (the event is dropped too), it is uncounted.
+struct Hold {
+    owner: Arc<IdObj>,
+    holder: std::thread::ThreadId,
+    handed_out: bool,
+}
+
+impl Hold {
+    /// Counts an event of the live id `serial` as held by this thread, in one step
+    /// with the lookup (under the lock of the live ids, which `rdma_destroy_id` takes
+    /// to remove the id): a destroy either removed the id first (`None`: the event is
+    /// dropped) or finds the event held and waits for its ack. No event of an id is
+    /// returned after its `rdma_destroy_id` returned.
+    fn take(serial: u64) -> Option<Hold> {
+        let holder = std::thread::current().id();
+        let ids = lock(ids());
+        let owner = ids.get(&serial)?.clone();
+        lock(&owner.s.held).push(holder);
+        Some(Hold {
+            owner,
+            holder,
+            handed_out: false,
+        })
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.handed_out {
+            unhold(&self.owner, self.holder);
+        }
+    }
+}
+
+/// Uncounts one event of `owner` held by `holder` (acked, or never handed out) and
+/// wakes a `rdma_destroy_id` waiting for it.
+fn unhold(owner: &IdObj, holder: std::thread::ThreadId) {
+    {
+        let mut held = lock(&owner.s.held);
+        if let Some(i) = held.iter().position(|t| *t == holder) {
+            held.swap_remove(i);
+        }
+    }
+    owner.s.acked.notify_all();
+}
+
 /// The C event of `ev`, handed out to this thread; `None` if its id is gone (the event
 /// is dropped: acked).
 fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
     let kind = sw::cm::provider::kind_to_neutral(ev.kind);
-    let (id, listen) = if let Some(newid) = ev.take_new_id() {
-        let lserial = ev.listener()?.serial();
-        let lo = lock(ids()).get(&lserial)?.clone();
+    // librdmacm: a connect request counts against its listener.
+    let (id, listen, mut hold) = if let Some(newid) = ev.take_new_id() {
+        let hold = Hold::take(ev.listener()?.serial())?;
+        let lo = hold.owner.clone();
         let (chan, context, ps) = {
             let _c = lock(&lo.s.c_lock);
             lo.with_c(|c| (c.channel, c.context, c.ps))
@@ -614,11 +678,13 @@ fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
         (
             new_id_obj(newid, chan, sh, None, context, ps, req),
             Some(lo),
+            hold,
         )
     } else {
-        let o = lock(ids()).get(&ev.id().serial())?.clone();
+        let hold = Hold::take(ev.id().serial())?;
+        let o = hold.owner.clone();
         refresh(&o);
-        (o, None)
+        (o, None, hold)
     };
     let mut c: RdmaCmEvent = zeroed();
     c.id = id.ptr();
@@ -641,17 +707,14 @@ fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
         srq: 0,
         qp_num: 0,
     };
-    // librdmacm: a connect request counts against its listener.
-    let owner = listen.unwrap_or_else(|| id.clone());
-    let holder = std::thread::current().id();
-    lock(&owner.s.held).push(holder);
+    hold.handed_out = true;
     let e = EventObj::new(
         c,
         EventState {
             ev: Mutex::new(Some(ev)),
-            owner,
+            owner: hold.owner.clone(),
             id,
-            holder,
+            holder: hold.holder,
         },
     );
     Some(EventObj::publish(&e))
@@ -671,13 +734,7 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
             c.param.conn.private_data = std::ptr::null();
             c.param.conn.private_data_len = 0;
         });
-        {
-            let mut held = lock(&e.s.owner.s.held);
-            if let Some(i) = held.iter().position(|t| *t == e.s.holder) {
-                held.swap_remove(i);
-            }
-        }
-        e.s.owner.s.acked.notify_all();
+        unhold(&e.s.owner, e.s.holder);
         EventObj::bury(e);
         0
     })
