@@ -594,7 +594,9 @@ pub const MIN_CQE: usize = 64;
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_destroy_cq(3)`: `EBUSY` while a QP uses it (the flush of a QP destroyed just
-/// before is waited for, up to 2 s), `EINVAL` if not a live CQ.
+/// before is waited for, up to 2 s), `EINVAL` if not a live CQ. Unlike libibverbs it
+/// does not wait until the CQ's events taken by `ibv_get_cq_event` are acked (README,
+/// "Misuse": nothing an event refers to is freed here).
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
         // Marked dying first, the QP count checked after (`crate::handles`; the
