@@ -25,7 +25,7 @@
 //!   instruction over the whole buffer (`crc::sse42`, the one `unsafe` module of this
 //!   crate, with its contract): on an AMD EPYC with AVX2 but no AVX-512, 21.7 GiB/s at
 //!   1450 octets against 11.4 for the `crc32c` crate (which runs half of such an FPDU in
-//!   one stream) and 10.8 for `crc-fast` (docs/PERFORMANCE.md, "Fifth session on it");
+//!   one stream) and 10.8 for `crc-fast` (docs/PERFORMANCE.md, "2026-12-02: a CRC32c for FPDU-sized buffers");
 //! * elsewhere the `crc32c` crate (a table where there is no `crc32` instruction).
 //!
 //! All compute the same function; the tests hold each against the bit-at-a-time

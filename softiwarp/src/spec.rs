@@ -16,7 +16,7 @@
 //! | `mpa_rev` | `1` or `2` | `2` |
 //! | `p2p` | `on` (MPA peer-to-peer mode with a Read RTR, as iw_cxgb4) or `off` | `off` |
 //! | `first_fpdu_delay_ms` | as the connecting side, hold the first FPDU this many milliseconds after the MPA Reply, 0..=1000 (`MpaConfig::first_fpdu_delay_us`) | [`DEFAULT_FIRST_FPDU_DELAY_MS`] |
-//! | `tcp_buffer` | each connection's TCP send and receive buffer in bytes, [`MIN_TCP_BUFFER`]..=[`MAX_SPEC_TCP_BUFFER`] (`TcpConfig::rx_buffer`, `tx_buffer`); 1048576 lets bulk runs at MTU 1500 fill whole super-segments (docs/PERFORMANCE.md, "Fourth session on it") | 262144 (`TcpConfig::default`) |
+//! | `tcp_buffer` | each connection's TCP send and receive buffer in bytes, [`MIN_TCP_BUFFER`]..=[`MAX_SPEC_TCP_BUFFER`] (`TcpConfig::rx_buffer`, `tx_buffer`); 1048576 lets bulk runs at MTU 1500 fill whole super-segments (docs/PERFORMANCE.md, "2026-12-02: one super-segment per message") | 262144 (`TcpConfig::default`) |
 //!
 //! [`DeviceSpec::parse`] names the key and the problem in its error
 //! ([`SpecError`]), so a caller can print one line and go on without a device.

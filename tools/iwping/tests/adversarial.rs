@@ -1,4 +1,4 @@
-//! Root-only adversarial tests (written by helper breaker89): `iwping` against itself over two TAPs in
+//! Root-only adversarial tests: `iwping` against itself over two TAPs in
 //! two namespaces, with options at their limits and odd combinations between the two
 //! sides, and a server that dies mid-run.
 //!
