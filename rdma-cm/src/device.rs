@@ -43,6 +43,17 @@ pub trait CmDevice: Send + Sync + Sized + 'static {
         None
     }
 
+    /// The source address the host kernel's routing table picks for `dst`, for a device
+    /// whose connections are kernel TCP sockets on a host interface (a host-TCP soft
+    /// device, as Linux siw on its netdev: `rdma_resolve_ip` -> `ip_route_output_key`);
+    /// `None` (the default) for a device with its own IP stack. When one is given and a
+    /// device owns that address, that device carries the route ([`crate::route`], rule
+    /// 2b).
+    fn route_source(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        let _ = dst;
+        None
+    }
+
     /// The device's iWARP provider (called once, by [`crate::RdmaCm::add_device`]).
     fn provider(&self) -> std::sync::Arc<Self::Provider>;
 

@@ -658,7 +658,11 @@ impl<I: RegId> Shared<I> {
     // ------------------------------------------------------- addresses, ports
 
     /// The devices and their IPv4 configuration, for route selection.
-    pub(crate) fn route_snapshot(&self) -> (Vec<Arc<DevEntry<I>>>, Vec<DeviceRoutes>) {
+    /// With `dst`, each kernel-routed device's [`DeviceRoutes::kernel_source`] for it.
+    pub(crate) fn route_snapshot(
+        &self,
+        dst: Option<Ipv4Addr>,
+    ) -> (Vec<Arc<DevEntry<I>>>, Vec<DeviceRoutes>) {
         let entries = lock(&self.reg).devices.clone();
         let routes = entries
             .iter()
@@ -666,10 +670,12 @@ impl<I: RegId> Shared<I> {
                 Some(d) => DeviceRoutes {
                     addrs: d.addresses(),
                     gateway: d.gateway(),
+                    kernel_source: dst.and_then(|dst| d.route_source(dst)),
                 },
                 None => DeviceRoutes {
                     addrs: Vec::new(),
                     gateway: None,
+                    kernel_source: None,
                 },
             })
             .collect();
@@ -678,7 +684,7 @@ impl<I: RegId> Shared<I> {
 
     /// The registered device that has address `ip`.
     pub(crate) fn device_owning(&self, ip: Ipv4Addr) -> Option<Arc<DevEntry<I>>> {
-        let (entries, routes) = self.route_snapshot();
+        let (entries, routes) = self.route_snapshot(None);
         crate::route::device_owning(&routes, ip).map(|i| entries[i].clone())
     }
 

@@ -9,6 +9,10 @@
 //!    ([`RouteError::SourceNotLocal`] otherwise); only that device is considered.
 //! 2. **Local**: the destination is one of the candidate devices' own addresses: that
 //!    device, next hop = the destination (the kernel's loopback case).
+//! 2b. **Kernel**: a device on the host kernel's TCP that owns the source address the
+//!    kernel's route to the destination uses ([`DeviceRoutes::kernel_source`]): that
+//!    device, next hop = the destination, source = that address (a given source must
+//!    equal it).
 //! 3. **Direct**: the longest-prefix subnet containing the destination, over every
 //!    candidate device's addresses (ties: the device added first, then its first
 //!    address); next hop = the destination. Source = the given one, or that subnet's
@@ -69,6 +73,9 @@ pub struct DeviceRoutes {
     pub addrs: Vec<Ipv4Subnet>,
     /// Its default gateway, if any.
     pub gateway: Option<Ipv4Addr>,
+    /// The source address the host kernel routes the destination from, for a device on
+    /// the kernel's TCP ([`crate::CmDevice::route_source`]); `None` otherwise.
+    pub kernel_source: Option<Ipv4Addr>,
 }
 
 /// How a destination is reached.
@@ -80,6 +87,9 @@ pub enum RouteKind {
     Direct,
     /// Through the device's gateway.
     Gateway,
+    /// Where the host kernel's route goes: the device owns the source address the
+    /// kernel picked ([`DeviceRoutes::kernel_source`]).
+    Kernel,
 }
 
 /// The chosen route.
@@ -145,6 +155,19 @@ pub fn select_route(
             });
         }
     }
+    // 2b. The kernel's route, for devices on the kernel's TCP.
+    for &i in &candidates {
+        if let Some(ks) = devices[i].kernel_source {
+            if devices[i].addrs.iter().any(|a| a.addr == ks) && src.is_none_or(|s| s == ks) {
+                return Ok(Route {
+                    device: i,
+                    src: ks,
+                    next_hop: dst,
+                    kind: RouteKind::Kernel,
+                });
+            }
+        }
+    }
     // 3. Direct: longest prefix; ties keep the first found.
     let mut best: Option<(usize, Ipv4Subnet)> = None;
     for &i in &candidates {
@@ -195,6 +218,7 @@ mod tests {
 
     fn dev(addrs: &[(&str, u8)], gw: Option<&str>) -> DeviceRoutes {
         DeviceRoutes {
+            kernel_source: None,
             addrs: addrs
                 .iter()
                 .map(|&(a, p)| Ipv4Subnet::new(ip(a), p))
@@ -337,5 +361,30 @@ mod tests {
         ];
         assert_eq!(device_owning(&devs, ip("10.0.2.1")), Some(1));
         assert_eq!(device_owning(&devs, ip("10.0.2.2")), None);
+    }
+
+    #[test]
+    fn the_kernels_route_picks_the_host_device_owning_its_source() {
+        let mut lo = dev(&[("127.0.0.1", 8)], None);
+        let mut eth = dev(&[("192.0.2.2", 24)], None);
+        let tap = dev(&[("10.0.0.1", 24)], Some("10.0.0.254"));
+        // 198.51.100.7 is off every subnet; the kernel routes it from eth's address.
+        eth.kernel_source = Some(ip("192.0.2.2"));
+        lo.kernel_source = Some(ip("192.0.2.2"));
+        let devs = [lo, tap, eth];
+        let r = select_route(&devs, ip("198.51.100.7"), None).unwrap();
+        assert_eq!(
+            (r.device, r.src, r.next_hop, r.kind),
+            (2, ip("192.0.2.2"), ip("198.51.100.7"), RouteKind::Kernel)
+        );
+        // A source the kernel did not pick keeps the other rules (here: tap's gateway).
+        let r = select_route(&devs, ip("198.51.100.7"), Some(ip("10.0.0.1"))).unwrap();
+        assert_eq!((r.device, r.kind), (1, RouteKind::Gateway));
+        // Without kernel sources nothing reaches it but the gateway.
+        let plain = [dev(&[("192.0.2.2", 24)], None)];
+        assert_eq!(
+            select_route(&plain, ip("198.51.100.7"), None),
+            Err(RouteError::Unreachable(ip("198.51.100.7")))
+        );
     }
 }

@@ -248,7 +248,7 @@ impl<D: CmDevice> CmIdRef<D> {
             st.peer = Some(dst);
             (st.query_gen, prev, src)
         };
-        let (entries, routes) = inner.shared.route_snapshot();
+        let (entries, routes) = inner.shared.route_snapshot(Some(*dst.ip()));
         let route = match crate::route::select_route(&routes, *dst.ip(), src) {
             Ok(r) => r,
             Err(e @ (RouteError::SourceNotLocal(_) | RouteError::NotUnicast(_))) => {

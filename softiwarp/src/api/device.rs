@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -21,10 +21,13 @@ use crate::engine::{
     run_engine, Command, DeviceError, DeviceEvent, Driving, Engine, EngineConfig, Handle,
     PendingRequest, Shared,
 };
+use crate::host::netdev::Ipv4Subnet;
+use crate::host::{HostStack, SharedAddrs};
 use crate::link::{
     FaultConfig, Faults, GoneReason, Link, LinkError, MemoryLink, Pcap, TapLink, TapOffload,
 };
 use crate::resources::event_queue::{DeviceEnd, EventQueue};
+use crate::transport::llp::LlpStack;
 use crate::transport::smoltcp_glue::{InterfaceConfig, TcpConfig};
 use crate::transport::stream::{self, RecvError, SendError, StreamConfig, StreamEnd, Waker};
 use crate::transport::{
@@ -45,6 +48,12 @@ pub enum LinkSpec {
     Udp(crate::link::UdpConfig),
     /// Any other link, built by the caller.
     Boxed(Box<dyn Link>),
+    /// A host network interface by name (`lo`, `eth0`): the device runs on the host's
+    /// kernel TCP ([`crate::host`]), its addresses are the interface's IPv4 addresses
+    /// (followed as they change), its ports kernel TCP ports; no root needed. The
+    /// interface's deletion removes the device. The link's `pcap` and `faults` do not
+    /// apply (capture with `tcpdump -i IF`).
+    Netdev(String),
 }
 
 impl std::fmt::Debug for LinkSpec {
@@ -54,6 +63,7 @@ impl std::fmt::Debug for LinkSpec {
             LinkSpec::Memory(m) => write!(f, "Memory({})", m.name()),
             LinkSpec::Udp(c) => write!(f, "Udp({} -> {})", c.bind, c.peer),
             LinkSpec::Boxed(l) => write!(f, "Boxed({})", l.name()),
+            LinkSpec::Netdev(n) => write!(f, "Netdev({n:?})"),
         }
     }
 }
@@ -104,6 +114,16 @@ impl LinkConfig {
     pub fn udp(cfg: crate::link::UdpConfig) -> Self {
         LinkConfig {
             spec: LinkSpec::Udp(cfg),
+            pcap: None,
+            faults: None,
+        }
+    }
+
+    /// A host interface by name ([`LinkSpec::Netdev`]): kernel TCP on the interface's
+    /// addresses.
+    pub fn netdev(name: &str) -> Self {
+        LinkConfig {
+            spec: LinkSpec::Netdev(name.to_owned()),
             pcap: None,
             faults: None,
         }
@@ -297,6 +317,8 @@ pub struct Device {
     stream: StreamConfig,
     /// The interface settings it was opened with (address, prefix, gateway, MAC).
     interface: InterfaceConfig,
+    /// A host-TCP device's addresses, kept current by its stack ([`LinkSpec::Netdev`]).
+    host_addrs: Option<SharedAddrs>,
 }
 
 struct Started {
@@ -318,6 +340,11 @@ fn open_link(cfg: LinkConfig, offload: bool) -> Result<Box<dyn Link>, LinkError>
         LinkSpec::Memory(m) => Box::new(m),
         LinkSpec::Udp(c) => Box::new(crate::link::UdpLink::open(&c)?),
         LinkSpec::Boxed(l) => l,
+        LinkSpec::Netdev(name) => {
+            return Err(LinkError::Config(format!(
+                "{name} is a host interface: it has no frame link (the device runs on kernel TCP)"
+            )))
+        }
     };
     if let Some(f) = cfg.faults {
         link = Box::new(Faults::new(link, f.seed, f.tx, f.rx)?);
@@ -370,31 +397,42 @@ impl Device {
             terminate_linger_us: DEFAULT_TERMINATE_LINGER_US,
             half_open_max,
         };
+        let host_addrs: Option<SharedAddrs> =
+            matches!(link.spec, LinkSpec::Netdev(_)).then(SharedAddrs::default);
+        let t_addrs = host_addrs.clone().unwrap_or_default();
         let thread_name: String = format!("sw-{name}").chars().take(15).collect();
         let (t_wake, t_shared, t_name) = (wake.clone(), shared.clone(), name.clone());
         let thread = std::thread::Builder::new()
             .name(thread_name)
             .spawn(move || {
-                let setup = || -> Result<Stack<Box<dyn Link>>, DeviceError> {
+                let setup = || -> Result<Box<dyn LlpStack>, DeviceError> {
                     if let Some(ns) = &netns {
                         enter_netns(ns).map_err(DeviceError::Thread)?;
                     }
+                    if let LinkSpec::Netdev(ifname) = &link.spec {
+                        let host = HostStack::open(ifname, stack_cfg, t_addrs)
+                            .map_err(DeviceError::Stack)?;
+                        return Ok(Box::new(host));
+                    }
                     let link = open_link(link, offload)?;
-                    Ok(Stack::new(link, stack_cfg, smoltcp::time::Instant::ZERO)?)
+                    Ok(Box::new(Stack::new(
+                        link,
+                        stack_cfg,
+                        smoltcp::time::Instant::ZERO,
+                    )?))
                 };
                 let start = StdInstant::now();
                 match setup().and_then(|stack| {
                     // The engine thread sleeps on a duplicate of the link's poll fd: it
                     // stays valid after the stack (and its link) are dropped at the end.
                     let link_fd = stack
-                        .link()
                         .poll_fd()
                         .try_clone_to_owned()
                         .map_err(DeviceError::Thread)?;
                     Ok((stack, link_fd))
                 }) {
                     Ok((stack, link_fd)) => {
-                        let mtu = stack.link().mtu();
+                        let mtu = stack.mtu();
                         let driver = Engine::new(
                             stack,
                             cmd_rx,
@@ -441,7 +479,16 @@ impl Device {
                 )));
             }
         };
-        tracing::info!(device = %name, address = %interface.address, mtu = started.mtu, "device open");
+        let address = host_addrs
+            .as_ref()
+            .and_then(|a| {
+                a.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .first()
+                    .map(|s| s.addr)
+            })
+            .unwrap_or(interface.address);
+        tracing::info!(device = %name, %address, mtu = started.mtu, "device open");
         Ok(Device {
             handle: Arc::new(
                 Handle::new(cmd_tx, Waker::engine(wake), shared, started.driving)
@@ -449,11 +496,12 @@ impl Device {
             ),
             thread: Some(thread),
             name,
-            address: interface.address,
+            address,
             mtu: started.mtu,
             tid: started.tid,
             stream: engine.stream,
             interface,
+            host_addrs,
         })
     }
 
@@ -465,6 +513,24 @@ impl Device {
     /// The device's IPv4 address.
     pub fn address(&self) -> Ipv4Addr {
         self.address
+    }
+
+    /// The device's IPv4 addresses with their prefix lengths: the one it was opened with,
+    /// or a host-TCP device's interface addresses as they are now (none once the
+    /// interface is gone).
+    pub fn addresses(&self) -> Vec<Ipv4Subnet> {
+        match &self.host_addrs {
+            Some(a) => a.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            None => vec![Ipv4Subnet::new(
+                self.interface.address,
+                self.interface.prefix_len,
+            )],
+        }
+    }
+
+    /// Whether the device runs on a host interface's kernel TCP ([`LinkSpec::Netdev`]).
+    pub fn is_host_tcp(&self) -> bool {
+        self.host_addrs.is_some()
     }
 
     /// The interface settings the device was opened with: MAC, IPv4 address, prefix

@@ -4,7 +4,8 @@
 //! | [`CmDevice`] | the soft device | kernel counterpart |
 //! |---|---|---|
 //! | `name` | [`Device::name`] | `ib_device.name` (`siw0`) |
-//! | `addresses`, `gateway` | the interface it was opened with ([`Device::interface`]): one IPv4 address and prefix, its gateway; nothing once the device ended | the netdev's `in_device` / FIB |
+//! | `addresses`, `gateway` | the interface it was opened with ([`Device::interface`]): one IPv4 address and prefix, its gateway; a host-TCP device: its interface's IPv4 addresses as they are now; nothing once the device ended | the netdev's `in_device` / FIB |
+//! | `route_source` | a host-TCP device: the kernel's route (`host::netdev::route_source`); others `None` | `ip_route_output_key` |
 //! | `provider` | one [`SoftProvider`] per `SoftDevice` (its provider thread `iwp-<name>`) | siw's `iw_cm_verbs` |
 //! | `resolve_neighbor` | [`Device::resolve_neighbor`]: ARP through the device's own stack (Request at once, then every second, until the timeout) | `rdma_resolve_ip` -> `neigh_event_send` |
 //! | `create_qp` | [`Device::create_qp`], moved to Init (receives can be posted before connect/accept), wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` + `cma_init_conn_qp` |
@@ -12,8 +13,8 @@
 //! | `destroy_qp` | [`Qp::destroy`](crate::Qp::destroy) if the CM held the last handle, else to Error and drop ours (the QP goes when the last handle does) | `ib_destroy_qp` |
 //! | `attached` | removal when the device ends (TAP deleted, fd error, memory link removed: [`SoftProvider::on_device_end`], before the connections' ends are reported, which then reach no id), and when its link goes down (configurable) | `cma_remove_one` from `ib_unregister_device`; `siw_netdev_event` |
 //!
-//! Address changes are not reported: a soft device's address is fixed when it is
-//! opened.
+//! Address changes are not pushed to the CM: a smoltcp device's address is fixed when
+//! it is opened, and the CM reads a host-TCP device's addresses at every resolution.
 //!
 //! ```
 //! use std::net::Ipv4Addr;
@@ -209,13 +210,23 @@ impl CmDevice for SoftDevice {
         self.device.name()
     }
 
-    /// The device's address and prefix; none once it ended (it is then never chosen).
+    /// The device's addresses and prefixes ([`Device::addresses`]: the one it was opened
+    /// with, or a host-TCP device's interface addresses as they are now); none once it
+    /// ended (it is then never chosen).
     fn addresses(&self) -> Vec<Ipv4Subnet> {
         if self.device.ended().is_some() {
             return Vec::new();
         }
-        let i = self.device.interface();
-        vec![Ipv4Subnet::new(i.address, i.prefix_len)]
+        self.device.addresses()
+    }
+
+    /// A host-TCP device asks the kernel ([`crate::host::netdev::route_source`]);
+    /// others have their own stack (`None`).
+    fn route_source(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        if !self.device.is_host_tcp() {
+            return None;
+        }
+        crate::host::netdev::route_source(dst).ok()
     }
 
     fn gateway(&self) -> Option<Ipv4Addr> {

@@ -88,13 +88,13 @@ use smoltcp::time::Instant;
 
 use verbs::{check_transition, AsyncEvent, ObjectKind, QpAttr, QpState, VerbsError};
 
-use crate::link::{DownReason, GoneReason, Link, LinkEvent};
+use crate::link::{DownReason, GoneReason, LinkEvent};
 use crate::rdmap::binding::{self, CoreRef, QpUlp};
 use crate::resources::event_queue::{DeviceEnd, EventQueue};
+use crate::transport::llp::LlpStack;
 use crate::transport::stream::{self, StreamConfig, StreamEnd, Waker};
 use crate::transport::{
-    CloseMode, ConnEvent, ConnId, ConnectRequestInfo, ListenerId, MpaParams, Stack, StackError,
-    StackEvent,
+    CloseMode, ConnEvent, ConnId, ConnectRequestInfo, ListenerId, MpaParams, StackError, StackEvent,
 };
 
 /// Settings of the engine loop.
@@ -306,8 +306,8 @@ impl Shared {
 }
 
 /// The engine: the stack, the command queue, the wake-up fd and the routing tables.
-pub(crate) struct Engine<L: Link> {
-    pub(crate) stack: Stack<L>,
+pub(crate) struct Engine {
+    pub(crate) stack: Box<dyn LlpStack>,
     pub(crate) cmds: Receiver<Command>,
     pub(crate) wake: Arc<EventFd>,
     pub(crate) shared: Arc<Shared>,
@@ -328,9 +328,9 @@ fn elapsed(start: StdInstant) -> Instant {
     Instant::from_micros(i64::try_from(start.elapsed().as_micros()).unwrap_or(i64::MAX))
 }
 
-impl<L: Link> Engine<L> {
+impl Engine {
     pub(crate) fn new(
-        stack: Stack<L>,
+        stack: Box<dyn LlpStack>,
         cmds: Receiver<Command>,
         wake: Arc<EventFd>,
         shared: Arc<Shared>,
@@ -921,7 +921,7 @@ impl Outbox for DeviceOutbox {
     }
 }
 
-impl<L: Link> Drive for Engine<L> {
+impl Drive for Engine {
     type Outbox = DeviceOutbox;
     fn pass(&mut self, rounds: u32, _out: &mut DeviceOutbox) -> Pass {
         self.pass_once(rounds)
@@ -929,7 +929,7 @@ impl<L: Link> Drive for Engine<L> {
 }
 
 /// The progress lock of a device over any link.
-pub(crate) type DeviceProgress = Progress<Engine<Box<dyn Link>>>;
+pub(crate) type DeviceProgress = Progress<Engine>;
 
 /// One engine pass's budget: a single pass (the loop repeats while there is work).
 const ENGINE_BUDGET: Budget = Budget {
@@ -985,7 +985,7 @@ impl std::fmt::Debug for Driving {
 
 impl Driving {
     pub(crate) fn new(
-        engine: Engine<Box<dyn Link>>,
+        engine: Engine,
         link_fd: std::os::fd::OwnedFd,
         wake: Arc<EventFd>,
         shared: Arc<Shared>,

@@ -3,7 +3,7 @@
 //! docs](super)).
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ddp_rdmap::terminate::{self, ErrorCause};
@@ -14,18 +14,19 @@ use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 
+use super::llp::LlpSocket;
 use super::mpa_conn::{InitialMsn, LlpClose, MpaConfig, MpaConn, MpaError, MpaEvent, Role, State};
 use super::seg_tracker::{tuple_key, SegTracker};
 use super::smoltcp_glue::mss_for_mtu;
 use super::Listener;
 use super::{
     ConnError, ConnEvent, ConnId, ConnectRequestInfo, Established, ListenerId, RxHook, StackConfig,
-    StackEvent, StackStats, TimeoutPhase, Ulp, MAX_HELD_ULPDUS, RX_CHUNK,
+    StackError, StackEvent, StackStats, TimeoutPhase, Ulp, MAX_HELD_ULPDUS, RX_CHUNK,
 };
 
 /// Where a connection is in its life, as far as the stack's bookkeeping goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Life {
+pub(crate) enum Life {
     /// Being serviced.
     Active,
     /// Final event given (or never visible); waiting for the socket to finish (RST sent,
@@ -40,17 +41,17 @@ pub(super) enum Life {
 
 impl Life {
     /// A zombie not yet seen by the reaper.
-    pub(super) const ZOMBIE: Life = Life::Zombie { since: None };
+    pub(crate) const ZOMBIE: Life = Life::Zombie { since: None };
 
     /// Whether the connection is a zombie.
-    pub(super) fn is_zombie(self) -> bool {
+    pub(crate) fn is_zombie(self) -> bool {
         matches!(self, Life::Zombie { .. })
     }
 }
 
 /// How far a connection's abort (RST, `tcp::Socket::abort`) has gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Abort {
+pub(crate) enum Abort {
     /// None asked for.
     No,
     /// Asked for (a user close, its listener removed, an error): the next service of
@@ -62,7 +63,7 @@ pub(super) enum Abort {
 
 /// The user's close of a connection ([`Stack::close`](super::Stack::close)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum LocalClose {
+pub(crate) enum LocalClose {
     /// Not asked for.
     No,
     /// Asked for (graceful or abortive): the final event is [`ConnEvent::Closed`]
@@ -76,7 +77,7 @@ pub(super) enum LocalClose {
 /// A Terminate on its way out (RFC 5040 5.3): the socket is reset once it is
 /// acknowledged, or when the linger ends ([`Timer::Linger`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TerminateOut {
+pub(crate) enum TerminateOut {
     /// None queued.
     No,
     /// The stack queued one after an MPA error.
@@ -89,7 +90,7 @@ pub(super) enum TerminateOut {
 /// smoltcp's `tcp::Timer`): at most one is pending, since the connect deadline ends when
 /// TCP is established and the linger starts only once MPA runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Timer {
+pub(crate) enum Timer {
     /// Nothing timed.
     Idle,
     /// An initiator's TCP must be established by `deadline`
@@ -107,92 +108,94 @@ pub(super) enum Timer {
     },
 }
 
-pub(super) struct Conn {
-    pub(super) id: ConnId,
-    pub(super) handle: SocketHandle,
-    pub(super) role: Role,
-    pub(super) key: u64,
-    pub(super) local: SocketAddrV4,
-    pub(super) remote: SocketAddrV4,
-    pub(super) listener: Option<ListenerId>,
-    pub(super) settings: LocalSettings,
+pub(crate) struct Conn<H = SocketHandle> {
+    pub(crate) id: ConnId,
+    /// The socket's handle in the stack's socket set (smoltcp), or `()` where the
+    /// stack keeps the socket beside the connection (`crate::host`).
+    pub(crate) handle: H,
+    pub(crate) role: Role,
+    pub(crate) key: u64,
+    pub(crate) local: SocketAddrV4,
+    pub(crate) remote: SocketAddrV4,
+    pub(crate) listener: Option<ListenerId>,
+    pub(crate) settings: LocalSettings,
     /// `debug` span of this connection (id, role, peer), entered while it is serviced.
-    pub(super) span: tracing::Span,
-    pub(super) connect_started: Instant,
+    pub(crate) span: tracing::Span,
+    pub(crate) connect_started: Instant,
     /// The pending connect or Terminate linger deadline.
-    pub(super) timer: Timer,
-    pub(super) mpa: Option<MpaConn>,
-    pub(super) upper: Option<Box<dyn Ulp>>,
-    pub(super) emss: usize,
-    pub(super) life: Life,
+    pub(crate) timer: Timer,
+    pub(crate) mpa: Option<MpaConn>,
+    pub(crate) upper: Option<Box<dyn Ulp>>,
+    pub(crate) emss: usize,
+    pub(crate) life: Life,
     /// The user knows of this connection (initiator; responder after ConnectRequest).
-    pub(super) visible: bool,
+    pub(crate) visible: bool,
     /// Counts against its listener's backlog (its ConnectRequest was reported and is
     /// not yet decided).
-    pub(super) in_backlog: bool,
+    pub(crate) in_backlog: bool,
     /// In its listener's half-open pool (responder, MPA Request not yet valid).
-    pub(super) half_open: bool,
+    pub(crate) half_open: bool,
     /// The final event was given ([`ConnEvent::Closed`] or [`ConnEvent::Failed`]), or the
     /// connection ended without one (a startup failure, a rejected request).
-    pub(super) final_sent: bool,
+    pub(crate) final_sent: bool,
     /// The user's close.
-    pub(super) close: LocalClose,
+    pub(crate) close: LocalClose,
     /// How far an abort has gone.
-    pub(super) abort: Abort,
+    pub(crate) abort: Abort,
     /// The socket's state showed the peer's FIN (CLOSE-WAIT, CLOSING, LAST-ACK,
     /// TIME-WAIT).
-    pub(super) peer_fin_seen: bool,
+    pub(crate) peer_fin_seen: bool,
     /// MPA was told that TCP closed ([`MpaConn::handle_tcp_closed`]), or the socket
     /// closed before it could be.
-    pub(super) tcp_closed_reported: bool,
+    pub(crate) tcp_closed_reported: bool,
     /// The TCP connection is closed: nothing can be sent any more.
-    pub(super) tcp_dead: bool,
+    pub(crate) tcp_dead: bool,
     /// The socket was closed (FIN queued) after MPA's graceful close.
-    pub(super) fin_sent: bool,
+    pub(crate) fin_sent: bool,
     /// No more received bytes go to MPA (after an MPA error, or a Terminate received
     /// or sent).
-    pub(super) rx_stopped: bool,
+    pub(crate) rx_stopped: bool,
     /// A Terminate queued, and by whom.
-    pub(super) terminate: TerminateOut,
-    pub(super) written: u64,
-    pub(super) snd_base: Option<u32>,
-    pub(super) rx_offset: u64,
-    pub(super) hooked_upto: u64,
-    pub(super) hook: Option<RxHook>,
+    pub(crate) terminate: TerminateOut,
+    pub(crate) written: u64,
+    pub(crate) snd_base: Option<u32>,
+    pub(crate) rx_offset: u64,
+    pub(crate) hooked_upto: u64,
+    pub(crate) hook: Option<RxHook>,
 }
 
 /// Borrowed stack state a connection works with.
-pub(super) struct Cx<'a> {
-    pub(super) events: &'a mut VecDeque<StackEvent>,
-    pub(super) tracker: &'a RefCell<SegTracker>,
-    pub(super) stats: &'a mut StackStats,
-    pub(super) cfg: &'a StackConfig,
-    pub(super) progress: &'a mut bool,
+pub(crate) struct Cx<'a> {
+    pub(crate) events: &'a mut VecDeque<StackEvent>,
+    pub(crate) tracker: &'a RefCell<SegTracker>,
+    pub(crate) stats: &'a mut StackStats,
+    pub(crate) cfg: &'a StackConfig,
+    pub(crate) progress: &'a mut bool,
     /// The listeners, for the backlog count of a connection request.
-    pub(super) listeners: &'a mut std::collections::BTreeMap<ListenerId, Listener>,
+    pub(crate) listeners: &'a mut std::collections::BTreeMap<ListenerId, Listener>,
     /// The link's IP MTU in bytes.
-    pub(super) mtu: usize,
+    pub(crate) mtu: usize,
     /// Bytes of FPDUs a connection writes in one round at most: [`TX_BATCH_BYTES`](super::TX_BATCH_BYTES), or
     /// with TCP segmentation offload at most what smoltcp puts in one super-segment, so
     /// that all a round wrote leaves as one super-segment the link cuts where smoltcp
     /// would have (one FPDU per wire segment; "One FPDU per TCP segment" in the module
     /// docs).
-    pub(super) tx_batch_max: usize,
+    pub(crate) tx_batch_max: usize,
     /// Rounds of more than one FPDU leave as one super-segment (TCP segmentation offload
     /// with room for at least two FPDUs): the upper is told which FPDU ends a round
     /// (`Conn::pull_from_upper`'s `ends_run`), where a short one may go.
-    pub(super) short_last: bool,
+    pub(crate) short_last: bool,
 }
 
-pub(super) fn micros(t: Instant) -> u64 {
+pub(crate) fn micros(t: Instant) -> u64 {
     u64::try_from(t.total_micros()).unwrap_or(0)
 }
 
-pub(super) fn from_micros(us: u64) -> Instant {
+pub(crate) fn from_micros(us: u64) -> Instant {
     Instant::from_micros(i64::try_from(us).unwrap_or(i64::MAX))
 }
 
-pub(super) fn v4(ep: IpEndpoint) -> SocketAddrV4 {
+pub(crate) fn v4(ep: IpEndpoint) -> SocketAddrV4 {
     #[allow(unreachable_patterns)] // IPv6 exists only if another crate turns it on
     match ep.addr {
         IpAddress::Ipv4(a) => SocketAddrV4::new(a, ep.port),
@@ -210,8 +213,8 @@ pub(crate) fn terminate_ulpdu(cause: ErrorCause) -> Option<Vec<u8>> {
     Some(out)
 }
 
-impl Conn {
-    pub(super) fn emit(&mut self, cx: &mut Cx, event: ConnEvent) {
+impl<H> Conn<H> {
+    pub(crate) fn emit(&mut self, cx: &mut Cx, event: ConnEvent) {
         if !self.visible || self.final_sent {
             return;
         }
@@ -231,7 +234,7 @@ impl Conn {
         });
     }
 
-    pub(super) fn fail(&mut self, cx: &mut Cx, error: ConnError) {
+    pub(crate) fn fail(&mut self, cx: &mut Cx, error: ConnError) {
         if !self.visible && !self.final_sent {
             cx.stats.startup_failures += 1;
             self.final_sent = true;
@@ -242,7 +245,10 @@ impl Conn {
 
     /// Bytes written into the socket and not yet transmitted, by the connection's
     /// tracker entry (its highest sequence number sent).
-    pub(super) fn unsent(&self, cx: &Cx) -> usize {
+    pub(crate) fn unsent<S: LlpSocket>(&self, sock: &S, cx: &Cx) -> usize {
+        if !sock.tracked() {
+            return 0;
+        }
         let Some(snd_max) = cx.tracker.borrow().get(self.key).snd_max else {
             return 0;
         };
@@ -269,7 +275,7 @@ impl Conn {
     /// octets, as the round found it (`Track::window_room`; nothing is received or sent
     /// during a round, so it holds for the whole round); `unsent`: the bytes written in
     /// this round (nothing was unsent when it began).
-    pub(super) fn may_batch(&self, direct: usize, room: Option<u32>, unsent: usize) -> bool {
+    pub(crate) fn may_batch(&self, direct: usize, room: Option<u32>, unsent: usize) -> bool {
         // smoltcp takes an MSS option below 48 as 48 (`MIN_REMOTE_MSS`): its segments would
         // then not end where our EMSS-sized FPDUs do.
         if direct != self.emss
@@ -294,15 +300,17 @@ impl Conn {
     }
 
     /// Creates the MPA endpoint once TCP is established.
-    pub(super) fn start_mpa(&mut self, cx: &mut Cx, now: Instant) {
-        let local_mss = mss_for_mtu(cx.mtu);
-        let remote_mss = cx
-            .tracker
-            .borrow()
-            .get(self.key)
-            .remote_mss
-            .map_or(local_mss, usize::from);
-        self.emss = local_mss.min(remote_mss);
+    pub(crate) fn start_mpa<S: LlpSocket>(&mut self, sock: &S, cx: &mut Cx, now: Instant) {
+        self.emss = sock.emss().unwrap_or_else(|| {
+            let local_mss = mss_for_mtu(cx.mtu);
+            let remote_mss = cx
+                .tracker
+                .borrow()
+                .get(self.key)
+                .remote_mss
+                .map_or(local_mss, usize::from);
+            local_mss.min(remote_mss)
+        });
         self.snd_base = cx.tracker.borrow().get(self.key).snd_max;
         cx.stats.tcp_established += 1;
         *cx.progress = true;
@@ -330,13 +338,13 @@ impl Conn {
         }
     }
 
-    pub(super) fn drain_mpa(&mut self, cx: &mut Cx) {
+    pub(crate) fn drain_mpa(&mut self, cx: &mut Cx) {
         while let Some(ev) = self.mpa.as_mut().and_then(MpaConn::poll_event) {
             self.on_mpa_event(cx, ev);
         }
     }
 
-    pub(super) fn on_mpa_event(&mut self, cx: &mut Cx, ev: MpaEvent) {
+    pub(crate) fn on_mpa_event(&mut self, cx: &mut Cx, ev: MpaEvent) {
         *cx.progress = true;
         match ev {
             MpaEvent::ConnectRequest { request } => {
@@ -474,14 +482,14 @@ impl Conn {
 
     /// The receive path: socket bytes into MPA while the upper has room; then the upper
     /// is told the pass is over ([`Ulp::rx_done`]).
-    pub(super) fn rx(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
+    pub(crate) fn rx<S: LlpSocket>(&mut self, sock: &mut S, cx: &mut Cx, now_us: u64) {
         self.rx_pass(sock, cx, now_us);
         if let Some(u) = self.upper.as_mut() {
             u.rx_done();
         }
     }
 
-    pub(super) fn rx_pass(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx, now_us: u64) {
+    pub(crate) fn rx_pass<S: LlpSocket>(&mut self, sock: &mut S, cx: &mut Cx, now_us: u64) {
         loop {
             if self.rx_stopped || !sock.can_recv() {
                 return;
@@ -506,7 +514,7 @@ impl Conn {
                 self.upper.as_mut()
             };
             let stats = &mut *cx.stats;
-            let used = sock.recv(|buf| {
+            let used = sock.recv_with(|buf| {
                 let n = buf.len().min(limit);
                 let buf = &mut buf[..n];
                 if let Some(hook) = hook.as_mut() {
@@ -546,7 +554,7 @@ impl Conn {
 
     /// Writes MPA's pending bytes into the socket if they fit whole (or if they could
     /// never fit). Returns the bytes written.
-    pub(super) fn write_pending(&mut self, sock: &mut tcp::Socket<'static>, cx: &mut Cx) -> usize {
+    pub(crate) fn write_pending<S: LlpSocket>(&mut self, sock: &mut S, cx: &mut Cx) -> usize {
         let Some(mpa) = self.mpa.as_mut() else {
             return 0;
         };
@@ -571,12 +579,7 @@ impl Conn {
     }
 
     /// The transmit and closing path; returns whether bytes went into the socket.
-    pub(super) fn tx(
-        &mut self,
-        sock: &mut tcp::Socket<'static>,
-        cx: &mut Cx,
-        now: Instant,
-    ) -> bool {
+    pub(crate) fn tx<S: LlpSocket>(&mut self, sock: &mut S, cx: &mut Cx, now: Instant) -> bool {
         if self.abort == Abort::Done {
             return false;
         }
@@ -614,18 +617,21 @@ impl Conn {
                         until
                     }
                 };
-                if pending > 0 && self.unsent(cx) == 0 {
+                if pending > 0 && self.unsent(sock, cx) == 0 {
                     wrote = self.write_pending(sock, cx) > 0;
                 }
                 let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
-                if (pending == 0 && sock.send_queue() == 0) || now >= deadline || !sock.may_send() {
+                if (pending == 0 && sock.unacknowledged() == 0)
+                    || now >= deadline
+                    || !sock.may_send()
+                {
                     sock.abort();
                     self.abort = Abort::Done;
                     *cx.progress = true;
                 }
             }
             Some(LlpClose::Graceful) => {
-                if pending > 0 && self.unsent(cx) == 0 {
+                if pending > 0 && self.unsent(sock, cx) == 0 {
                     wrote = self.write_pending(sock, cx) > 0;
                 }
                 let pending = self.mpa.as_ref().map_or(0, MpaConn::transmit_pending);
@@ -637,7 +643,7 @@ impl Conn {
             }
             None => {
                 if pending > 0 {
-                    if self.unsent(cx) == 0 {
+                    if self.unsent(sock, cx) == 0 {
                         wrote = self.write_pending(sock, cx) > 0;
                     }
                     return wrote;
@@ -656,12 +662,16 @@ impl Conn {
                     self.finish_close(cx);
                     return false;
                 }
-                if self.unsent(cx) != 0 {
+                if self.unsent(sock, cx) != 0 {
                     return false;
                 }
                 let mut batch = 0;
                 // The peer's window as the round begins (one tracker lookup per round).
-                let room = cx.tracker.borrow().get(self.key).window_room();
+                let room = if sock.tracked() {
+                    cx.tracker.borrow().get(self.key).window_room()
+                } else {
+                    Some(u32::MAX)
+                };
                 let mut first = true;
                 loop {
                     let free = sock.send_capacity() - sock.send_queue();
@@ -694,7 +704,7 @@ impl Conn {
     }
 
     /// A graceful close waits for the upper's queue to drain; then MPA closes.
-    pub(super) fn finish_close(&mut self, cx: &mut Cx) {
+    pub(crate) fn finish_close(&mut self, cx: &mut Cx) {
         if self.close == LocalClose::Draining {
             self.close = LocalClose::Asked;
             if let Some(m) = self.mpa.as_mut() {
@@ -711,9 +721,9 @@ impl Conn {
     ///
     /// A Terminate the upper queues during a round (a WR that fails as it starts) makes
     /// its `poll_ulpdu` report nothing, which ends the round; the next round asks first.
-    pub(super) fn pull_from_upper(
+    pub(crate) fn pull_from_upper<S: LlpSocket>(
         &mut self,
-        sock: &mut tcp::Socket<'static>,
+        sock: &mut S,
         cx: &mut Cx,
         free: usize,
         first: bool,
@@ -755,7 +765,7 @@ impl Conn {
         let mut emit = |parts: &[&[u8]]| {
             if mpa.transmit_pending() == 0 {
                 let mut framed = Ok(None);
-                let _ = sock.send(|buf| {
+                let _ = sock.send_with(|buf| {
                     framed = mpa.frame_into(buf, parts);
                     (framed.as_ref().map_or(0, |n| n.unwrap_or(0)), ())
                 });
@@ -792,7 +802,7 @@ impl Conn {
 }
 
 /// What asking the upper for a ULPDU gave.
-pub(super) enum Pulled {
+pub(crate) enum Pulled {
     /// A ULPDU (or Terminate) was framed; whether bytes went into the socket, and how
     /// many bytes of it went straight into the socket's send buffer.
     Sent(bool, usize),
@@ -802,18 +812,18 @@ pub(super) enum Pulled {
     NoRoom,
 }
 
-impl Conn {
+impl<H> Conn<H> {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
+    pub(crate) fn new(
         id: ConnId,
-        handle: SocketHandle,
+        handle: H,
         role: Role,
         local: SocketAddrV4,
         remote: SocketAddrV4,
         listener: Option<ListenerId>,
         settings: LocalSettings,
         now: Instant,
-    ) -> Conn {
+    ) -> Conn<H> {
         Conn {
             id,
             handle,
@@ -851,14 +861,14 @@ impl Conn {
     }
 
     /// Asks for an abort (RST at the next service); one already done stays done.
-    pub(super) fn ask_abort(&mut self) {
+    pub(crate) fn ask_abort(&mut self) {
         if self.abort == Abort::No {
             self.abort = Abort::Asked;
         }
     }
 
     /// The connection's own next deadline ([`Timer`]), while its socket is not aborted.
-    pub(super) fn poll_at(&self) -> Option<Instant> {
+    pub(crate) fn poll_at(&self) -> Option<Instant> {
         if self.abort == Abort::Done {
             return None;
         }
@@ -870,7 +880,7 @@ impl Conn {
     }
 
     /// Whether MPA still takes received bytes.
-    pub(super) fn mpa_consumes(&self) -> bool {
+    pub(crate) fn mpa_consumes(&self) -> bool {
         !self.rx_stopped
             && self.mpa.as_ref().is_some_and(|m| {
                 !matches!(
@@ -881,9 +891,9 @@ impl Conn {
     }
 
     /// One round of work on this connection; returns whether bytes went into the socket.
-    pub(super) fn service(
+    pub(crate) fn service<S: LlpSocket>(
         &mut self,
-        sock: &mut tcp::Socket<'static>,
+        sock: &mut S,
         cx: &mut Cx,
         now: Instant,
     ) -> bool {
@@ -906,7 +916,7 @@ impl Conn {
         if self.mpa.is_none() && self.abort != Abort::Done {
             match state {
                 T::Established | T::CloseWait => {
-                    self.start_mpa(cx, now);
+                    self.start_mpa(sock, cx, now);
                     if self.mpa.is_none() {
                         self.tx(sock, cx, now);
                         self.life = Life::ZOMBIE;
@@ -1004,5 +1014,45 @@ impl Conn {
             self.life = Life::ZOMBIE;
         }
         wrote
+    }
+}
+
+impl<H> AsMut<Conn<H>> for Conn<H> {
+    fn as_mut(&mut self) -> &mut Conn<H> {
+        self
+    }
+}
+
+/// Leaves the backlog of its listener (a connection request decided, closed or ended).
+pub(crate) fn leave_backlog_of<H>(c: &mut Conn<H>, listeners: &mut BTreeMap<ListenerId, Listener>) {
+    if std::mem::take(&mut c.in_backlog) {
+        if let Some(l) = c.listener.and_then(|l| listeners.get_mut(&l)) {
+            l.pending = l.pending.saturating_sub(1);
+        }
+    }
+}
+
+/// The connection `conn` (`c`) if it is an undecided connection request (reported, not
+/// accepted or rejected, MPA awaiting the decision).
+///
+/// Errors: [`StackError::NoSuchConnection`] (`c` is `None`), [`StackError::WrongState`]
+/// naming `call`.
+pub(crate) fn undecided_of<'c, H>(
+    c: Option<&'c mut Conn<H>>,
+    conn: ConnId,
+    call: &'static str,
+) -> Result<&'c mut Conn<H>, StackError> {
+    let c = c.ok_or(StackError::NoSuchConnection(conn))?;
+    let ok = c.visible
+        && !c.final_sent
+        && c.upper.is_none()
+        && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingDecision);
+    if ok {
+        Ok(c)
+    } else {
+        Err(StackError::WrongState {
+            call,
+            why: "the connection is not an undecided connection request",
+        })
     }
 }

@@ -6,9 +6,11 @@ use smoltcp::iface::SocketSet;
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 
-use super::conn::{v4, Abort, Conn};
+use std::collections::BTreeMap;
+
+use super::conn::{leave_backlog_of, undecided_of, v4, Abort, Conn};
 use super::mpa_conn::{MpaConn, Role, State};
-use super::{ConnId, Listener, ListenerId, Stack, StackError};
+use super::{ConnId, Listener, ListenerId, Stack, StackError, StackStats};
 use crate::link::Link;
 
 /// The occupancy of one listener (see [`Stack::listener_stats`]).
@@ -120,35 +122,7 @@ impl<L: Link> Stack<L> {
     /// [`super::StackStats::half_open_dropped`]) so that a new connection, which may
     /// be a client about to send its Request, gets in. O(pool size) per poll.
     pub(super) fn sweep_half_open(&mut self) {
-        for l in self.listeners.values_mut() {
-            let conns = &mut self.conns;
-            l.half_open.retain(|id| {
-                let Some(c) = conns.get_mut(id) else {
-                    return false;
-                };
-                let still = c.half_open
-                    && !c.visible
-                    && !c.final_sent
-                    && !c.life.is_zombie()
-                    && c.abort == Abort::No
-                    && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingRequest);
-                if !still {
-                    c.half_open = false;
-                }
-                still
-            });
-            while l.half_open.len() > l.half_open_max {
-                let Some(id) = l.half_open.pop_front() else {
-                    break;
-                };
-                if let Some(c) = conns.get_mut(&id) {
-                    tracing::debug!(conn = id.0, remote = %c.remote, "half-open pool full: oldest reset");
-                    c.half_open = false;
-                    c.ask_abort();
-                    self.stats.half_open_dropped += 1;
-                }
-            }
-        }
+        sweep_half_open_of(&mut self.listeners, &mut self.conns, &mut self.stats);
     }
 
     /// The occupancy of a listener, or `None` if there is no such listener.
@@ -162,13 +136,8 @@ impl<L: Link> Stack<L> {
     }
 
     pub(super) fn leave_backlog(&mut self, conn: ConnId) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return;
-        };
-        if std::mem::take(&mut c.in_backlog) {
-            if let Some(l) = c.listener.and_then(|l| self.listeners.get_mut(&l)) {
-                l.pending = l.pending.saturating_sub(1);
-            }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            leave_backlog_of(c, &mut self.listeners);
         }
     }
 
@@ -177,22 +146,7 @@ impl<L: Link> Stack<L> {
         conn: ConnId,
         call: &'static str,
     ) -> Result<&mut Conn, StackError> {
-        let c = self
-            .conns
-            .get_mut(&conn)
-            .ok_or(StackError::NoSuchConnection(conn))?;
-        let ok = c.visible
-            && !c.final_sent
-            && c.upper.is_none()
-            && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingDecision);
-        if ok {
-            Ok(c)
-        } else {
-            Err(StackError::WrongState {
-                call,
-                why: "the connection is not an undecided connection request",
-            })
-        }
+        undecided_of(self.conns.get_mut(&conn), conn, call)
     }
 
     /// Moves listening sockets that became connections into the connection table.
@@ -242,6 +196,47 @@ impl<L: Link> Stack<L> {
                     now,
                 ),
             );
+        }
+    }
+}
+
+/// Keeps each listener's half-open pool to the connections still half-open (responder,
+/// MPA Request not yet valid, not ended) and resets the oldest beyond its bound (see
+/// "Listeners and the backlog" in the [module docs](super)). Shared by the smoltcp stack
+/// and the host-TCP stack (`crate::host`), whose connections hold a `Conn<H>`.
+pub(crate) fn sweep_half_open_of<H, C: AsMut<Conn<H>>>(
+    listeners: &mut BTreeMap<ListenerId, Listener>,
+    conns: &mut BTreeMap<ConnId, C>,
+    stats: &mut StackStats,
+) {
+    for l in listeners.values_mut() {
+        l.half_open.retain(|id| {
+            let Some(c) = conns.get_mut(id) else {
+                return false;
+            };
+            let c = c.as_mut();
+            let still = c.half_open
+                && !c.visible
+                && !c.final_sent
+                && !c.life.is_zombie()
+                && c.abort == Abort::No
+                && c.mpa.as_ref().map(MpaConn::state) == Some(State::AwaitingRequest);
+            if !still {
+                c.half_open = false;
+            }
+            still
+        });
+        while l.half_open.len() > l.half_open_max {
+            let Some(id) = l.half_open.pop_front() else {
+                break;
+            };
+            if let Some(c) = conns.get_mut(&id) {
+                let c = c.as_mut();
+                tracing::debug!(conn = id.0, remote = %c.remote, "half-open pool full: oldest reset");
+                c.half_open = false;
+                c.ask_abort();
+                stats.half_open_dropped += 1;
+            }
         }
     }
 }

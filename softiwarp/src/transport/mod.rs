@@ -176,17 +176,19 @@
 //! [`Ulp::on_ulpdu`].
 
 mod config;
-mod conn;
+pub(crate) mod conn;
 mod listener;
+pub mod llp;
 pub mod mpa_conn;
 pub mod neighbor;
-mod seg_tracker;
+pub(crate) mod seg_tracker;
 pub mod smoltcp_glue;
 pub mod stream;
 mod ulp;
 
 use config::WINDOW_UPDATE_MIN;
 pub use config::*;
+pub(crate) use listener::sweep_half_open_of;
 pub use listener::ListenerStats;
 pub use ulp::*;
 // The LLP Terminate after an MPA error, for the receive-path harness (`crate::testing`).
@@ -217,19 +219,19 @@ use smoltcp_glue::{InterfaceConfig, TcpConfig};
 /// sockets. Defined here, below both `conn` (which counts a valid Request against the
 /// backlog) and `listener` (which arms, harvests and sweeps), so that neither imports
 /// the other.
-pub(super) struct Listener {
-    pub(super) port: u16,
-    pub(super) backlog: usize,
-    pub(super) settings: LocalSettings,
-    pub(super) armed: Vec<SocketHandle>,
+pub(crate) struct Listener {
+    pub(crate) port: u16,
+    pub(crate) backlog: usize,
+    pub(crate) settings: LocalSettings,
+    pub(crate) armed: Vec<SocketHandle>,
     /// Connection requests reported and not yet decided (the backlog; see the module
     /// docs).
-    pub(super) pending: usize,
+    pub(crate) pending: usize,
     /// Half-open connections (TCP established, MPA Request not yet valid), oldest
     /// first; at most `half_open_max` after each poll.
-    pub(super) half_open: VecDeque<ConnId>,
+    pub(crate) half_open: VecDeque<ConnId>,
     /// Bound of `half_open` ([`StackConfig::half_open_max`]).
-    pub(super) half_open_max: usize,
+    pub(crate) half_open_max: usize,
 }
 
 /// Identifies a connection of one [`Stack`] (never reused by that stack).

@@ -46,7 +46,7 @@ impl Track {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct SegTracker {
+pub(crate) struct SegTracker {
     pub(super) map: FxHashMap<u64, Track>,
     pub(super) listen_ports: Vec<u16>,
     /// Senders of the ARP frames received since the last poll (`crate::transport::neighbor`).

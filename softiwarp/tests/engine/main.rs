@@ -6,6 +6,7 @@ mod support;
 
 mod batching;
 mod device;
+mod host;
 mod listener;
 mod negotiation;
 mod pair;
