@@ -48,7 +48,7 @@ pub trait CmDevice: Send + Sync + Sized + 'static {
     /// device, as Linux siw on its netdev: `rdma_resolve_ip` -> `ip_route_output_key`);
     /// `None` (the default) for a device with its own IP stack. When one is given and a
     /// device owns that address, that device carries the route ([`crate::route`], rule
-    /// 2b).
+    /// 3).
     fn route_source(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
         let _ = dst;
         None

@@ -9,18 +9,18 @@
 //!    ([`RouteError::SourceNotLocal`] otherwise); only that device is considered.
 //! 2. **Local**: the destination is one of the candidate devices' own addresses: that
 //!    device, next hop = the destination (the kernel's loopback case).
-//! 2b. **Kernel**: a device on the host kernel's TCP that owns the source address the
+//! 3. **Kernel**: a device on the host kernel's TCP that owns the source address the
 //!    kernel's route to the destination uses ([`DeviceRoutes::kernel_source`]): that
 //!    device, next hop = the destination, source = that address (a given source must
 //!    equal it).
-//! 3. **Direct**: the longest-prefix subnet containing the destination, over every
+//! 4. **Direct**: the longest-prefix subnet containing the destination, over every
 //!    candidate device's addresses (ties: the device added first, then its first
 //!    address); next hop = the destination. Source = the given one, or that subnet's
 //!    address.
-//! 4. **Gateway**: the first candidate device (in the order they were added) with a
+//! 5. **Gateway**: the first candidate device (in the order they were added) with a
 //!    gateway inside one of its subnets; next hop = the gateway; source = the given one,
 //!    or the address of the subnet holding the gateway.
-//! 5. Otherwise [`RouteError::Unreachable`] (the kernel's `-ENETUNREACH`, delivered as
+//! 6. Otherwise [`RouteError::Unreachable`] (the kernel's `-ENETUNREACH`, delivered as
 //!    an `AddrError` event).
 
 use core::fmt;
@@ -155,7 +155,7 @@ pub fn select_route(
             });
         }
     }
-    // 2b. The kernel's route, for devices on the kernel's TCP.
+    // 3. The kernel's route, for devices on the kernel's TCP.
     for &i in &candidates {
         if let Some(ks) = devices[i].kernel_source {
             if devices[i].addrs.iter().any(|a| a.addr == ks) && src.is_none_or(|s| s == ks) {
@@ -168,7 +168,7 @@ pub fn select_route(
             }
         }
     }
-    // 3. Direct: longest prefix; ties keep the first found.
+    // 4. Direct: longest prefix; ties keep the first found.
     let mut best: Option<(usize, Ipv4Subnet)> = None;
     for &i in &candidates {
         for a in &devices[i].addrs {
@@ -185,7 +185,7 @@ pub fn select_route(
             kind: RouteKind::Direct,
         });
     }
-    // 4. Gateway.
+    // 5. Gateway.
     for &i in &candidates {
         if let Some(gw) = devices[i].gateway {
             if let Some(a) = devices[i].addrs.iter().find(|a| a.contains(gw)) {
