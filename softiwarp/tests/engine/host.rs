@@ -148,3 +148,164 @@ fn a_kernel_tcp_client_sending_garbage_is_dropped_and_the_listener_goes_on() {
     c.wait_established(T).unwrap();
     s.wait_established(T).unwrap();
 }
+
+// ---- a hostile peer with plain kernel sockets against a host-TCP listener: the
+// ---- bounds of the smoltcp listener (`engine/listener.rs`, bench's iwperf_hostile)
+
+/// A host device on `lo` with a half-open pool of `half_open_max` and an MPA startup
+/// timeout of `startup_ms`, listening on a free port.
+fn hostile_server(
+    name: &str,
+    half_open_max: usize,
+    startup_ms: u64,
+) -> (Device, softiwarp::Listener, u16) {
+    let mut cfg = DeviceConfig::new(name, LinkConfig::netdev("lo"), Ipv4Addr::UNSPECIFIED, 0);
+    cfg.half_open_max = half_open_max;
+    cfg.mpa.startup_timeout_us = startup_ms * 1000;
+    let dev = Device::open(cfg).unwrap();
+    let port = free_port();
+    let l = dev.listen(port, 4).unwrap();
+    (dev, l, port)
+}
+
+/// How the device ended a kernel connection, as its socket sees it within `limit`:
+/// `Ok(bytes read before the FIN)`, or the read error (a reset).
+fn read_to_end(s: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, std::io::ErrorKind> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(s, &mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return Err(e.kind()),
+        }
+    }
+}
+
+/// A device client connects, is accepted and established: the listener still serves.
+fn legit_connects(listener: &softiwarp::Listener, port: u16) {
+    let client = lo_device("hostlegit");
+    let c = client
+        .connect(Ipv4Addr::LOCALHOST, port, MpaParams::default())
+        .unwrap();
+    let r = listener.next_request(T).unwrap();
+    let s = r.accept(b"", 1, 1).unwrap();
+    c.wait_established(T).unwrap();
+    s.wait_established(T).unwrap();
+}
+
+fn mpa_request(private_data: &[u8]) -> Vec<u8> {
+    let local = mpa::negotiate::LocalSettings {
+        private_data: private_data.to_vec(),
+        ..mpa::negotiate::LocalSettings::default()
+    };
+    mpa::negotiate::request(&local).unwrap().to_bytes().unwrap()
+}
+
+#[test]
+fn half_open_connections_beyond_the_pool_are_reset_oldest_first() {
+    let (_dev, listener, port) = hostile_server("hosthalf", 4, 10_000);
+    // Six connections that never send their MPA Request; the pool keeps four.
+    let mut silent: Vec<TcpStream> = (0..6)
+        .map(|_| {
+            let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            // One at a time, so "oldest" is well defined.
+            std::thread::sleep(Duration::from_millis(50));
+            s
+        })
+        .collect();
+    let ends: Vec<_> = silent
+        .iter_mut()
+        .map(|s| read_to_end(s, Duration::from_millis(1500)))
+        .collect();
+    assert_eq!(
+        ends[0],
+        Err(std::io::ErrorKind::ConnectionReset),
+        "oldest: {ends:?}"
+    );
+    assert_eq!(
+        ends[1],
+        Err(std::io::ErrorKind::ConnectionReset),
+        "second: {ends:?}"
+    );
+    for (i, e) in ends.iter().enumerate().skip(2) {
+        assert!(
+            matches!(
+                e,
+                Err(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+            ),
+            "connection {i} should still be open: {ends:?}"
+        );
+    }
+    legit_connects(&listener, port);
+}
+
+#[test]
+fn a_silent_connection_is_closed_after_the_mpa_startup_timeout() {
+    let (_dev, listener, port) = hostile_server("hostsilent", 64, 300);
+    let started = std::time::Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let end = read_to_end(&mut s, Duration::from_secs(5));
+    let waited = started.elapsed();
+    assert!(
+        matches!(end, Ok(ref b) if b.is_empty()) || end == Err(std::io::ErrorKind::ConnectionReset),
+        "closed without a word: {end:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "closed after {waited:?} (startup timeout 300 ms)"
+    );
+    assert!(listener.next_request(Duration::from_millis(100)).is_err());
+    legit_connects(&listener, port);
+}
+
+#[test]
+fn a_revision_3_request_gets_the_reject_reply_then_a_fin() {
+    let (_dev, listener, port) = hostile_server("hostrev3", 64, 10_000);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut req = mpa_request(b"");
+    mpa::wire::Packet::new_unchecked(&mut req[..]).set_rev(3);
+    std::io::Write::write_all(&mut s, &req).unwrap();
+    let got = read_to_end(&mut s, T).unwrap();
+    let mut want = mpa::wire::REPLY_KEY.to_vec();
+    want.extend_from_slice(&[mpa::wire::flags::REJECT, 2, 0, 0]);
+    assert_eq!(got, want, "the reject Reply, then the FIN");
+    assert!(listener.next_request(Duration::from_millis(100)).is_err());
+    legit_connects(&listener, port);
+}
+
+#[test]
+fn a_request_then_a_reset_is_dropped_and_the_listener_serves_on() {
+    let (dev, listener, port) = hostile_server("hostrst", 64, 10_000);
+    {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        std::io::Write::write_all(&mut s, &mpa_request(b"gone")).unwrap();
+        // A reset right behind the Request (SO_LINGER 0).
+        nix::sys::socket::setsockopt(
+            &s,
+            nix::sys::socket::sockopt::Linger,
+            &libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            },
+        )
+        .unwrap();
+    }
+    // The request may be reported before the reset is seen; deciding it then fails
+    // or succeeds, but the connection ends and leaves nothing behind.
+    if let Ok(r) = listener.next_request(Duration::from_millis(500)) {
+        assert_eq!(r.private_data(), b"gone");
+        let _ = r.reject(b"");
+    }
+    legit_connects(&listener, port);
+    let deadline = std::time::Instant::now() + T;
+    while dev.connection_count() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} connections left",
+            dev.connection_count()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
