@@ -12,6 +12,7 @@ mod cm_support;
 mod support;
 
 mod adversarial;
+mod host;
 mod pair;
 mod removal_order;
 mod stress;

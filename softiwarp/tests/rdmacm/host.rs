@@ -1,0 +1,175 @@
+//! The RDMA CM over host-TCP devices (`LinkConfig::netdev`, no root): two CMs, each
+//! with a device on `lo`, an RDMA Write of 1 MiB and a Send through kernel TCP with the
+//! bytes checked, and address resolution over every interface that is up: each
+//! interface's address resolves to its own device.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::*;
+use rdma_cm::{ConnParam, EventChannel, EventKind, RdmaCmConfig};
+use softiwarp::cm::rdmacm::{SoftDevice, SoftRdmaCm};
+use softiwarp::{Device, DeviceConfig, LinkConfig};
+use testkit::Watchdog;
+use verbs::{AccessFlags, RecvWr, SendFlags, SendWr, WcStatus};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn host_device(name: &str, ifname: &str) -> Arc<Device> {
+    Arc::new(
+        Device::open(DeviceConfig::new(
+            name,
+            LinkConfig::netdev(ifname),
+            Ipv4Addr::UNSPECIFIED,
+            0,
+        ))
+        .unwrap(),
+    )
+}
+
+fn cm_with(devices: &[Arc<Device>]) -> SoftRdmaCm {
+    let cm = SoftRdmaCm::new(RdmaCmConfig::default()).unwrap();
+    for d in devices {
+        cm.add_device(SoftDevice::new(d.clone()).unwrap()).unwrap();
+    }
+    cm
+}
+
+fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEvent<SoftDevice> {
+    let ev = ch.get_event_timeout(WAIT).expect("an event");
+    assert_eq!(ev.kind, kind, "status {}", ev.status);
+    ev
+}
+
+#[test]
+fn rdma_write_and_send_over_kernel_tcp_on_lo_with_the_bytes_checked() {
+    let _w = Watchdog::arm("host_write_send", Duration::from_secs(60), String::new);
+    let (cdev, sdev) = (host_device("hcl", "lo"), host_device("hsl", "lo"));
+    let (client, server) = (cm_with(&[cdev.clone()]), cm_with(&[sdev.clone()]));
+    let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = (Ipv4Addr::LOCALHOST, port).into();
+    let listener = server.create_id_with_channel(&sch);
+    listener.bind_addr(addr).unwrap();
+    listener.listen(4).unwrap();
+    let id = client.create_id_with_channel(&cch);
+    id.resolve_addr(None, addr, WAIT).unwrap();
+    expect(&cch, EventKind::AddrResolved).ack();
+    id.resolve_route(WAIT).unwrap();
+    expect(&cch, EventKind::RouteResolved).ack();
+    assert!(Arc::ptr_eq(id.device().unwrap().device(), &cdev));
+    let mut cv = Verbs::on(&id).unwrap();
+    let param = ConnParam {
+        private_data: b"hello".to_vec(),
+        responder_resources: 2,
+        initiator_depth: 2,
+        ..ConnParam::default()
+    };
+    id.connect(&param).unwrap();
+    let mut req = expect(&sch, EventKind::ConnectRequest);
+    assert_eq!(req.private_data, b"hello");
+    let conn = req.take_new_id().unwrap();
+    req.ack();
+    assert!(Arc::ptr_eq(conn.device().unwrap().device(), &sdev));
+    let mut sv = Verbs::on(&conn).unwrap();
+    const LEN: usize = 1 << 20;
+    let target = sv
+        .pd
+        .reg_mr(
+            LEN as u64,
+            0x9000_0000,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let inbox = sv.pd.reg_mr(64, 0, AccessFlags::LOCAL_WRITE).unwrap();
+    sv.qp
+        .post_recv(RecvWr::new(7, vec![inbox.sge(0, 64)]))
+        .unwrap();
+    sv.posted += 1;
+    conn.accept(&ConnParam {
+        private_data: b"welcome".to_vec(),
+        ..param.clone()
+    })
+    .unwrap();
+    let est = expect(&cch, EventKind::Established);
+    assert_eq!(est.private_data, b"welcome");
+    est.ack();
+    expect(&sch, EventKind::Established).ack();
+
+    let source = cv
+        .pd
+        .reg_mr(LEN as u64, 0x1000, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 ^ 0xa5).collect();
+    source.write(0, &data).unwrap();
+    let msg = cv.pd.reg_mr(64, 0x8000, AccessFlags::LOCAL_WRITE).unwrap();
+    msg.write(0, b"written: 1 MiB").unwrap();
+    let write = SendWr::rdma_write(
+        1,
+        vec![source.sge(0, LEN as u32)],
+        target.iova(),
+        target.rkey(),
+    );
+    cv.qp
+        .post_send(write.with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    cv.qp
+        .post_send(SendWr::send(2, vec![msg.sge(0, 14)]).with_flags(SendFlags::SIGNALED))
+        .unwrap();
+    cv.posted += 2;
+    assert!(cv.all_completed(WAIT), "{:?}", cv.completions);
+    assert_eq!(cv.count(WcStatus::Success), 2, "{:?}", cv.completions);
+    assert!(sv.all_completed(WAIT), "{:?}", sv.completions);
+    let wc = sv.completions[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (7, WcStatus::Success, 14)
+    );
+    assert_eq!(&inbox.to_vec()[..14], b"written: 1 MiB");
+    assert!(target.to_vec() == data, "the RDMA Write's bytes differ");
+    id.disconnect().unwrap();
+    expect(&cch, EventKind::Disconnected).ack();
+    expect(&sch, EventKind::Disconnected).ack();
+    for i in [id, conn, listener] {
+        i.destroy().unwrap();
+    }
+}
+
+#[test]
+fn every_interface_address_resolves_to_its_own_device() {
+    let up: Vec<_> = softiwarp::host::netdev::interfaces()
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.up && !i.addrs.is_empty())
+        .collect();
+    assert!(
+        up.iter().any(|i| i.name == "lo"),
+        "lo is up with 127.0.0.1: {up:?}"
+    );
+    let devices: Vec<Arc<Device>> = up
+        .iter()
+        .map(|i| host_device(&format!("h{}", i.index), &i.name))
+        .collect();
+    let cm = cm_with(&devices);
+    let ch = cm.create_event_channel();
+    for (i, dev) in up.iter().zip(&devices) {
+        for a in &i.addrs {
+            let id = cm.create_id_with_channel(&ch);
+            id.resolve_addr(None, (a.addr, 9).into(), WAIT).unwrap();
+            expect(&ch, EventKind::AddrResolved).ack();
+            assert!(
+                Arc::ptr_eq(id.device().unwrap().device(), dev),
+                "{} of {} resolved to {:?}",
+                a.addr,
+                i.name,
+                id.device().map(|d| d.device().name().to_owned())
+            );
+            id.destroy().unwrap();
+        }
+    }
+}
