@@ -156,6 +156,7 @@ pub use smoltcp;
 mod api;
 pub mod cm;
 mod engine;
+pub mod host;
 pub mod link;
 pub mod rdmap;
 pub mod resources;
