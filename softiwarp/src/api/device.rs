@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -481,12 +481,7 @@ impl Device {
         };
         let address = host_addrs
             .as_ref()
-            .and_then(|a| {
-                a.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .first()
-                    .map(|s| s.addr)
-            })
+            .and_then(|a| a.addresses().first().map(|s| s.addr))
             .unwrap_or(interface.address);
         tracing::info!(device = %name, %address, mtu = started.mtu, "device open");
         Ok(Device {
@@ -520,12 +515,19 @@ impl Device {
     /// interface is gone).
     pub fn addresses(&self) -> Vec<Ipv4Subnet> {
         match &self.host_addrs {
-            Some(a) => a.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            Some(a) => a.addresses(),
             None => vec![Ipv4Subnet::new(
                 self.interface.address,
                 self.interface.prefix_len,
             )],
         }
+    }
+
+    /// For a host-TCP device, the source address of the kernel's route to `dst` in the
+    /// device's network namespace ([`crate::host::netdev::route_source`]); `None` for
+    /// other devices, or when the kernel has no route.
+    pub fn route_source(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        self.host_addrs.as_ref()?.route_source(dst)
     }
 
     /// Whether the device runs on a host interface's kernel TCP ([`LinkSpec::Netdev`]).

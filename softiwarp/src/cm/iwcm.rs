@@ -75,8 +75,9 @@
 //! that room (requests delivered but not yet answered count too); beyond it the
 //! device answers SYNs with RST and the client sees `ConnectReply(Refused)`.
 //!
-//! Addresses: IPv4 only. A listen or local address must be the device's address or
-//! unspecified ([`ProviderError::AddressNotAvailable`] otherwise). The local port of an
+//! Addresses: IPv4 only. A listen or local address must be one of the device's
+//! addresses or unspecified ([`ProviderError::AddressNotAvailable`] otherwise); a
+//! host-TCP device listens on every address of its interface whichever was named. The local port of an
 //! active connection is always an ephemeral one the device picks; a port in
 //! [`ConnectArgs::local_addr`] is not honoured.
 //!
@@ -670,7 +671,10 @@ impl SoftProvider {
     }
 
     fn check_local(&self, ip: Ipv4Addr) -> Result<(), ProviderError> {
-        if ip.is_unspecified() || ip == self.inner.device.address() {
+        if ip.is_unspecified()
+            || ip == self.inner.device.address()
+            || self.inner.device.addresses().iter().any(|a| a.addr == ip)
+        {
             Ok(())
         } else {
             Err(ProviderError::AddressNotAvailable)

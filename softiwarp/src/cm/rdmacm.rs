@@ -220,13 +220,10 @@ impl CmDevice for SoftDevice {
         self.device.addresses()
     }
 
-    /// A host-TCP device asks the kernel ([`crate::host::netdev::route_source`]);
+    /// A host-TCP device asks the kernel in its namespace ([`Device::route_source`]);
     /// others have their own stack (`None`).
     fn route_source(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
-        if !self.device.is_host_tcp() {
-            return None;
-        }
-        crate::host::netdev::route_source(dst).ok()
+        self.device.route_source(dst)
     }
 
     fn gateway(&self) -> Option<Ipv4Addr> {

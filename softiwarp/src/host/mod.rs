@@ -13,8 +13,9 @@
 //! Open a device on one with [`LinkConfig::netdev`](crate::LinkConfig::netdev).
 
 pub mod netdev;
+pub mod netns;
 pub(crate) mod socket;
 mod stack;
 mod sys;
 
-pub use stack::{HostStack, SharedAddrs};
+pub use stack::{HostInfo, HostStack, SharedAddrs};

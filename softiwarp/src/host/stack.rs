@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use mpa::negotiate::LocalSettings;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -40,6 +40,7 @@ use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, Socka
 use smoltcp::time::Instant;
 
 use super::netdev::{Ipv4Subnet, NetdevEvent, NetdevWatch};
+use super::netns::Netns;
 use super::socket::KernelSock;
 use crate::link::{DownReason, GoneReason, LinkEvent};
 use crate::transport::conn::{
@@ -64,9 +65,49 @@ const EVENTS_PER_WAIT: usize = 64;
 /// kernel's buffer in large writes.
 const HOST_TX_BATCH_BYTES: usize = 256 * 1024;
 
-/// The addresses of a host interface as the device's users read them (the RDMA CM's
-/// route, `Device::addresses`), kept current by the stack.
-pub type SharedAddrs = Arc<Mutex<Vec<Ipv4Subnet>>>;
+/// What a host-TCP device's users read of its interface (the RDMA CM's route,
+/// `Device::addresses`), kept current by the stack: its addresses and its network
+/// namespace.
+#[derive(Debug, Default)]
+pub struct HostInfo {
+    addrs: Mutex<Vec<Ipv4Subnet>>,
+    netns: OnceLock<Netns>,
+}
+
+impl HostInfo {
+    /// The interface's IPv4 addresses now (none once it is gone).
+    pub fn addresses(&self) -> Vec<Ipv4Subnet> {
+        self.addrs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_addresses(&self, f: impl FnOnce(&mut Vec<Ipv4Subnet>)) {
+        f(&mut self.addrs.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// The source address of the kernel's route to `dst` in the device's namespace
+    /// ([`super::netdev::route_source`]); `None` if there is none (or the namespace
+    /// cannot be entered).
+    pub fn route_source(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        match self.netns.get() {
+            Some(ns) => ns.run(|| super::netdev::route_source(dst)).ok()?.ok(),
+            None => super::netdev::route_source(dst).ok(),
+        }
+    }
+
+    /// Runs `f` in the device's namespace ([`Netns::run`]).
+    fn in_netns<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        match self.netns.get() {
+            Some(ns) => ns.run(f)?,
+            None => f(),
+        }
+    }
+}
+
+/// A host-TCP device's [`HostInfo`], shared by its stack and its handles.
+pub type SharedAddrs = Arc<HostInfo>;
 
 /// One connection: the MPA connection and its kernel socket.
 struct HostConn {
@@ -144,7 +185,10 @@ impl HostStack {
                 EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_WATCH),
             )
             .map_err(|e| StackError::Config(format!("epoll_ctl: {e}")))?;
-        *addrs.lock().unwrap_or_else(PoisonError::into_inner) = info.addrs.clone();
+        addrs.set_addresses(|a| *a = info.addrs.clone());
+        if let Ok(ns) = Netns::current() {
+            let _ = addrs.netns.set(ns);
+        }
         tracing::debug!(interface = ifname, addresses = ?info.addrs, mtu = info.mtu, up = info.up, "host stack up");
         Ok(HostStack {
             ifname: ifname.to_owned(),
@@ -178,10 +222,7 @@ impl HostStack {
     }
 
     fn addresses(&self) -> Vec<Ipv4Subnet> {
-        self.addrs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.addrs.addresses()
     }
 
     fn check_gone(&self) -> Result<(), StackError> {
@@ -222,13 +263,15 @@ impl HostStack {
         port: u16,
         backlog: usize,
     ) -> io::Result<TcpListener> {
-        let fd = socket(
-            AddressFamily::Inet,
-            SockType::Stream,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(io_err)?;
+        let fd = self.addrs.in_netns(|| {
+            socket(
+                AddressFamily::Inet,
+                SockType::Stream,
+                SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .map_err(io_err)
+        })?;
         nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReuseAddr, &true)
             .map_err(io_err)?;
         nix::sys::socket::bind(
@@ -374,10 +417,7 @@ impl HostStack {
             self.progress = true;
             match ev {
                 NetdevEvent::AddressAdded(s) => {
-                    self.addrs
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(s);
+                    self.addrs.set_addresses(|a| a.push(s));
                     let ids: Vec<ListenerId> = self.lsocks.keys().copied().collect();
                     for lid in ids {
                         let (port, backlog) = {
@@ -397,10 +437,7 @@ impl HostStack {
                     }
                 }
                 NetdevEvent::AddressRemoved(s) => {
-                    self.addrs
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .retain(|a| *a != s);
+                    self.addrs.set_addresses(|a| a.retain(|x| *x != s));
                     for l in self.lsocks.values_mut() {
                         l.socks.retain(|(a, _)| *a != s.addr);
                     }
@@ -423,10 +460,7 @@ impl HostStack {
                         .push_back(StackEvent::Link(LinkEvent::Gone(reason)));
                     self.fail_all(ConnError::DeviceGone(reason));
                     self.gone = Some(reason);
-                    self.addrs
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clear();
+                    self.addrs.set_addresses(Vec::clear);
                     return;
                 }
             }
@@ -564,13 +598,18 @@ impl LlpStack for HostStack {
         settings.ird = params.ird;
         settings.ord = params.ord;
         settings.validate()?;
-        let fd: OwnedFd = socket(
-            AddressFamily::Inet,
-            SockType::Stream,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| StackError::Config(format!("socket: {e}")))?;
+        let fd: OwnedFd = self
+            .addrs
+            .in_netns(|| {
+                socket(
+                    AddressFamily::Inet,
+                    SockType::Stream,
+                    SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                    None,
+                )
+                .map_err(io_err)
+            })
+            .map_err(|e| StackError::Config(format!("socket: {e}")))?;
         match connect(
             std::os::fd::AsRawFd::as_raw_fd(&fd),
             &SockaddrIn::from(remote),
@@ -778,9 +817,9 @@ impl LlpStack for HostStack {
         _now: Instant,
         reply: NeighborReply,
     ) {
-        match super::netdev::route_source(ip) {
-            Ok(_) => reply.complete(Ok([0; 6])),
-            Err(_) => reply.complete(Err(crate::transport::neighbor::NeighborError::NotOnLink(
+        match self.addrs.route_source(ip) {
+            Some(_) => reply.complete(Ok([0; 6])),
+            None => reply.complete(Err(crate::transport::neighbor::NeighborError::NotOnLink(
                 ip,
             ))),
         }

@@ -78,7 +78,7 @@ use nix::net::if_::if_nametoindex;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
 use super::offload::{fill_partial_csum, RxCsum, RxMeta, OFFLOAD_MAX_FRAME};
-use super::rtnl::{LinkMsg, RtnlBody, RtnlSocket, RTMGRP_LINK};
+use super::rtnl::{LinkMsg, RtnlBody, RtnlSocket, AF_UNSPEC, RTMGRP_LINK};
 use super::{check_mtu, GoneReason, Link, LinkError, LinkEvent, StateTracker};
 
 /// Largest MTU in bytes of a TAP interface: 65521 = 65535 - 14, the tun driver's
@@ -446,7 +446,11 @@ impl TapLink {
                 Ok(Some(msgs)) => {
                     for m in msgs {
                         match m.body {
-                            RtnlBody::NewLink(l) if l.index == self.ifindex => {
+                            // AF_BRIDGE messages describe the TAP as a bridge port (one with
+                            // RTM_DELLINK when it leaves a bridge), not the interface.
+                            RtnlBody::NewLink(l)
+                                if l.index == self.ifindex && l.family == AF_UNSPEC =>
+                            {
                                 if let Some(mtu) = l.mtu.filter(|&m| m as usize != self.mtu) {
                                     let _e = self.span.enter();
                                     tracing::info!(
@@ -456,7 +460,9 @@ impl TapLink {
                                 }
                                 self.set_state(l.state());
                             }
-                            RtnlBody::DelLink(l) if l.index == self.ifindex => {
+                            RtnlBody::DelLink(l)
+                                if l.index == self.ifindex && l.family == AF_UNSPEC =>
+                            {
                                 self.set_state(LinkEvent::Gone(GoneReason::Deleted));
                             }
                             _ => {}

@@ -173,3 +173,73 @@ fn every_interface_address_resolves_to_its_own_device() {
         }
     }
 }
+
+/// Root: host-TCP devices opened inside a namespace of the test's own
+/// (`DeviceConfig::netns`) make their kernel sockets there, although the test's thread
+/// (outside it) resolves, listens and connects: the kernel's route is asked in the
+/// namespace, the connection to an address only the namespace has reaches the
+/// namespace's listener, and a decoy listening on the same port in the test's namespace
+/// gets nothing. (Which thread carries out the connect and listen is the progress
+/// engine's choice; the route query runs on the test's thread.)
+#[test]
+fn devices_in_a_namespace_make_their_sockets_there_whichever_thread_calls() {
+    if !netlab::netns::is_root() {
+        eprintln!("skipped: creating a network namespace needs root");
+        return;
+    }
+    let _w = Watchdog::arm("host_netns", Duration::from_secs(60), String::new);
+    let ns = netlab::netns::NetNs::create(&format!("swh{}", netlab::netns::unique_tag())).unwrap();
+    // An address only the namespace has: reached through the namespace's sockets only.
+    let ns_ip = Ipv4Addr::new(10, 231, 7, 1);
+    ns.ip(&["addr", "add", "10.231.7.1/32", "dev", "lo"])
+        .unwrap();
+    let open_in_ns = |name: &str| {
+        let mut cfg = DeviceConfig::new(name, LinkConfig::netdev("lo"), Ipv4Addr::UNSPECIFIED, 0);
+        cfg.netns = Some(format!("/run/netns/{}", ns.name()).into());
+        Arc::new(Device::open(cfg).unwrap())
+    };
+    let (cdev, sdev) = (open_in_ns("hnc"), open_in_ns("hns"));
+    let decoy = TcpListener::bind("127.0.0.1:0").unwrap();
+    decoy.set_nonblocking(true).unwrap();
+    let port = decoy.local_addr().unwrap().port();
+    let (client, server) = (cm_with(&[cdev.clone()]), cm_with(&[sdev]));
+    let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
+    assert!(
+        cdev.addresses().iter().any(|a| a.addr == ns_ip),
+        "the namespace's lo: {:?}",
+        cdev.addresses()
+    );
+    assert_eq!(
+        cdev.route_source(ns_ip),
+        Some(ns_ip),
+        "the namespace's route"
+    );
+    let addr: SocketAddr = (ns_ip, port).into();
+    let listener = server.create_id_with_channel(&sch);
+    listener
+        .bind_addr((Ipv4Addr::UNSPECIFIED, port).into())
+        .unwrap();
+    listener.listen(4).unwrap();
+    let id = client.create_id_with_channel(&cch);
+    id.resolve_addr(None, addr, WAIT).unwrap();
+    expect(&cch, EventKind::AddrResolved).ack();
+    id.resolve_route(WAIT).unwrap();
+    expect(&cch, EventKind::RouteResolved).ack();
+    let _cv = Verbs::on(&id).unwrap();
+    id.connect(&ConnParam::default()).unwrap();
+    let mut req = expect(&sch, EventKind::ConnectRequest);
+    let conn = req.take_new_id().unwrap();
+    req.ack();
+    let _sv = Verbs::on(&conn).unwrap();
+    conn.accept(&ConnParam::default()).unwrap();
+    expect(&cch, EventKind::Established).ack();
+    expect(&sch, EventKind::Established).ack();
+    assert!(
+        matches!(decoy.accept(), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a socket was made in the test's namespace"
+    );
+    for i in [id, conn, listener] {
+        i.destroy().unwrap();
+    }
+    drop((client, server, cdev));
+}
