@@ -9,7 +9,7 @@ use std::time::Duration;
 use softiwarp::transport::{CloseMode, MpaParams};
 use softiwarp::{Device, DeviceConfig, LinkConfig};
 
-use crate::support::{Rng, RngExt};
+use crate::support::devices::stream_verified;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -20,11 +20,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn checksum(data: &[u8], h: u64) -> u64 {
-    data.iter()
-        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 fn lo_device(name: &str) -> Device {
@@ -82,28 +77,7 @@ fn two_devices_on_lo_move_verified_ulpdus_over_kernel_tcp() {
 
     const TOTAL: usize = 8 << 20;
     for (from, to, seed) in [(&c, &s, 1u64), (&s, &c, 2)] {
-        let mut rng = Rng::new(seed);
-        let (mut sent, mut h_sent) = (0usize, 0u64);
-        std::thread::scope(|scope| {
-            let rx = scope.spawn(|| {
-                let (mut got, mut h) = (0usize, 0u64);
-                while got < TOTAL {
-                    let u = to.recv_ulpdu(T).unwrap();
-                    h = checksum(&u, h);
-                    got += u.len();
-                }
-                h
-            });
-            while sent < TOTAL {
-                let len = mulpdu.min(TOTAL - sent);
-                let mut u = vec![0u8; len];
-                rng.fill(&mut u);
-                h_sent = checksum(&u, h_sent);
-                from.send_ulpdu_vec(u, T).unwrap();
-                sent += len;
-            }
-            assert_eq!(rx.join().unwrap(), h_sent, "seed {seed}: checksum mismatch");
-        });
+        stream_verified(from, to, TOTAL, mulpdu, seed, T);
     }
     c.close(CloseMode::Graceful).unwrap();
     assert_eq!(c.wait_ended(T), Some(None));

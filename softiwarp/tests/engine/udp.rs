@@ -11,7 +11,7 @@ use softiwarp::link::{FaultConfig, UdpConfig};
 use softiwarp::transport::{CloseMode, MpaParams};
 use softiwarp::{Device, DeviceConfig, FaultSpec, LinkConfig};
 
-use crate::support::{Rng, RngExt};
+use crate::support::devices::stream_verified;
 
 const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(20);
@@ -21,11 +21,6 @@ fn ports() -> (SocketAddr, SocketAddr) {
     let a = UdpSocket::bind("127.0.0.1:0").unwrap();
     let b = UdpSocket::bind("127.0.0.1:0").unwrap();
     (a.local_addr().unwrap(), b.local_addr().unwrap())
-}
-
-fn checksum(data: &[u8], h: u64) -> u64 {
-    data.iter()
-        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[test]
@@ -80,28 +75,7 @@ fn devices_over_a_udp_link_move_verified_ulpdus_through_loss_with_a_capture() {
 
     const TOTAL: usize = 8 << 20;
     for (from, to, seed) in [(&c, &s, 1u64), (&s, &c, 2)] {
-        let mut rng = Rng::new(seed);
-        let (mut sent, mut h_sent) = (0usize, 0u64);
-        std::thread::scope(|scope| {
-            let rx = scope.spawn(|| {
-                let (mut got, mut h) = (0usize, 0u64);
-                while got < TOTAL {
-                    let u = to.recv_ulpdu(T).unwrap();
-                    h = checksum(&u, h);
-                    got += u.len();
-                }
-                h
-            });
-            while sent < TOTAL {
-                let len = mulpdu.min(TOTAL - sent);
-                let mut u = vec![0u8; len];
-                rng.fill(&mut u);
-                h_sent = checksum(&u, h_sent);
-                from.send_ulpdu_vec(u, T).unwrap();
-                sent += len;
-            }
-            assert_eq!(rx.join().unwrap(), h_sent, "seed {seed}: checksum mismatch");
-        });
+        stream_verified(from, to, TOTAL, mulpdu, seed, T);
     }
     c.close(CloseMode::Graceful).unwrap();
     assert_eq!(c.wait_ended(T), Some(None));

@@ -46,7 +46,7 @@ fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEve
 fn rdma_write_and_send_over_kernel_tcp_on_lo_with_the_bytes_checked() {
     let _w = Watchdog::arm("host_write_send", Duration::from_secs(60), String::new);
     let (cdev, sdev) = (host_device("hcl", "lo"), host_device("hsl", "lo"));
-    let (client, server) = (cm_with(&[cdev.clone()]), cm_with(&[sdev.clone()]));
+    let (client, server) = (cm_with(std::slice::from_ref(&cdev)), cm_with(std::slice::from_ref(&sdev)));
     let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -202,7 +202,7 @@ fn devices_in_a_namespace_make_their_sockets_there_whichever_thread_calls() {
     let decoy = TcpListener::bind("127.0.0.1:0").unwrap();
     decoy.set_nonblocking(true).unwrap();
     let port = decoy.local_addr().unwrap().port();
-    let (client, server) = (cm_with(&[cdev.clone()]), cm_with(&[sdev]));
+    let (client, server) = (cm_with(std::slice::from_ref(&cdev)), cm_with(&[sdev]));
     let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
     assert!(
         cdev.addresses().iter().any(|a| a.addr == ns_ip),

@@ -25,7 +25,7 @@ const PORT: u16 = 4791;
 const T: Duration = Duration::from_secs(20);
 const TOTAL: usize = 64 << 20;
 
-fn ns_path(name: &str) -> PathBuf {
+pub(crate) fn ns_path(name: &str) -> PathBuf {
     PathBuf::from(format!("/run/netns/{name}"))
 }
 
@@ -93,7 +93,10 @@ fn tap_1mib_with_offload_through_loss_reordering_and_corruption() {
 
 /// Runs `f` on a new topology (skipping without root), then checks nothing of it is
 /// left, also when `f` panicked.
-fn with_topology(name: &str, f: impl FnOnce(&TapPair, &PathBuf) + std::panic::UnwindSafe) {
+pub(crate) fn with_topology(
+    name: &str,
+    f: impl FnOnce(&TapPair, &PathBuf) + std::panic::UnwindSafe,
+) {
     if !is_root() {
         eprintln!("skipping {name}: needs root");
         return;

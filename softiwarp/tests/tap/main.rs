@@ -5,4 +5,5 @@
 mod support;
 
 mod engine;
+mod host_interop;
 mod netns;
