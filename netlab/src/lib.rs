@@ -34,6 +34,11 @@
 //! - [`siwvm`]: a small VM running the kernel's siw driver, for interoperability tests.
 //! - [`LinkArgs`]: the `--tap --ip --mac --pcap` options every tool and peer binary
 //!   flattens into its command line, with [`parse_cidr`] and [`parse_mac`].
+//! - [`HostInterface`]: the host interface a tool's `--netdev IF` names (the soft device
+//!   on kernel TCP), its IPv4 addresses, and [`netdev_conflict`], the message for an
+//!   option that does not go with it.
+//! - [`VethPair`]: two namespaces joined by one veth with the kernel's addresses on its
+//!   ends (for `--netdev`); dropping it removes everything.
 //!
 //! What is left behind by a run that was killed outright (SIGKILL) is removed by the next
 //! one: [`Topology::create`] calls [`netns::remove_stale`], which deletes namespaces of the
@@ -76,6 +81,7 @@ pub fn now_ns() -> u64 {
 }
 
 pub mod capture;
+pub mod host_if;
 pub mod link_args;
 pub mod logging;
 pub mod netns;
@@ -83,13 +89,16 @@ pub mod peer;
 pub mod signals;
 pub mod siwvm;
 pub mod topology;
+pub mod veth;
 
+pub use host_if::{netdev_conflict, HostInterface, InterfaceError};
 pub use link_args::{format_mac, parse_cidr, parse_mac, LinkArgs};
 pub use peer::{
     dump_stacks, wait_all, wait_all_with_grace, wait_exits, FailureKind, Peer, PeerFailure,
     PeerOutput, PeerSpec, PEER_ENV,
 };
 pub use topology::{host_ip, host_mac, leftover_namespaces, Endpoint, Side, Topology};
+pub use veth::VethPair;
 
 /// Errors of the lab.
 #[derive(Debug, thiserror::Error)]
