@@ -4,11 +4,14 @@
 //! partial results, release everything and exit with its distinct status
 //! (`bench::iwperf::EXIT_DEVICE_REMOVAL`, 5) within 2 s of the removal.
 
+mod iwperf_support;
+
 use std::time::Duration;
 
 use bench::iwperf::EXIT_DEVICE_REMOVAL;
+use iwperf_support::{check_removal_line, skip_unless_root};
 use netlab::netns::ArmedIp;
-use netlab::{skip_unless_root, wait_exits, Topology};
+use netlab::{wait_exits, Topology};
 
 #[test]
 fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
@@ -83,27 +86,4 @@ fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
         "the removal is reported: {all}"
     );
     check_removal_line(&out.stderr, 1);
-}
-
-/// The client's removal line: `n` live ids, one `DeviceRemoval` each, WRs posted and
-/// every one completed or flushed, none outstanding.
-fn check_removal_line(stderr: &str, n: usize) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("iwperf: DeviceRemoval: "))
-        .unwrap_or_else(|| panic!("no removal line in:\n{stderr}"));
-    assert!(
-        line.contains(&format!("{n} events for {n} ids ({n} live)")),
-        "{line}"
-    );
-    assert!(line.ends_with(" 0 in error, 0 outstanding"), "{line}");
-    let num = |after: &str| -> u64 {
-        let i = line
-            .find(after)
-            .unwrap_or_else(|| panic!("{after}: {line}"));
-        line[..i].rsplit(' ').next().unwrap().parse().unwrap()
-    };
-    // Some WRs were in flight at the removal and came back flushed.
-    assert!(num(" flushed") > 0, "{line}");
-    assert!(num(" sends (") > 0, "{line}");
 }

@@ -9,10 +9,13 @@
 //! iwperf client ... --lat --op send --size 8 --iters 10000
 //! iwperf server --device siw0                  # an rdma-core device (siw0, cxgb4_0) instead of the soft device
 //! iwperf client --device siw0 --peer 10.0.0.1 --op read --verify
+//! iwperf server --netdev lo                    # the soft device on the host's kernel TCP (no root)
+//! iwperf client --netdev lo --peer 127.0.0.1 --op write,read,send --verify
 //! ```
 //!
 //! Exit statuses: 0 success, 1 other failure, 2 usage, 3 connection failure (resolve,
-//! reject, unreachable, lost) or no such `--device` / no rdma-core, 4 `--verify` found
+//! reject, unreachable, lost), no such `--device` / no rdma-core, or a `--netdev`
+//! interface that does not exist or has no IPv4 address, 4 `--verify` found
 //! mismatches, 5 device removal (partial results printed), 130 interrupted. Logs go to stderr, filtered by `RUST_LOG`
 //! (default `warn`).
 
@@ -24,13 +27,14 @@ use std::time::Duration;
 use bench::iwperf::conn::{DeviceOptions, LinkChoice, MpaProfile};
 use bench::iwperf::datapath::{Progress, RunLength, ServerLimits, Tuning};
 use bench::iwperf::demo::{self, DemoConfig};
-use bench::iwperf::peer::{run_client, run_server, Backend, ClientTest};
+use bench::iwperf::peer::{run_client, run_server, Backend, ClientTest, RemovalReport};
 use bench::iwperf::report::{bw_table, lat_table, verify_name};
 use bench::iwperf::wire::{Mode, Op};
 use bench::iwperf::{IwperfError, EXIT_OK};
 use bench::tcp::{self, Amount, Role, TcpBenchConfig};
 use bench::tcp_lat::{self, Rounds};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use netlab::{HostInterface, InterfaceError};
 use softiwarp::link::TapLink;
 use softiwarp::transport::smoltcp_glue::InterfaceConfig;
 
@@ -133,13 +137,20 @@ struct MpaArgs {
     first_fpdu_delay_ms: u64,
 }
 
-/// One side's device: the soft device on a TAP (netlab's `--tap --ip --mac --pcap`) or
-/// an rdma-core device (`--device`), and iwperf's own extras.
+/// One side's device: the soft device on a TAP (netlab's `--tap --ip --mac --pcap`), on
+/// a UDP link, or on a host interface's kernel TCP (`--netdev`), or an rdma-core device
+/// (`--device`), and iwperf's own extras.
 #[derive(Args, Debug, Clone)]
 struct SideArgs {
     /// The TAP interface the soft device opens (in this process's namespace).
-    #[arg(long, required_unless_present_any = ["device", "udp"], conflicts_with_all = ["device", "udp"])]
+    #[arg(long, required_unless_present_any = ["device", "udp", "netdev"], conflicts_with_all = ["device", "udp"])]
     tap: Option<String>,
+    /// The soft device on the host's kernel TCP, bound to this interface (as `rdma link
+    /// add NAME type siw netdev IF`), no root needed: its addresses are the interface's
+    /// (the server listens on them; the client connects from the kernel's route to
+    /// --peer). No --ip, --mac or --pcap (capture with `tcpdump -i IF`).
+    #[arg(long, value_name = "IF")]
+    netdev: Option<String>,
     /// A UDP link instead of a TAP, no root needed: the local ADDR:PORT to bind
     /// (Ethernet frames as UDP datagrams, as QEMU's `-netdev dgram`); needs
     /// --udp-peer, the other end's ADDR:PORT.
@@ -150,7 +161,7 @@ struct SideArgs {
     udp_peer: Option<std::net::SocketAddr>,
     /// This side's IPv4 address and prefix length on the TAP or UDP link, e.g.
     /// 10.234.0.1/24.
-    #[arg(long, required_unless_present = "device", conflicts_with = "device")]
+    #[arg(long, required_unless_present_any = ["device", "netdev"], conflicts_with = "device")]
     ip: Option<String>,
     /// This side's MAC address on the TAP, six hex octets (e.g. 02:00:0a:ea:00:01).
     #[arg(long, conflicts_with = "device")]
@@ -422,7 +433,48 @@ fn soft_only_options(l: &SideArgs, m: &MpaArgs) -> Vec<&'static str> {
     v
 }
 
+/// The options that do not go with `--netdev IF`, each checked in this order: the other
+/// links, then what sets a TAP or UDP link's own stack, capture or offload.
+fn netdev_conflicts(l: &SideArgs, m: &MpaArgs) -> Option<&'static str> {
+    [
+        ("--device", l.device.is_some()),
+        ("--tap", l.tap.is_some()),
+        ("--udp", l.udp.is_some()),
+        ("--ip", l.ip.is_some()),
+        ("--mac", l.mac.is_some()),
+        ("--pcap", l.pcap.is_some()),
+        ("--mtu", l.mtu.is_some()),
+        ("--no-offload", m.no_offload),
+    ]
+    .into_iter()
+    .find_map(|(option, given)| given.then_some(option))
+}
+
+/// The host interface of `--netdev IF`, checked: the options that do not go with it
+/// are usage errors; an interface that does not exist or has no IPv4 address is
+/// [`IwperfError::NoDevice`] (status 3, as a `--device` that does not exist).
+fn host_interface(ifname: &str, l: &SideArgs, m: &MpaArgs) -> Result<HostInterface, IwperfError> {
+    if let Some(option) = netdev_conflicts(l, m) {
+        return Err(usage(netlab::netdev_conflict(ifname, option)));
+    }
+    HostInterface::find(ifname).map_err(|e| match e {
+        InterfaceError::Lookup(_) => IwperfError::Setup(e.to_string()),
+        _ => IwperfError::NoDevice(e.to_string()),
+    })
+}
+
 fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError> {
+    if let Some(ifname) = &l.netdev {
+        host_interface(ifname, l, m)?;
+        return Ok(Backend::Soft(soft_options(
+            name,
+            LinkChoice::Netdev(ifname.clone()),
+            (Ipv4Addr::UNSPECIFIED, 0),
+            None,
+            l,
+            m,
+        )));
+    }
     if let Some(device) = &l.device {
         let soft = soft_only_options(l, m);
         if !soft.is_empty() {
@@ -472,7 +524,27 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
         }
         _ => return Err(usage("--tap and --ip, --udp and --ip, or --device")),
     };
-    Ok(Backend::Soft(DeviceOptions {
+    Ok(Backend::Soft(soft_options(
+        name,
+        link,
+        (ip, prefix_len),
+        mac,
+        l,
+        m,
+    )))
+}
+
+/// The soft device's options: `link` with this side's address and MAC (a frame link's
+/// own stack), the MPA and engine settings of `m`, the capture of `l`.
+fn soft_options(
+    name: &str,
+    link: LinkChoice,
+    (ip, prefix_len): (Ipv4Addr, u8),
+    mac: Option<[u8; 6]>,
+    l: &SideArgs,
+    m: &MpaArgs,
+) -> DeviceOptions {
+    DeviceOptions {
         name: name.into(),
         link,
         ip,
@@ -488,7 +560,16 @@ fn backend(name: &str, l: &SideArgs, m: &MpaArgs) -> Result<Backend, IwperfError
         tcp_buffer: m.tcp_buffer.unwrap_or(DEFAULT_TCP_BUFFER),
         offload: !m.no_offload,
         first_fpdu_delay: Duration::from_millis(m.first_fpdu_delay_ms),
-    }))
+    }
+}
+
+/// A removal's lines on stderr: the events and WRs, then what the device left behind.
+fn print_removal(r: Option<&RemovalReport>) {
+    let Some(r) = r else { return };
+    eprintln!("iwperf: {r}");
+    if let Some(left) = &r.leftovers {
+        eprintln!("iwperf: device closed: {left}");
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) {
@@ -519,16 +600,20 @@ fn server(a: &ServerArgs) -> Result<(), IwperfError> {
         |addr| {
             println!("READY");
             if !json {
-                match &a.side.device {
-                    Some(d) => println!("iwperf server listening on {addr} ({d})"),
-                    None => println!("iwperf server listening on {addr}"),
+                match (&a.side.device, &a.side.netdev) {
+                    (Some(d), _) => println!("iwperf server listening on {addr} ({d})"),
+                    (None, Some(ifname)) => println!(
+                        "iwperf server listening on port {} of {ifname} ({}), kernel TCP",
+                        addr.port(),
+                        HostInterface::find(ifname)
+                            .map_or_else(|e| e.to_string(), |h| h.addrs_text())
+                    ),
+                    (None, None) => println!("iwperf server listening on {addr}"),
                 }
             }
         },
     );
-    if let Some(r) = &summary.removal {
-        eprintln!("iwperf: {r}");
-    }
+    print_removal(summary.removal.as_ref());
     if json {
         print_json(&summary);
     } else {
@@ -596,7 +681,11 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         let mpa = match &a.side.device {
             Some(d) => format!("MPA as {d}'s kernel driver sets it"),
             None => format!(
-                "MPA CRC {}, markers {}, rev {}",
+                "{}MPA CRC {}, markers {}, rev {}",
+                a.side
+                    .netdev
+                    .as_ref()
+                    .map_or(String::new(), |i| format!("kernel TCP on {i}, ")),
                 if a.mpa.crc == OnOff::On { "on" } else { "off" },
                 if a.mpa.markers == OnOff::On {
                     "on"
@@ -621,9 +710,7 @@ fn client(a: &ClientArgs) -> Result<(), IwperfError> {
         );
     }
     let (report, err) = run_client(dev, &test, tuning(&a.mpa, 512), &mut progress);
-    if let Some(r) = &report.removal {
-        eprintln!("iwperf: {r}");
-    }
+    print_removal(report.removal.as_ref());
     if json {
         print_json(&report);
     } else {

@@ -53,6 +53,10 @@ pub enum LinkChoice {
     /// A UDP link (Ethernet frames as UDP datagrams, `softiwarp::link::UdpLink`): no
     /// root, no TAP.
     Udp(softiwarp::link::UdpConfig),
+    /// A host interface by name (`LinkConfig::netdev`): the device runs on the host's
+    /// kernel TCP with the interface's addresses (the options' `ip`, `prefix_len`, `mac`,
+    /// `pcap` and `offload` do not apply); no root.
+    Netdev(String),
 }
 
 /// How to open a side's soft device.
@@ -132,10 +136,11 @@ pub enum MpaProfile {
 }
 
 /// Opens the soft device as `opts` says (a TAP is waited for until it reports up, at
-/// most 5 s).
+/// most 5 s; a host interface is the kernel's, the caller checked it exists).
 ///
-/// Errors: [`IwperfError::Setup`] (no such TAP, link not up, bad settings, the engine
-/// thread could not start).
+/// Errors: [`IwperfError::Setup`] (no such TAP or interface, link not up, bad settings,
+/// the engine thread could not start); [`IwperfError::Usage`] (a bad MPA revision, a
+/// capture asked of a host interface).
 pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
     let setup = |what: &str, e: &dyn std::fmt::Display| IwperfError::Setup(format!("{what}: {e}"));
     if !matches!(opts.mpa_rev, 1 | 2) {
@@ -144,47 +149,27 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
             opts.mpa_rev
         )));
     }
-    let link: Box<dyn Link> = match opts.link {
-        LinkChoice::Tap(name) => {
-            let mut tap = TapLink::open_with(&name, crate::tcp::tap_offload(opts.offload))
-                .map_err(|e| setup(&format!("open TAP {name}"), &e))?;
-            crate::tcp::wait_link_up(&mut tap, Duration::from_secs(5))
-                .map_err(|e| setup("TAP", &e))?;
-            Box::new(tap)
+    let (link, ip, prefix_len) = match opts.link {
+        LinkChoice::Netdev(ifname) => {
+            if opts.pcap.is_some() {
+                return Err(IwperfError::Usage(netlab::netdev_conflict(
+                    &ifname, "--pcap",
+                )));
+            }
+            // The interface's addresses, not ours: the device follows them.
+            (LinkConfig::netdev(&ifname), Ipv4Addr::UNSPECIFIED, 0)
         }
-        LinkChoice::Memory(m) => Box::new(m),
-        LinkChoice::Udp(cfg) => Box::new(
-            softiwarp::link::UdpLink::open(&cfg)
-                .map_err(|e| setup(&format!("open the UDP link {}", cfg.bind), &e))?,
+        choice => (
+            LinkConfig {
+                spec: LinkSpec::Boxed(frame_link(choice, opts.offload, &opts.pcap)?),
+                pcap: None,
+                faults: None,
+            },
+            opts.ip,
+            opts.prefix_len,
         ),
     };
-    let link: Box<dyn Link> = match &opts.pcap {
-        None => link,
-        Some((path, limit)) => {
-            let file = std::fs::File::create(path)
-                .map_err(|e| setup(&format!("create {}", path.display()), &e))?;
-            let out = netlab::capture::CappedPcap::new(
-                std::io::BufWriter::with_capacity(1 << 16, file),
-                *limit,
-            );
-            let clock = Box::new(|| {
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap_or_default()
-            });
-            Box::new(Pcap::with_writer(link, out, clock).map_err(|e| setup("pcap", &e))?)
-        }
-    };
-    let mut cfg = DeviceConfig::new(
-        &opts.name,
-        LinkConfig {
-            spec: LinkSpec::Boxed(link),
-            pcap: None,
-            faults: None,
-        },
-        opts.ip,
-        opts.prefix_len,
-    );
+    let mut cfg = DeviceConfig::new(&opts.name, link, ip, prefix_len);
     if let Some(mac) = opts.mac {
         cfg.interface.mac = mac;
     }
@@ -209,6 +194,50 @@ pub fn open_device(opts: DeviceOptions) -> Result<Arc<Device>, IwperfError> {
     Device::open(cfg)
         .map(Arc::new)
         .map_err(|e| setup("open the device", &e))
+}
+
+/// The frame link `choice` (a TAP, memory or UDP link; `offload`: the TAP's), with a
+/// capture if `pcap` asks for one.
+fn frame_link(
+    choice: LinkChoice,
+    offload: bool,
+    pcap: &Option<(PathBuf, u64)>,
+) -> Result<Box<dyn Link>, IwperfError> {
+    let setup = |what: &str, e: &dyn std::fmt::Display| IwperfError::Setup(format!("{what}: {e}"));
+    let link: Box<dyn Link> = match choice {
+        LinkChoice::Tap(name) => {
+            let mut tap = TapLink::open_with(&name, crate::tcp::tap_offload(offload))
+                .map_err(|e| setup(&format!("open TAP {name}"), &e))?;
+            crate::tcp::wait_link_up(&mut tap, Duration::from_secs(5))
+                .map_err(|e| setup("TAP", &e))?;
+            Box::new(tap)
+        }
+        LinkChoice::Memory(m) => Box::new(m),
+        LinkChoice::Udp(cfg) => Box::new(
+            softiwarp::link::UdpLink::open(&cfg)
+                .map_err(|e| setup(&format!("open the UDP link {}", cfg.bind), &e))?,
+        ),
+        LinkChoice::Netdev(ifname) => {
+            return Err(IwperfError::Setup(format!(
+                "{ifname} is a host interface, not a frame link"
+            )))
+        }
+    };
+    let Some((path, limit)) = pcap else {
+        return Ok(link);
+    };
+    let file = std::fs::File::create(path)
+        .map_err(|e| setup(&format!("create {}", path.display()), &e))?;
+    let out =
+        netlab::capture::CappedPcap::new(std::io::BufWriter::with_capacity(1 << 16, file), *limit);
+    let clock = Box::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+    });
+    Ok(Box::new(
+        Pcap::with_writer(link, out, clock).map_err(|e| setup("pcap", &e))?,
+    ))
 }
 
 /// An RDMA CM with `device` registered as a `SoftDevice` (the soft backend's

@@ -25,7 +25,8 @@ use super::IwperfError;
 /// The device a side runs on.
 #[derive(Debug)]
 pub enum Backend {
-    /// The soft device, opened as the options say (a TAP, or a memory link).
+    /// The soft device, opened as the options say (a TAP, a memory or UDP link, or a
+    /// host interface's kernel TCP).
     Soft(DeviceOptions),
     /// An rdma-core device (`siw0`, `cxgb4_0`) through libibverbs and librdmacm,
     /// loaded at run time.
@@ -232,7 +233,110 @@ pub struct RemovalReport {
     /// lost, which are among the outstanding ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cq_error: Option<String>,
+    /// The soft device's threads and file descriptors still there once the side closed
+    /// it (`None` for an rdma-core device, whose library keeps its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leftovers: Option<Leftovers>,
 }
+
+/// Threads and file descriptors of this process that were not there before a side
+/// opened its device and still are after it closed it (the device's engine, its CM's
+/// workers and provider, sockets, epoll and netlink fds, a TAP).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leftovers {
+    /// Names of the threads left.
+    pub threads: Vec<String>,
+    /// The fds left, as `N -> what /proc/self/fd/N links to`.
+    pub fds: Vec<String>,
+}
+
+impl Leftovers {
+    /// Nothing left.
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty() && self.fds.is_empty()
+    }
+}
+
+impl std::fmt::Display for Leftovers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return write!(f, "no thread or fd left");
+        }
+        write!(
+            f,
+            "{} thread(s) left {:?}, {} fd(s) left {:?}",
+            self.threads.len(),
+            self.threads,
+            self.fds.len(),
+            self.fds
+        )
+    }
+}
+
+/// This process's threads (by id) and open fds (as `N -> target`) at one moment, to
+/// find what a side left behind ([`Snapshot::leftovers`]).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    threads: std::collections::BTreeSet<String>,
+    fds: std::collections::BTreeSet<String>,
+}
+
+/// The entries of a `/proc/self` directory.
+fn proc_entries(dir: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Snapshot {
+    /// Now. An fd is named with what it links to, so that a number closed and reused
+    /// since counts as new; the fd that reads `/proc/self/fd` is left out.
+    pub fn now() -> Snapshot {
+        let me = format!("/proc/{}/fd", std::process::id());
+        let fds = proc_entries("/proc/self/fd")
+            .into_iter()
+            .filter_map(|fd| {
+                let to = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+                (to.as_os_str() != me.as_str()).then(|| format!("{fd} -> {}", to.display()))
+            })
+            .collect();
+        Snapshot {
+            threads: proc_entries("/proc/self/task").into_iter().collect(),
+            fds,
+        }
+    }
+
+    /// What is there now and was not at the snapshot, waiting up to `wait` for it to
+    /// go (a thread may take a moment to exit after it was told to).
+    pub fn leftovers(&self, wait: Duration) -> Leftovers {
+        let deadline = Instant::now() + wait;
+        loop {
+            let now = Snapshot::now();
+            let threads: Vec<String> = now
+                .threads
+                .difference(&self.threads)
+                .map(|t| {
+                    std::fs::read_to_string(format!("/proc/self/task/{t}/comm"))
+                        .map_or_else(|_| t.clone(), |c| c.trim().to_owned())
+                })
+                .collect();
+            let fds: Vec<String> = now.fds.difference(&self.fds).cloned().collect();
+            let left = Leftovers { threads, fds };
+            if left.is_empty() || Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// How long a side waits for its device's threads to end before it counts them as
+/// left over ([`Snapshot::leftovers`]).
+const LEFTOVER_WAIT: Duration = Duration::from_millis(500);
 
 impl std::fmt::Display for RemovalReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -298,6 +402,7 @@ fn teardown<P: Provider>(
             wrs,
             outstanding: wrs.outstanding(),
             cq_error,
+            leftovers: None,
         }
     });
     (disconnected, removal)
@@ -372,11 +477,15 @@ pub fn run_server(
     let err = match dev.into() {
         Backend::Soft(opts) => {
             let mut leaked = 0;
+            let before = Snapshot::now();
             let err = on_soft_device(opts, &mut leaked, |p, device| {
                 let addr = SocketAddrV4::new(device.address(), port);
                 serve(p, addr, backlog, tuning, first_timeout, ready, &mut summary)
             });
             summary.ids_leaked = leaked;
+            if let Some(r) = &mut summary.removal {
+                r.leftovers = Some(before.leftovers(LEFTOVER_WAIT));
+            }
             err
         }
         Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
@@ -485,10 +594,14 @@ pub fn run_client(
         match dev.into() {
             Backend::Soft(opts) => {
                 let mut leaked = 0;
+                let before = Snapshot::now();
                 let err = on_soft_device(opts, &mut leaked, |p, _| {
                     drive(p, None, test, tuning, progress, &mut report)
                 });
                 report.ids_leaked = leaked;
+                if let Some(r) = &mut report.removal {
+                    r.leftovers = Some(before.leftovers(LEFTOVER_WAIT));
+                }
                 err
             }
             Backend::RdmaCore { device, bind } => match open_rdma_core(&device) {
@@ -567,6 +680,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn leftovers_are_what_came_after_the_snapshot() {
+        let path = std::env::temp_dir().join(format!("iwperf-leftover-{}", std::process::id()));
+        let before = Snapshot::now();
+        let f = std::fs::File::create(&path).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (up_tx, up_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name("leftover-test".into())
+            .spawn(move || {
+                // Named by now (the name is set as the thread starts).
+                let _ = up_tx.send(());
+                rx.recv()
+            })
+            .unwrap();
+        up_rx.recv().unwrap();
+        // Other tests' threads and fds come and go: look for ours only.
+        let left = before.leftovers(Duration::ZERO);
+        let name = path.display().to_string();
+        assert!(left.fds.iter().any(|f| f.ends_with(&name)), "{left:?}");
+        assert!(
+            left.threads.iter().any(|t| t == "leftover-test"),
+            "{left:?}"
+        );
+        assert!(left.to_string().contains("thread(s) left"), "{left}");
+        drop((f, tx));
+        let _ = t.join();
+        let left = before.leftovers(Duration::ZERO);
+        assert!(!left.fds.iter().any(|f| f.ends_with(&name)), "{left:?}");
+        assert!(
+            !left.threads.iter().any(|t| t == "leftover-test"),
+            "{left:?}"
+        );
+        assert_eq!(Leftovers::default().to_string(), "no thread or fd left");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn the_removal_line_counts_every_wr_and_names_a_failed_cq() {
         let mut r = RemovalReport {
             events: 1,
@@ -583,6 +733,7 @@ mod tests {
             },
             outstanding: 0,
             cq_error: None,
+            leftovers: None,
         };
         assert_eq!(
             r.to_string(),

@@ -148,3 +148,27 @@ pub fn assert_verified(c: &serde_json::Value, s: &serde_json::Value) {
     assert_eq!(s["bandwidth"]["mismatches"], 0, "{s}");
     assert_eq!(s["bandwidth"]["verify"], "passed", "{s}");
 }
+
+/// An `iwperf` side's removal line on `stderr` (`iwperf: DeviceRemoval: ...`): `n`
+/// live ids, one `DeviceRemoval` each, WRs posted and every one completed or flushed,
+/// none outstanding.
+pub fn check_removal_line(stderr: &str, n: usize) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("iwperf: DeviceRemoval: "))
+        .unwrap_or_else(|| panic!("no removal line in:\n{stderr}"));
+    assert!(
+        line.contains(&format!("{n} events for {n} ids ({n} live)")),
+        "{line}"
+    );
+    assert!(line.ends_with(" 0 in error, 0 outstanding"), "{line}");
+    let num = |after: &str| -> u64 {
+        let i = line
+            .find(after)
+            .unwrap_or_else(|| panic!("{after}: {line}"));
+        line[..i].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // Some WRs were in flight at the removal and came back flushed.
+    assert!(num(" flushed") > 0, "{line}");
+    assert!(num(" sends (") > 0, "{line}");
+}
