@@ -9,13 +9,15 @@
 //! iwping --tap TAP --ip 10.77.0.9/24 -c [-vVd] [-S size] [-C count] -a addr [-p port]
 //! iwping --udp 127.0.0.1:4701 --udp-peer 127.0.0.1:4702 --ip 10.77.0.9/24 -s|-c ...  # no root
 //!        [--mac M] [--pcap FILE] [--crc if-peer-asks|wanted|required] [--mpa-rev 1|2] [--p2p]
+//! iwping --netdev IF -s|-c ...   # the soft device on IF's kernel TCP, IF's addresses (no root)
 //! iwping --device siw0 -s|-c [-vVd] [-S size] [-C count] [-a addr] [-p port] [--ird-ord I,O]
 //! ```
 //!
 //! Output as rping's: `ping data: rdma-ping-N: ...` (client, `-v`), `server ping data:
 //! ...` (server, `-v`), rping's debug lines with `-d`. Exit status 0 on success, 1 on
 //! failure (the reason on stderr), 3 when `--device` names no device or rdma-core is not
-//! installed (one line on stderr), 130 on a signal. Logs: `RUST_LOG` (default `warn`).
+//! installed, or `--netdev` names no interface or one without an IPv4 address (one line
+//! on stderr), 2 for usage errors, 130 on a signal. Logs: `RUST_LOG` (default `warn`).
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
@@ -105,8 +107,13 @@ struct Cli {
     #[arg(long, conflicts_with_all = ["tap", "udp", "ip", "mac", "pcap"])]
     device: Option<String>,
     /// The soft device: the TAP interface to open (in this process's namespace).
-    #[arg(long, required_unless_present_any = ["device", "udp"], conflicts_with = "udp")]
+    #[arg(long, required_unless_present_any = ["device", "udp", "netdev"], conflicts_with = "udp")]
     tap: Option<String>,
+    /// The soft device on the host's kernel TCP, bound to this interface (as `rdma link
+    /// add NAME type siw netdev IF`; no root): its addresses are the interface's. No
+    /// --ip, --mac or --pcap (capture with `tcpdump -i IF`).
+    #[arg(long, value_name = "IF")]
+    netdev: Option<String>,
     /// The soft device on a UDP link instead of a TAP (no root): the local ADDR:PORT
     /// to bind; Ethernet frames go as UDP datagrams to --udp-peer (as QEMU's
     /// `-netdev dgram`; libsoftiwarp's `link=udp:`).
@@ -116,7 +123,7 @@ struct Cli {
     #[arg(long, requires = "udp")]
     udp_peer: Option<std::net::SocketAddr>,
     /// The soft device: this side's IPv4 address and prefix length, e.g. 10.234.0.1/24.
-    #[arg(long, required_unless_present = "device")]
+    #[arg(long, required_unless_present_any = ["device", "netdev"])]
     ip: Option<String>,
     /// The soft device: its MAC address, six hex octets (default 02:00 + the four
     /// address bytes).
@@ -178,6 +185,13 @@ fn main() -> ExitCode {
         eprintln!("iwping: {e}");
         return ExitCode::from(2);
     }
+    if let Some(ifname) = &cli.netdev {
+        // As a --device that does not exist: one line, status 3.
+        if let Err(e) = netlab::HostInterface::find(ifname) {
+            eprintln!("iwping: {e}");
+            return ExitCode::from(3);
+        }
+    }
     let result = match &cli.device {
         Some(name) => match open_rdma_core(name) {
             Ok(channel) => ping_on(&channel, &cli, Some(name.clone())),
@@ -232,10 +246,25 @@ fn options(cli: &Cli, device: Option<String>) -> PingOptions {
 }
 
 /// The checks of the options that clap cannot do alone: rping's (`PingOptions::check`:
-/// size, count, `-a` for the client) and, on the soft device, `--ip ADDR/PREFIX` and
-/// `--mac`. Errors: the message of the first that fails.
+/// size, count, `-a` for the client), on the soft device `--ip ADDR/PREFIX` and
+/// `--mac`, with `--netdev` no other link and none of a frame link's options. Errors:
+/// the message of the first that fails.
 fn usage_check(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     options(cli, cli.device.clone()).check()?;
+    if let Some(ifname) = &cli.netdev {
+        let given = [
+            ("--device", cli.device.is_some()),
+            ("--tap", cli.tap.is_some()),
+            ("--udp", cli.udp.is_some()),
+            ("--ip", cli.ip.is_some()),
+            ("--mac", cli.mac.is_some()),
+            ("--pcap", cli.pcap.is_some()),
+        ];
+        if let Some((option, _)) = given.iter().find(|(_, on)| *on) {
+            return Err(netlab::netdev_conflict(ifname, option).into());
+        }
+        return Ok(());
+    }
     if cli.device.is_none() {
         let link_args = netlab::LinkArgs {
             tap: cli.tap.clone().unwrap_or_default(),
@@ -261,8 +290,17 @@ fn ping_on(
     Ok(())
 }
 
-/// Runs rping on the soft device over `--tap`.
-fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+/// The soft device's configuration: on `--netdev`'s kernel TCP with the interface's
+/// addresses, or on `--tap` / `--udp` with `--ip`, `--mac` and `--pcap`.
+fn device_config(cli: &Cli, name: &str) -> Result<DeviceConfig, Box<dyn std::error::Error>> {
+    if let Some(ifname) = &cli.netdev {
+        return Ok(DeviceConfig::new(
+            name,
+            LinkConfig::netdev(ifname),
+            Ipv4Addr::UNSPECIFIED,
+            0,
+        ));
+    }
     let link_args = netlab::LinkArgs {
         tap: cli.tap.clone().unwrap_or_default(),
         ip: cli.ip.clone().unwrap_or_default(),
@@ -270,8 +308,6 @@ fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         pcap: cli.pcap.clone(),
     };
     let (ip, prefix_len) = link_args.cidr()?;
-    let opts = options(cli, None);
-    opts.check()?;
     let mut link = match (cli.udp, cli.udp_peer) {
         (Some(bind), Some(peer)) => LinkConfig::udp(softiwarp::link::UdpConfig::new(bind, peer)),
         _ => LinkConfig::tap(&link_args.tap),
@@ -279,11 +315,19 @@ fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = &link_args.pcap {
         link = link.with_pcap(p);
     }
-    let name = "iwping";
     let mut config = DeviceConfig::new(name, link, ip, prefix_len);
     if let Some(m) = link_args.mac()? {
         config.interface.mac = m;
     }
+    Ok(config)
+}
+
+/// Runs rping on the soft device over `--tap`, `--udp` or `--netdev`.
+fn ping(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let opts = options(cli, None);
+    opts.check()?;
+    let name = "iwping";
+    let mut config = device_config(cli, name)?;
     // A fresh TCP port and ISN each run: a peer may still hold the last run's connection.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
