@@ -146,7 +146,10 @@ pub struct HostStack {
     /// context wants one.
     tracker: RefCell<crate::transport::seg_tracker::SegTracker>,
     next_id: u64,
+    /// Progress in the last poll ([`LlpStack::progressed`]).
     progress: bool,
+    /// A command (connect, accept, reject, close) came since the last poll.
+    commanded: bool,
     gone: Option<GoneReason>,
 }
 
@@ -206,6 +209,7 @@ impl HostStack {
             tracker: RefCell::default(),
             next_id: 1,
             progress: false,
+            commanded: false,
             gone: None,
         })
     }
@@ -635,7 +639,7 @@ impl LlpStack for HostStack {
         };
         conn.upper = Some(upper);
         self.conns.insert(id, HostConn { conn, sock });
-        self.progress = true;
+        self.commanded = true;
         tracing::debug!(conn = id.0, %remote, %local, "connecting (kernel TCP)");
         Ok(id)
     }
@@ -664,7 +668,7 @@ impl LlpStack for HostStack {
         if let Some(c) = conns.get_mut(&conn) {
             c.conn.drain_mpa(&mut cx);
         }
-        self.progress = true;
+        self.commanded = true;
         Ok(())
     }
 
@@ -681,7 +685,7 @@ impl LlpStack for HostStack {
         if let Some(c) = self.conns.get_mut(&conn) {
             leave_backlog_of(&mut c.conn, &mut self.listeners);
         }
-        self.progress = true;
+        self.commanded = true;
         Ok(())
     }
 
@@ -722,14 +726,14 @@ impl LlpStack for HostStack {
         if let Some(c) = self.conns.get_mut(&conn) {
             leave_backlog_of(&mut c.conn, &mut self.listeners);
         }
-        self.progress = true;
+        self.commanded = true;
         Ok(())
     }
 
     fn poll_rounds(&mut self, now: Instant, max_rounds: usize) -> Option<Instant> {
         let max_rounds = max_rounds.clamp(1, MAX_ROUNDS);
-        // `progress` may have been raised by a command since the last poll.
-        let commanded = std::mem::take(&mut self.progress);
+        // A command since the last poll counts as this poll's progress.
+        self.progress = std::mem::take(&mut self.commanded);
         if self.gone.is_some() {
             return None;
         }
@@ -738,7 +742,6 @@ impl LlpStack for HostStack {
             self.progress = true;
             return None;
         }
-        self.progress |= commanded;
         let mut rounds = 0;
         let mut more = false;
         loop {

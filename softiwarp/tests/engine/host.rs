@@ -283,3 +283,40 @@ fn a_request_then_a_reset_is_dropped_and_the_listener_serves_on() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Nothing spins when idle: two host devices with a listener and an established,
+/// idle connection use under 3% of a CPU each over one second (the engine sleeps on the
+/// epoll set until a socket, the interface watch or a deadline wakes it).
+#[test]
+fn idle_host_devices_sleep() {
+    use crate::support::{thread_ticks, ticks_per_second};
+    let (client, server) = (lo_device("hidlec"), lo_device("hidles"));
+    let port = free_port();
+    let listener = server.listen(port, 4).unwrap();
+    let c = client
+        .connect(Ipv4Addr::LOCALHOST, port, MpaParams::default())
+        .unwrap();
+    let s = listener.next_request(T).unwrap().accept(b"", 1, 1).unwrap();
+    c.wait_established(T).unwrap();
+    s.wait_established(T).unwrap();
+    c.send_ulpdu(b"ping", T).unwrap();
+    assert_eq!(s.recv_ulpdu(T).unwrap(), b"ping");
+    std::thread::sleep(Duration::from_millis(200));
+    let hz = ticks_per_second();
+    let tids = [client.engine_tid(), server.engine_tid()];
+    let before: Vec<u64> = tids.iter().map(|&t| thread_ticks(t)).collect();
+    let wall = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let wall = wall.elapsed();
+    for (i, &t) in tids.iter().enumerate() {
+        let cpu = (thread_ticks(t) - before[i]) as f64 / hz as f64;
+        let share = cpu / wall.as_secs_f64();
+        assert!(
+            share < 0.03,
+            "idle host engine {t} used {:.1}% CPU",
+            share * 100.0
+        );
+    }
+    s.send_ulpdu(b"pong", T).unwrap();
+    assert_eq!(c.recv_ulpdu(T).unwrap(), b"pong");
+}
