@@ -46,7 +46,10 @@ fn expect(ch: &EventChannel<SoftDevice>, kind: EventKind) -> rdma_cm::ChannelEve
 fn rdma_write_and_send_over_kernel_tcp_on_lo_with_the_bytes_checked() {
     let _w = Watchdog::arm("host_write_send", Duration::from_secs(60), String::new);
     let (cdev, sdev) = (host_device("hcl", "lo"), host_device("hsl", "lo"));
-    let (client, server) = (cm_with(std::slice::from_ref(&cdev)), cm_with(std::slice::from_ref(&sdev)));
+    let (client, server) = (
+        cm_with(std::slice::from_ref(&cdev)),
+        cm_with(std::slice::from_ref(&sdev)),
+    );
     let (cch, sch) = (client.create_event_channel(), server.create_event_channel());
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
