@@ -123,6 +123,37 @@ pub unsafe fn from_raw<T>(p: *mut T) -> Box<T> {
     unsafe { Box::from_raw(p) }
 }
 
+/// Hands out a NULL-terminated array of the pointers `items` (the device lists of
+/// `ibv_get_device_list` and `rdma_get_devices`); the count is kept in the word before
+/// the array, for [`free_list`].
+pub fn into_raw_list(items: &[usize]) -> *mut usize {
+    let mut v = Vec::with_capacity(items.len() + 2);
+    v.push(items.len());
+    v.extend_from_slice(items);
+    v.push(0);
+    let p = Box::into_raw(v.into_boxed_slice()).cast::<usize>();
+    // SAFETY: the allocation holds `items.len() + 2` words: one past the count is in it.
+    unsafe { p.add(1) }
+}
+
+/// Frees a list handed out by [`into_raw_list`].
+///
+/// # Safety
+///
+/// `list` came from [`into_raw_list`], is not NULL, and is not used again.
+pub unsafe fn free_list(list: *mut usize) {
+    // SAFETY: the caller's contract: the count is the word before `list`, and the
+    // allocation is the boxed slice of count + 2 words that starts there.
+    unsafe {
+        let base = list.sub(1);
+        let n = *base;
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            base,
+            n + 2,
+        )));
+    }
+}
+
 /// Writes `v` to `*p`; false if `p` is NULL or misaligned for `T`.
 ///
 /// # Safety

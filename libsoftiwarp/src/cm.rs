@@ -6,7 +6,13 @@
 //! destroyed, acked, foreign) is `EINVAL`. The fields of `struct rdma_cm_id`
 //! applications read (`verbs`, `route.addr.src_addr` / `dst_addr`, `port_num`, `qp`)
 //! are refreshed after every call that can change them and before an event of the id is
-//! returned, as librdmacm does. Calls return 0, or -1 with `errno`.
+//! returned, as librdmacm does. `verbs` is the CM context of the device the id is on:
+//! the one `rdma_resolve_addr` routed it to or `rdma_bind_addr` bound it to, or, for
+//! the id of a connect request, the device whose listener took the request (NULL while
+//! it is on none, as an unbound id of librdmacm). All devices share one CM
+//! ([`crate::device`]), so a wildcard listen spans them. `rdma_create_qp` refuses a PD
+//! of another device (`EINVAL`, as librdmacm refuses one of another context). Calls
+//! return 0, or -1 with `errno`.
 //!
 //! Lifetimes follow librdmacm: `rdma_destroy_id` waits until every event of the id
 //! that was handed out to another thread is acknowledged (`rdma_ack_cm_event`); events
@@ -36,10 +42,10 @@ use verbs::provider::CmEventKind;
 
 use crate::abi::{RdmaAddrinfo, RAI_PASSIVE, RDMA_PS_TCP};
 use crate::boundary::{
-    c_fn, c_str, from_raw, guard, into_raw, obj, obj_mut, read_sockaddr, set_errno, slice,
-    sockaddr_in, sockaddr_storage, write_out, zeroed,
+    c_fn, c_str, free_list, from_raw, guard, into_raw, into_raw_list, obj, obj_mut, read_sockaddr,
+    set_errno, slice, sockaddr_in, sockaddr_storage, write_out, zeroed,
 };
-use crate::device::{soft, NO_DEVICE};
+use crate::device::{of_device, NO_DEVICE};
 use crate::objects::{
     lock, wait, ChanObj, ChanShared, ChanState, EventObj, EventState, FdWaker, IdObj, IdState,
     PdObj, QpObj,
@@ -74,14 +80,19 @@ fn id_ref(id: *mut RdmaCmId) -> Result<CmIdRef<SoftDevice>, c_int> {
         .ok_or(libc::EINVAL)
 }
 
-/// Rewrites the C fields of `o` from the rdma-cm id (device, addresses, port).
+/// Our device that the id `r` is on (resolved, bound or made by a connect
+/// request on it), if it is on one.
+fn id_device(r: &CmIdRef<SoftDevice>) -> Option<&'static crate::device::Soft> {
+    r.device().and_then(|d| of_device(d.device()))
+}
+
+/// Rewrites the C fields of `o` from the rdma-cm id (device, addresses, port): `verbs`
+/// is the CM context of the device the id is on (NULL while it is on none).
 fn refresh(o: &IdObj) {
     let Some(r) = o.s.id_ref() else { return };
-    let bound = r.device().is_some();
-    let verbs = match soft() {
-        Some(s) if bound => s.cm_ctx(),
-        _ => std::ptr::null_mut(),
-    };
+    let dev = id_device(&r);
+    let bound = dev.is_some();
+    let verbs = dev.map_or(std::ptr::null_mut(), |s| s.cm_ctx());
     let src = sockaddr_storage(r.local_addr());
     let dst = sockaddr_storage(r.peer_addr());
     let _c = lock(&o.s.c_lock);
@@ -116,7 +127,7 @@ fn id_call(
 
 c_fn!("RDMACM_1.0";
 /// `rdma_create_event_channel(3)`: its fd is an eventfd, readable while an event can be
-/// taken. `ENODEV` without a device (`SOFTIWARP_DEVICE`).
+/// taken. `ENODEV` without a device (`crate::device`).
 pub unsafe extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
     guard("rdma_create_event_channel", std::ptr::null_mut(), || {
         match new_channel() {
@@ -131,9 +142,9 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
 
 /// A new published event channel.
 fn new_channel() -> Result<Arc<ChanObj>, c_int> {
-    let s = soft().ok_or(NO_DEVICE)?;
+    let cm = crate::device::cm().ok_or(NO_DEVICE)?;
     let fd = crate::boundary::new_eventfd()?;
-    let ch = s.cm.create_event_channel();
+    let ch = cm.create_event_channel();
     let c = RdmaEventChannel {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
     };
@@ -200,8 +211,8 @@ pub unsafe extern "C" fn rdma_create_id(channel: *mut RdmaEventChannel, id: *mut
                 None => return fail(libc::EINVAL),
             }
         };
-        let Some(s) = soft() else { return fail(NO_DEVICE) };
-        let cmid = s.cm.create_id_with_channel(&sh.ch);
+        let Some(cm) = crate::device::cm() else { return fail(NO_DEVICE) };
+        let cmid = cm.create_id_with_channel(&sh.ch);
         let o = new_id_obj(cmid, chan, sh, own, context, ps, (0, 0));
         // SAFETY: contract 3.
         unsafe { write_out(id, o.ptr()) };
@@ -528,6 +539,11 @@ fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_i
     if a.qp_type != IBV_QPT_RC {
         return fail(libc::EOPNOTSUPP);
     }
+    // The PD must be of the id's device (librdmacm: of `id->verbs`); an id on no device
+    // yet is the CM's error.
+    if r.device().is_some() && id_device(&r).map(|s| s.index) != Some(p.s.ctx.s.dev) {
+        return fail(libc::EINVAL);
+    }
     let Some((uses, soft_scq, soft_rcq)) = crate::ibv::cq_pair(a, &p) else {
         return fail(libc::EINVAL);
     };
@@ -776,13 +792,17 @@ pub unsafe extern "C" fn rdma_get_dst_port(id: *mut RdmaCmId) -> u16 {
 });
 
 c_fn!("RDMACM_1.0";
-/// `rdma_get_devices(3)`: the context of CM ids, NULL-terminated.
+/// `rdma_get_devices(3)`: each device's context of CM ids, NULL-terminated.
 pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut IbvContext {
     guard("rdma_get_devices", std::ptr::null_mut(), || {
-        let ctx = soft().map_or(0, |s| s.cm_ctx() as usize);
+        let ctxs: Vec<usize> = crate::device::devices()
+            .iter()
+            .map(|s| s.cm_ctx() as usize)
+            .collect();
+        let n = c_int::try_from(ctxs.len()).unwrap_or(c_int::MAX);
         // SAFETY: contract 3.
-        unsafe { write_out(num_devices, c_int::from(ctx != 0)) };
-        into_raw([ctx, 0usize]).cast::<*mut IbvContext>()
+        unsafe { write_out(num_devices, n) };
+        into_raw_list(&ctxs).cast::<*mut IbvContext>()
     })
 });
 
@@ -791,8 +811,8 @@ c_fn!("RDMACM_1.0";
 pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut IbvContext) {
     guard("rdma_free_devices", (), || {
         if !list.is_null() {
-            // SAFETY: contract 1: a list of ours.
-            drop(unsafe { from_raw(list.cast::<[usize; 2]>()) });
+            // SAFETY: contract 1: a list of ours, made by `into_raw_list`.
+            unsafe { free_list(list.cast::<usize>()) };
         }
     })
 });

@@ -1,10 +1,33 @@
-//! The process's one soft device, built from `SOFTIWARP_DEVICE` on first use
-//! (`ibv_get_device_list`, `rdma_create_event_channel`, ...), and the RDMA CM over it.
+//! The process's soft devices and the one RDMA CM over them, built on first use
+//! (`ibv_get_device_list`, `rdma_create_event_channel`, ...).
 //!
-//! A missing or malformed `SOFTIWARP_DEVICE`, or a link that cannot be opened, leaves
-//! the process without a device: `ibv_get_device_list` returns an empty list,
-//! `rdma_create_event_channel` fails with `ENODEV`, and one line on stderr names the
-//! key and the problem ([`softiwarp::spec::SpecError`]).
+//! **Which devices.** With `SOFTIWARP_DEVICE` unset or empty (the usual case): one host-TCP
+//! device (`softiwarp::LinkConfig::netdev`) per host interface that is up and has an
+//! IPv4 address, `lo` included, in interface-index order, named `siw_<ifname>` as
+//! rdma-core users name a kernel siw device (`rdma link add siw_eth0 type siw netdev
+//! eth0`; [`sw::spec::netdev_device_name`]: the name cut to 63 bytes, the limit of
+//! `ibv_get_device_name`). Their addresses, MTU and ports are the interfaces' and the
+//! kernel's, so `rping -s -a 0.0.0.0` and `rping -c -a 127.0.0.1` (or the host's name)
+//! meet with no configuration. The interfaces are read once, at first use: one that
+//! comes up later gets no device. With `SOFTIWARP_DEVICE` set: the one device its line
+//! describes ([`sw::spec`]; `netdev=IF` is a host-TCP device on `IF`).
+//!
+//! **One CM.** Every device is added to one [`SoftRdmaCm`], as the kernel's rdma_cm
+//! spans every RDMA device: `rdma_resolve_addr` picks the device by route,
+//! `rdma_bind_addr` by address, and a wildcard `rdma_listen` listens on all of them. A
+//! CM id's `verbs` is the CM context of the device its id is on ([`of_device`]).
+//!
+//! **The GID.** A host-TCP device reports its interface's MAC
+//! (`/sys/class/net/IF/address`) as its GID and node GUID, as siw does; an interface
+//! without one (`lo`: all zeros) gets a locally administered MAC derived from its name
+//! ([`derived_mac`]).
+//!
+//! **No device.** A malformed `SOFTIWARP_DEVICE`, a link that cannot be opened, or, with
+//! it unset, no interface up with an IPv4 address, leaves the process without a device:
+//! `ibv_get_device_list` returns an empty list, `rdma_create_event_channel` fails with
+//! `ENODEV`, and one line on stderr names the key or the interfaces and the problem
+//! ([`sw::spec::SpecError`]). A host interface whose device cannot be opened is
+//! left out with one line on stderr; the others serve.
 //!
 //! MPA runs as the line says, plain MPA by default (`p2p=off`), as kernel siw's
 //! default build: with the library offering peer-to-peer mode by default, a host
@@ -13,15 +36,16 @@
 //! passive side writes first (`ib_write_lat`) need `p2p=on` between two library
 //! processes: MPA forbids the Responder to send an FPDU before it has received one
 //! (RFC 5044 section 7.1.2), and the Initiator's ready-to-receive message of
-//! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode).
+//! peer-to-peer mode is that first FPDU (iw_cxgb4's default mode). The devices made
+//! for the host's interfaces run the same defaults.
 
 use std::ffi::c_int;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cxgb4::ffi::types::{IbvContext, IbvDevice, IBV_SYSFS_NAME_MAX, IBV_TRANSPORT_IWARP};
+use cxgb4::ffi::types::{IbvContext, IbvDevice, IBV_TRANSPORT_IWARP};
 use sw::cm::rdmacm::{SoftDevice, SoftRdmaCm};
-use sw::spec::DeviceSpec;
+use sw::spec::{DeviceSpec, LinkKind};
 
 use crate::abi::IBV_NODE_RNIC;
 use crate::boundary::{copy_cstr, into_raw, zeroed};
@@ -30,19 +54,19 @@ use crate::objects::{CtxObj, CtxState, FdQueue};
 /// The environment variable holding the device line (see `softiwarp::spec`).
 pub const ENV: &str = "SOFTIWARP_DEVICE";
 
-/// The device and its RDMA CM.
+/// One device of the process.
 pub struct Soft {
     /// The soft device.
     pub device: Arc<sw::Device>,
-    /// The RDMA CM over it.
-    pub cm: SoftRdmaCm,
+    /// Its place in the device list (`ibv_get_device_index`).
+    pub index: usize,
     /// Its IPv4 MTU, bytes.
     pub mtu: usize,
     /// Its MAC (the GID, as siw reports it).
     pub mac: [u8; 6],
     /// `struct ibv_device *` (leaked: lives as long as the process).
     ibdev: usize,
-    /// The context librdmacm's ids point at (`id->verbs`), never closed.
+    /// The context librdmacm's ids on this device point at (`id->verbs`), never closed.
     cm_ctx: Arc<CtxObj>,
 }
 
@@ -52,7 +76,7 @@ impl Soft {
         self.ibdev as *mut IbvDevice
     }
 
-    /// The context of CM ids (`id->verbs`).
+    /// The context of CM ids on the device (`id->verbs`).
     pub fn cm_ctx(&self) -> *mut IbvContext {
         self.cm_ctx.ptr()
     }
@@ -66,15 +90,49 @@ impl Soft {
     }
 }
 
-static SOFT: OnceLock<Option<Soft>> = OnceLock::new();
-
-/// The device, opened on first call; `None` (after one line on stderr) if
-/// `SOFTIWARP_DEVICE` is missing or wrong or the device cannot be opened.
-pub fn soft() -> Option<&'static Soft> {
-    SOFT.get_or_init(open).as_ref()
+/// The devices and the RDMA CM over them.
+struct Devices {
+    cm: SoftRdmaCm,
+    list: Vec<Soft>,
 }
 
-fn open() -> Option<Soft> {
+static DEVICES: OnceLock<Option<Devices>> = OnceLock::new();
+
+fn all() -> Option<&'static Devices> {
+    DEVICES.get_or_init(open).as_ref()
+}
+
+/// The devices, opened on first call; empty (after one line on stderr) if there are
+/// none (see the [module docs](self)).
+pub fn devices() -> &'static [Soft] {
+    all().map_or(&[], |d| d.list.as_slice())
+}
+
+/// The RDMA CM over the devices; `None` without a device.
+pub fn cm() -> Option<&'static SoftRdmaCm> {
+    all().map(|d| &d.cm)
+}
+
+/// The device at `index` in the list.
+pub fn get(index: usize) -> Option<&'static Soft> {
+    devices().get(index)
+}
+
+/// The device whose `struct ibv_device` is `dev` (compared, never read).
+pub fn of_ibdev(dev: *const IbvDevice) -> Option<&'static Soft> {
+    devices()
+        .iter()
+        .find(|s| s.ibdev as *const IbvDevice == dev)
+}
+
+/// Our device of the soft device `d` (the one a CM id is on).
+pub fn of_device(d: &sw::Device) -> Option<&'static Soft> {
+    devices()
+        .iter()
+        .find(|s| std::ptr::eq(Arc::as_ptr(&s.device), d))
+}
+
+fn open() -> Option<Devices> {
     if let Ok(filter) = std::env::var("SOFTIWARP_LOG") {
         // Diagnostics on request only: `SOFTIWARP_LOG=debug` (an EnvFilter) to stderr.
         let _ = tracing_subscriber::fmt()
@@ -82,30 +140,17 @@ fn open() -> Option<Soft> {
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let line = match std::env::var(ENV) {
-        Ok(v) => v,
-        Err(_) => {
-            eprintln!(
-                "libsoftiwarp: {ENV}: not set (e.g. {ENV}=link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.9.0.1/24); no device"
-            );
-            return None;
-        }
-    };
-    let spec = match DeviceSpec::parse(&line) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("libsoftiwarp: {e}; no device");
-            return None;
-        }
-    };
-    let config = spec.to_config();
-    let mac = config.interface.mac;
-    let device = match sw::Device::open(config) {
-        Ok(d) => Arc::new(d),
-        Err(e) => {
-            eprintln!("libsoftiwarp: {ENV}: link: cannot open the device: {e}; no device");
-            return None;
-        }
+    // Set but empty is as unset (`SOFTIWARP_DEVICE= prog`).
+    let from_env = std::env::var(ENV).ok().filter(|v| !v.trim().is_empty());
+    let specs = match &from_env {
+        Some(line) => match DeviceSpec::parse(line) {
+            Ok(s) => vec![s],
+            Err(e) => {
+                eprintln!("libsoftiwarp: {e}; no device");
+                return None;
+            }
+        },
+        None => host_specs()?,
     };
     let cm = match SoftRdmaCm::new(rdma_cm::RdmaCmConfig {
         name: "libsoftiwarp".into(),
@@ -117,45 +162,136 @@ fn open() -> Option<Soft> {
             return None;
         }
     };
-    let added = SoftDevice::new(device.clone())
-        .map_err(|e| e.to_string())
-        .and_then(|d| cm.add_device(d).map_err(|e| e.to_string()));
-    if let Err(e) = added {
-        eprintln!("libsoftiwarp: cannot add the device to the RDMA CM: {e}; no device");
+    let mut list = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match open_one(&cm, spec, list.len()) {
+            Ok(s) => list.push(s),
+            Err(e) if from_env.is_some() => {
+                eprintln!("libsoftiwarp: {ENV}: {e}; no device");
+                return None;
+            }
+            Err(e) => eprintln!("libsoftiwarp: {}: {e}; left out", spec.name),
+        }
+    }
+    if list.is_empty() {
+        // Every interface's device failed: each said why above.
         return None;
     }
+    Some(Devices { cm, list })
+}
+
+/// One `netdev` spec per host interface that is up with an IPv4 address, in index
+/// order; `None` (after one line on stderr) if there is none or the interfaces cannot
+/// be read.
+fn host_specs() -> Option<Vec<DeviceSpec>> {
+    let example = "netdev=eth0, or link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.9.0.1/24";
+    let ifs = match sw::host::netdev::interfaces() {
+        Ok(ifs) => ifs,
+        Err(e) => {
+            eprintln!(
+                "libsoftiwarp: {ENV} is not set and the host's interfaces cannot be read: {e}; no device (set {ENV}, e.g. {example})"
+            );
+            return None;
+        }
+    };
+    let specs: Vec<DeviceSpec> = ifs
+        .iter()
+        .filter(|i| i.up && !i.addrs.is_empty())
+        .filter_map(|i| DeviceSpec::netdev(&i.name).ok())
+        .collect();
+    if specs.is_empty() {
+        eprintln!(
+            "libsoftiwarp: {ENV} is not set and no interface is up with an IPv4 address; no device (set {ENV}, e.g. {example})"
+        );
+        return None;
+    }
+    Some(specs)
+}
+
+/// Opens the device of `spec` as the `index`th of the list and adds it to `cm`; what
+/// went wrong, in words, if it could not.
+fn open_one(cm: &SoftRdmaCm, spec: &DeviceSpec, index: usize) -> Result<Soft, String> {
+    let mut config = spec.to_config();
+    if let LinkKind::Netdev(ifname) = &spec.link {
+        config.interface.mac = interface_mac(ifname);
+    }
+    let mac = config.interface.mac;
+    let device = sw::Device::open(config)
+        .map(Arc::new)
+        .map_err(|e| format!("link: cannot open the device: {e}"))?;
     let mut dev: IbvDevice = zeroed();
     dev.node_type = IBV_NODE_RNIC;
     dev.transport_type = IBV_TRANSPORT_IWARP;
     copy_cstr(&mut dev.name, &spec.name);
-    copy_cstr(&mut dev.dev_name, "uverbs0");
-    copy_cstr(&mut dev.dev_path, "/sys/class/infiniband_verbs/uverbs0");
-    let mut ibdev_path = String::from("/sys/class/infiniband/");
-    ibdev_path.push_str(&spec.name[..spec.name.len().min(IBV_SYSFS_NAME_MAX)]);
-    copy_cstr(&mut dev.ibdev_path, &ibdev_path);
+    copy_cstr(&mut dev.dev_name, &format!("uverbs{index}"));
+    copy_cstr(
+        &mut dev.dev_path,
+        &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+    );
+    copy_cstr(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{}", spec.name),
+    );
     let ibdev = into_raw(dev);
-    let cm_ctx = match new_context(ibdev, true) {
-        Ok(c) => c,
-        Err(e) => {
-            let e = std::io::Error::from_raw_os_error(e);
-            eprintln!("libsoftiwarp: cannot make the RDMA CM's device context: {e}; no device");
-            return None;
-        }
-    };
-    Some(Soft {
+    let cm_ctx = new_context(ibdev, index, true).map_err(|e| {
+        let e = std::io::Error::from_raw_os_error(e);
+        format!("cannot make the RDMA CM's device context: {e}")
+    })?;
+    SoftDevice::new(device.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|d| cm.add_device(d).map_err(|e| e.to_string()))
+        .map_err(|e| format!("cannot add the device to the RDMA CM: {e}"))?;
+    crate::ibv::start_async_events(index, device.clone());
+    Ok(Soft {
         mtu: device.mtu(),
         device,
-        cm,
+        index,
         mac,
         ibdev: ibdev as usize,
         cm_ctx,
     })
 }
 
-/// A new published context of `dev` whose ops are this library's data path (`cm`:
-/// the context of CM ids, never closed); `Err(errno)` if its `async_fd` cannot be
-/// made (`EMFILE` when the process is out of fds).
-pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Result<Arc<CtxObj>, c_int> {
+/// The MAC of host interface `ifname` (`/sys/class/net/IF/address`), or, if it has
+/// none (`lo`, tunnels: all zeros or absent) or it cannot be read, [`derived_mac`].
+pub fn interface_mac(ifname: &str) -> [u8; 6] {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))
+        .ok()
+        .and_then(|s| parse_mac(s.trim()))
+        .filter(|m| *m != [0; 6] && m[0] & 1 == 0)
+        .unwrap_or_else(|| derived_mac(ifname))
+}
+
+/// A unicast, locally administered MAC from the interface name: `02` and five bytes of
+/// its FNV-1a hash (a GID that is not zero, and differs between interfaces).
+pub fn derived_mac(ifname: &str) -> [u8; 6] {
+    let h = ifname
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+        .to_be_bytes();
+    [0x02, h[0], h[1], h[2], h[3], h[4]]
+}
+
+/// Six hex bytes separated by `:`.
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for m in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *m = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// A new published context of `dev` (the `index`th device) whose ops are this
+/// library's data path (`cm`: the context of CM ids, never closed); `Err(errno)` if its
+/// `async_fd` cannot be made (`EMFILE` when the process is out of fds).
+pub fn new_context(dev: *mut IbvDevice, index: usize, cm: bool) -> Result<Arc<CtxObj>, c_int> {
     let mut c: IbvContext = zeroed();
     c.device = dev;
     c.ops.poll_cq = Some(crate::ibv::poll_cq);
@@ -170,15 +306,40 @@ pub fn new_context(dev: *mut IbvDevice, cm: bool) -> Result<Arc<CtxObj>, c_int> 
         c,
         CtxState {
             events: Mutex::new(Some(events)),
+            dev: index,
             cm,
             unacked: AtomicUsize::new(0),
         },
     );
     CtxObj::publish(&ctx);
     crate::ibv::add_context(&ctx);
-    crate::ibv::start_async_events();
     Ok(ctx)
 }
 
 /// The errno of "no device": `ENODEV`.
 pub const NO_DEVICE: c_int = libc::ENODEV;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_parse_and_derived_ones_are_local_unicast_and_differ() {
+        assert_eq!(parse_mac("02:fc:00:00:00:01"), Some([2, 0xfc, 0, 0, 0, 1]));
+        for bad in [
+            "",
+            "02:fc:00:00:00",
+            "02:fc:00:00:00:01:02",
+            "2:fc:0:0:0:1",
+            "zz:00:00:00:00:00",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad:?}");
+        }
+        let (lo, eth0) = (derived_mac("lo"), derived_mac("eth0"));
+        assert_eq!(lo[0], 0x02);
+        assert_ne!(lo, eth0);
+        assert_eq!(lo, derived_mac("lo"));
+        // An interface with no MAC of its own, or none at all, gets the derived one.
+        assert_eq!(interface_mac("no-such-if-x"), derived_mac("no-such-if-x"));
+    }
+}

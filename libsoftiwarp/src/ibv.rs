@@ -28,9 +28,10 @@ use verbs::{
 
 use crate::abi::*;
 use crate::boundary::{
-    c_fn, from_raw, guard, into_raw, obj, obj_mut, set_errno, slice, slice_mut, write_out, zeroed,
+    c_fn, free_list, guard, into_raw_list, obj, obj_mut, set_errno, slice, slice_mut, write_out,
+    zeroed,
 };
-use crate::device::{soft, NO_DEVICE};
+use crate::device::{devices, of_ibdev, Soft, NO_DEVICE};
 use crate::objects::{
     lock, to_ibv_wc, AsyncItem, CompChanObj, CompChanState, CompShared, CqObj, CqState, CtxObj,
     FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses,
@@ -65,15 +66,15 @@ fn minus_one(e: c_int) -> c_int {
 // ------------------------------------------------------------------ devices
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_get_device_list(3)`: the soft device (none if `SOFTIWARP_DEVICE` is missing or
-/// wrong), NULL-terminated.
+/// `ibv_get_device_list(3)`: the process's soft devices (`crate::device`; none if
+/// `SOFTIWARP_DEVICE` is wrong or, unset, no interface qualifies), NULL-terminated.
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut IbvDevice {
     guard("ibv_get_device_list", std::ptr::null_mut(), || {
-        let dev = soft().map_or(0, |s| s.ibdev() as usize);
-        let n = c_int::from(dev != 0);
+        let devs: Vec<usize> = devices().iter().map(|s| s.ibdev() as usize).collect();
+        let n = c_int::try_from(devs.len()).unwrap_or(c_int::MAX);
         // SAFETY: contract 3 (NULL or writable).
         unsafe { write_out(num_devices, n) };
-        into_raw([dev, 0usize]).cast::<*mut IbvDevice>()
+        into_raw_list(&devs).cast::<*mut IbvDevice>()
     })
 });
 
@@ -82,8 +83,8 @@ c_fn!("IBVERBS_1.1";
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut IbvDevice) {
     guard("ibv_free_device_list", (), || {
         if !list.is_null() {
-            // SAFETY: contract 1: a list of ours, made by `into_raw([usize; 2])`.
-            drop(unsafe { from_raw(list.cast::<[usize; 2]>()) });
+            // SAFETY: contract 1: a list of ours, made by `into_raw_list`.
+            unsafe { free_list(list.cast::<usize>()) };
         }
     })
 });
@@ -91,13 +92,13 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut IbvDevice) {
 c_fn!("IBVERBS_1.1";
 /// `ibv_get_device_name(3)`: NULL with `EINVAL` for a device that is not ours.
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char {
-    guard("ibv_get_device_name", std::ptr::null(), || match soft() {
-        // SAFETY: the soft device's `struct ibv_device`, alive for the process.
-        Some(s) if device == s.ibdev() => match unsafe { obj(device) } {
+    guard("ibv_get_device_name", std::ptr::null(), || match of_ibdev(device) {
+        // SAFETY: one of our devices' `struct ibv_device`, alive for the process.
+        Some(_) => match unsafe { obj(device) } {
             Some(d) => d.name.as_ptr(),
             None => std::ptr::null(),
         },
-        _ => {
+        None => {
             set_errno(libc::EINVAL);
             std::ptr::null()
         }
@@ -107,9 +108,9 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c
 c_fn!("IBVERBS_1.1";
 /// `ibv_get_device_guid(3)`: the node GUID (network order), 0 for NULL.
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut IbvDevice) -> u64 {
-    guard("ibv_get_device_guid", 0, || match soft() {
-        Some(s) if device == s.ibdev() => s.guid(),
-        _ => {
+    guard("ibv_get_device_guid", 0, || match of_ibdev(device) {
+        Some(s) => s.guid(),
+        None => {
             set_errno(libc::EINVAL);
             0
         }
@@ -117,24 +118,23 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut IbvDevice) -> u64 {
 });
 
 c_fn!("IBVERBS_1.9";
-/// `ibv_get_device_index(3)`: 0 for the soft device.
+/// `ibv_get_device_index(3)`: the device's place in the device list.
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut IbvDevice) -> c_int {
-    guard("ibv_get_device_index", -1, || match soft() {
-        Some(s) if device == s.ibdev() => 0,
-        _ => -1,
+    guard("ibv_get_device_index", -1, || {
+        of_ibdev(device).map_or(-1, |s| c_int::try_from(s.index).unwrap_or(-1))
     })
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_open_device(3)`: a new context of the soft device.
+/// `ibv_open_device(3)`: a new context of the device.
 pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvContext {
-    guard("ibv_open_device", std::ptr::null_mut(), || match soft() {
-        Some(s) if device == s.ibdev() => match crate::device::new_context(device, false) {
+    guard("ibv_open_device", std::ptr::null_mut(), || match of_ibdev(device) {
+        Some(s) => match crate::device::new_context(device, s.index, false) {
             Ok(c) => c.ptr(),
             Err(e) => null_err(e),
         },
-        Some(_) => null_err(libc::EINVAL),
-        None => null_err(NO_DEVICE),
+        None if devices().is_empty() => null_err(NO_DEVICE),
+        None => null_err(libc::EINVAL),
     })
 });
 
@@ -162,20 +162,22 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
     })
 });
 
-/// The device behind a live `context` (else `EINVAL`; no device: `ENODEV`).
-fn ctx_soft(context: *const IbvContext) -> Result<&'static crate::device::Soft, c_int> {
-    if CtxObj::get(context).is_none() {
-        return Err(libc::EINVAL);
-    }
-    soft().ok_or(NO_DEVICE)
+/// The device of the context `c` (`ENODEV` if there is none: never for a context
+/// made by this library).
+fn dev_of(c: &CtxObj) -> Result<&'static Soft, c_int> {
+    crate::device::get(c.s.dev).ok_or(NO_DEVICE)
 }
 
-/// The live context at `context` and the device (errors as [`ctx_soft`]).
-fn ctx_obj(
-    context: *const IbvContext,
-) -> Result<(Arc<CtxObj>, &'static crate::device::Soft), c_int> {
+/// The device behind a live `context` (else `EINVAL`).
+fn ctx_soft(context: *const IbvContext) -> Result<&'static Soft, c_int> {
+    Ok(ctx_obj(context)?.1)
+}
+
+/// The live context at `context` and its device (errors as [`ctx_soft`]).
+fn ctx_obj(context: *const IbvContext) -> Result<(Arc<CtxObj>, &'static Soft), c_int> {
     let c = CtxObj::get(context).ok_or(libc::EINVAL)?;
-    Ok((c, soft().ok_or(NO_DEVICE)?))
+    let s = dev_of(&c)?;
+    Ok((c, s))
 }
 
 c_fn!("IBVERBS_1.1";
@@ -217,8 +219,8 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut I
     })
 });
 
-/// The port attributes of the soft device's one port.
-fn port_attr(s: &crate::device::Soft) -> IbvPortAttr {
+/// The port attributes of the device's one port.
+fn port_attr(s: &Soft) -> IbvPortAttr {
     let mut p: IbvPortAttr = zeroed();
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = ibv_mtu(s.mtu);
@@ -255,7 +257,7 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut IbvContext, port_num: u8, 
 });
 
 /// The GID of index 0: the MAC in the first six bytes (siw's rule).
-fn gid(s: &crate::device::Soft) -> IbvGid {
+fn gid(s: &Soft) -> IbvGid {
     let mut g = IbvGid { raw: [0; 16] };
     g.raw[..6].copy_from_slice(&s.mac);
     g
@@ -556,7 +558,8 @@ pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_
             cq_context: cq_context as usize,
             ctx,
         });
-        soft_objects(|m| m.insert((SoftKind::Cq, soft_handle), o.addr()));
+        let dev = o.s.ctx.s.dev;
+        soft_objects(|m| m.insert((dev, SoftKind::Cq, soft_handle), o.addr()));
         CqObj::publish(&o)
     })
 });
@@ -634,7 +637,7 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
     }
     drop(lock(&c.s.cq).take());
     forget_async_events(&c.s.ctx, c.addr());
-    soft_objects(|m| m.remove(&(SoftKind::Cq, soft_cq.handle())));
+    soft_objects(|m| m.remove(&(c.s.ctx.s.dev, SoftKind::Cq, soft_cq.handle())));
     Ok(())
 }
 
@@ -1045,6 +1048,7 @@ pub(crate) fn qp_obj(
     c.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
     let qpn = qp.qp_num();
     let ctx = pd.s.ctx.clone();
+    let dev = ctx.s.dev;
     let o = QpObj::new(
         c,
         QpObjState {
@@ -1055,7 +1059,7 @@ pub(crate) fn qp_obj(
             ctx,
         },
     );
-    soft_objects(|m| m.insert((SoftKind::Qp, qpn), o.addr()));
+    soft_objects(|m| m.insert((dev, SoftKind::Qp, qpn), o.addr()));
     QpObj::publish(&o)
 }
 
@@ -1071,8 +1075,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         if a.qp_type != cxgb4::ffi::types::IBV_QPT_RC {
             return null_err(libc::EOPNOTSUPP);
         }
-        let Some(s) = soft() else {
-            return null_err(NO_DEVICE);
+        let s = match dev_of(&p.s.ctx) {
+            Ok(s) => s,
+            Err(e) => return null_err(e),
         };
         let Some((uses, soft_scq, soft_rcq)) = cq_pair(a, &p) else {
             return null_err(libc::EINVAL);
@@ -1092,13 +1097,15 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
 });
 
 /// The live CQs of `attr`, counted as used by a QP about to be made on `pd`
-/// ([`QpUses::acquire`]: `None` if either is being destroyed), and their soft CQs.
+/// ([`QpUses::acquire`]: `None` if either is being destroyed, or is of another device
+/// than the PD), and their soft CQs.
 pub(crate) fn cq_pair(
     attr: &IbvQpInitAttr,
     pd: &Arc<PdObj>,
 ) -> Option<(QpUses, Arc<sw::Cq>, Arc<sw::Cq>)> {
-    let scq = CqObj::get(attr.send_cq)?;
-    let rcq = CqObj::get(attr.recv_cq)?;
+    let dev = pd.s.ctx.s.dev;
+    let scq = CqObj::get(attr.send_cq).filter(|c| c.s.ctx.s.dev == dev)?;
+    let rcq = CqObj::get(attr.recv_cq).filter(|c| c.s.ctx.s.dev == dev)?;
     let (s, r) = (scq.s.cq()?, rcq.s.cq()?);
     let uses = QpUses::acquire(scq, rcq, pd.clone())?;
     Some((uses, s, r))
@@ -1153,7 +1160,7 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _att
         let mut a: IbvQpAttr = zeroed();
         a.qp_state = qa.state as c_int;
         a.cur_qp_state = a.qp_state;
-        a.path_mtu = soft().map_or(3, |s| ibv_mtu(s.mtu));
+        a.path_mtu = dev_of(&q.s.ctx).map_or(3, |s| ibv_mtu(s.mtu));
         a.qp_access_flags = qa.access.to_ibv();
         a.cap = cap_to_c(&qa.cap);
         a.max_rd_atomic = u8::try_from(qa.ord).unwrap_or(u8::MAX);
@@ -1201,14 +1208,14 @@ pub(crate) fn destroy_qp_obj(q: Arc<QpObj>) -> c_int {
     let r = match qp.map(Arc::try_unwrap) {
         Some(Ok(qp)) => {
             let qpn = qp.qp_num();
-            soft_objects(|m| m.remove(&(SoftKind::Qp, qpn)));
+            soft_objects(|m| m.remove(&(q.s.ctx.s.dev, SoftKind::Qp, qpn)));
             match qp.destroy() {
                 Ok(()) => 0,
                 Err(e) => e.errno(),
             }
         }
         Some(Err(shared)) => {
-            soft_objects(|m| m.remove(&(SoftKind::Qp, shared.qp_num())));
+            soft_objects(|m| m.remove(&(q.s.ctx.s.dev, SoftKind::Qp, shared.qp_num())));
             let _ = shared.modify_state(QpState::Error);
             0
         }
@@ -1247,9 +1254,12 @@ enum SoftKind {
     Qp,
 }
 
+/// A soft object: its device's index, its kind, its handle or number on the device.
+type SoftKey = (usize, SoftKind, u32);
+
 /// Runs `f` on the map from the soft objects' handles and numbers to ours.
-fn soft_objects<R>(f: impl FnOnce(&mut HashMap<(SoftKind, u32), usize>) -> R) -> R {
-    static M: OnceLock<Mutex<HashMap<(SoftKind, u32), usize>>> = OnceLock::new();
+fn soft_objects<R>(f: impl FnOnce(&mut HashMap<SoftKey, usize>) -> R) -> R {
+    static M: OnceLock<Mutex<HashMap<SoftKey, usize>>> = OnceLock::new();
     f(&mut lock(M.get_or_init(Default::default)))
 }
 
@@ -1263,34 +1273,32 @@ fn contexts() -> &'static Mutex<Vec<Weak<CtxObj>>> {
 /// context of CM ids may have no reader at all).
 pub const ASYNC_QUEUE: usize = 1024;
 
-/// Starts, once, the thread that moves the device's asynchronous events
-/// (`softiwarp::Device::next_async_event`) to the contexts of the objects they name.
-pub fn start_async_events() {
-    static STARTED: std::sync::Once = std::sync::Once::new();
-    STARTED.call_once(|| {
-        let spawned = std::thread::Builder::new()
-            .name("softiwarp-async".into())
-            .spawn(|| loop {
-                let Some(s) = soft() else { return };
-                let t0 = Instant::now();
-                match s.device.next_async_event(Duration::from_secs(1)) {
-                    Some(ev) => deliver_async_event(ev),
-                    // The device ended and every event was taken: nothing more comes.
-                    None if t0.elapsed() < Duration::from_millis(500) => return,
-                    None => {}
-                }
-            });
-        if let Err(e) = spawned {
-            eprintln!("libsoftiwarp: no asynchronous events: {e}");
-        }
-    });
+/// Starts the thread that moves the asynchronous events of `device`, the `dev`th of
+/// the list (`softiwarp::Device::next_async_event`), to the contexts of the objects
+/// they name; it ends with the device.
+pub fn start_async_events(dev: usize, device: Arc<sw::Device>) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("swasync-{dev}"))
+        .spawn(move || loop {
+            let t0 = Instant::now();
+            match device.next_async_event(Duration::from_secs(1)) {
+                Some(ev) => deliver_async_event(dev, ev),
+                // The device ended and every event was taken: nothing more comes.
+                None if t0.elapsed() < Duration::from_millis(500) => return,
+                None => {}
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("libsoftiwarp: no asynchronous events: {e}");
+    }
 }
 
-/// Queues `ev` on the context of the object it names (every open context for port and
-/// device events); events of objects already destroyed are dropped.
-fn deliver_async_event(ev: AsyncEvent) {
+/// Queues `ev` of the `dev`th device on the context of the object it names (every open
+/// context of the device for port and device events); events of objects already
+/// destroyed are dropped.
+fn deliver_async_event(dev: usize, ev: AsyncEvent) {
     let event_type = ev.event_type().to_ibv();
-    let named = |kind, n| soft_objects(|m| m.get(&(kind, n)).copied());
+    let named = |kind, n| soft_objects(|m| m.get(&(dev, kind, n)).copied());
     let target = match ev {
         AsyncEvent::CqErr { cq } => named(SoftKind::Cq, cq)
             .and_then(|a| CqObj::get(a as *const IbvCq))
@@ -1304,16 +1312,22 @@ fn deliver_async_event(ev: AsyncEvent) {
             .and_then(|a| QpObj::get(a as *const IbvQp))
             .map(|q| (q.s.ctx.clone(), q.addr())),
         AsyncEvent::PortActive { port } | AsyncEvent::PortErr { port } => {
-            return to_every_context(AsyncItem {
-                event_type,
-                element: usize::from(port),
-            })
+            return to_every_context(
+                dev,
+                AsyncItem {
+                    event_type,
+                    element: usize::from(port),
+                },
+            )
         }
         _ => {
-            return to_every_context(AsyncItem {
-                event_type,
-                element: 0,
-            })
+            return to_every_context(
+                dev,
+                AsyncItem {
+                    event_type,
+                    element: 0,
+                },
+            )
         }
     };
     if let Some((ctx, element)) = target {
@@ -1329,11 +1343,15 @@ fn deliver_async_event(ev: AsyncEvent) {
     }
 }
 
-fn to_every_context(item: AsyncItem) {
+/// Queues `item` on every open context of the `dev`th device.
+fn to_every_context(dev: usize, item: AsyncItem) {
     let ctxs: Vec<Arc<CtxObj>> = {
         let mut c = lock(contexts());
         c.retain(|w| w.strong_count() > 0);
-        c.iter().filter_map(Weak::upgrade).collect()
+        c.iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.s.dev == dev)
+            .collect()
     };
     for ctx in ctxs {
         if let Some(q) = lock(&ctx.s.events).clone() {

@@ -1,6 +1,18 @@
 //! libsoftiwarp: the libibverbs and librdmacm C ABI of rdma-core 44 (Debian 12) over
 //! the soft iWARP device, so unmodified RDMA programs (rping, perftest, ibv_devinfo)
-//! run with no root and no kernel module:
+//! run with no root and no kernel module. With no configuration the process has one
+//! device per host interface that is up with an IPv4 address, named `siw_<ifname>`
+//! (`siw_lo`, `siw_eth0`: [`device`]), on the host's kernel TCP, so programs meet on
+//! the host's own addresses:
+//!
+//! ```text
+//! LD_PRELOAD=/path/to/libsoftiwarp.so rping -s -a 0.0.0.0 -v &
+//! LD_PRELOAD=/path/to/libsoftiwarp.so rping -c -a 127.0.0.1 -v -C 10
+//! ```
+//!
+//! `SOFTIWARP_DEVICE` gives the process one device of its own instead
+//! (`softiwarp::spec`: `netdev=eth0`, or a UDP link or a TAP with an address of its
+//! own):
 //!
 //! ```text
 //! SOFTIWARP_DEVICE=link=udp:127.0.0.1:7000,peer=127.0.0.1:7001,ip=10.9.0.1/24 \
@@ -14,7 +26,7 @@
 //! |---|---|
 //! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno` |
 //! | [`abi`] | C layouts beyond `cxgb4::ffi::types`, enum values |
-//! | [`device`] | the process's soft device from `SOFTIWARP_DEVICE`, its RDMA CM |
+//! | [`device`] | the process's soft devices (one per host interface, or `SOFTIWARP_DEVICE`'s), the one RDMA CM over them |
 //! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
 //! | [`objects`] | the Rust objects behind the C pointers |
 //! | [`ibv`] | libibverbs entry points and the context's data-path ops |
