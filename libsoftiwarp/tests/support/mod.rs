@@ -134,20 +134,37 @@ pub struct Proc {
     pub what: String,
 }
 
-/// Spawns `prog args` with `env` (plus the library's), as `nobody` when root, in a new
-/// process group, stdout and stderr piped.
+/// Spawns `prog args` with `SOFTIWARP_DEVICE=device` (plus the library's environment),
+/// as `nobody` when root, in a new process group, stdout and stderr piped.
 pub fn spawn(lib: &LibDir, mode: Mode, device: &str, prog: &str, args: &[&str]) -> Proc {
+    spawn_with(lib, mode, Some(device), prog, args)
+}
+
+/// [`spawn`] with `SOFTIWARP_DEVICE` set to `device`, or unset (`None`: the library
+/// makes a device of each host interface).
+pub fn spawn_with(
+    lib: &LibDir,
+    mode: Mode,
+    device: Option<&str>,
+    prog: &str,
+    args: &[&str],
+) -> Proc {
     let (k, v) = lib.env(mode);
     let mut cmd = if is_root() {
         let mut c = Command::new("runuser");
-        c.args(["-u", "nobody", "--", "env"]);
+        c.args(["-u", "nobody", "--", "env", "-u", "SOFTIWARP_DEVICE"]);
         c.arg(format!("{k}={v}"));
-        c.arg(format!("SOFTIWARP_DEVICE={device}"));
+        if let Some(d) = device {
+            c.arg(format!("SOFTIWARP_DEVICE={d}"));
+        }
         c.arg(prog);
         c
     } else {
         let mut c = Command::new(prog);
-        c.env(k, v).env("SOFTIWARP_DEVICE", device);
+        c.env(k, v).env_remove("SOFTIWARP_DEVICE");
+        if let Some(d) = device {
+            c.env("SOFTIWARP_DEVICE", d);
+        }
         c
     };
     cmd.args(args)
@@ -296,4 +313,102 @@ pub fn check_pings(text: &str, prefix: &str, count: usize, who: &str) {
         .map(|n| format!("{prefix}{}", ping_line(n)))
         .collect();
     assert_eq!(got, want, "{who}:\n{text}");
+}
+
+/// One end of a perftest run: its `SOFTIWARP_DEVICE` (`None`: unset) and its arguments
+/// after `-R`.
+pub struct PerftestEnd<'a> {
+    /// The device line, if any.
+    pub device: Option<&'a str>,
+    /// The arguments after `-R` (the client's end with the server's address).
+    pub args: &'a [&'a str],
+}
+
+/// Runs perftest's `prog -R` as server and client in drop-in mode (perftest's
+/// libmlx5/libefa need rdma-core's provider symbols at load time); both must exit 0,
+/// say nothing of failures or of the library, and the client must print its result
+/// row for `size` bytes with `iters` iterations. Returns false, with nothing asserted,
+/// if the client connected before the server listened and `may_retry` (the caller runs
+/// it again on new ports).
+///
+/// perftest's server creates its data listener only after a handshake on the control
+/// connection, and its client connects right after that handshake: a client that wins
+/// the race is refused (`RDMA_CM_EVENT_REJECTED`, error -111; kernel devices refuse it
+/// the same way) and perftest then gives up (its retry path reuses freed ids).
+pub fn perftest_pair<'a>(
+    lib: &LibDir,
+    prog: &str,
+    server: PerftestEnd<'a>,
+    client: PerftestEnd<'a>,
+    (size, iters): (u64, u64),
+    may_retry: bool,
+) -> bool {
+    let with_r = |args: &[&'a str]| -> Vec<&'a str> {
+        std::iter::once("-R").chain(args.iter().copied()).collect()
+    };
+    let srv = spawn_with(lib, Mode::DropIn, server.device, prog, &with_r(server.args));
+    std::thread::sleep(Duration::from_millis(700));
+    let cli = spawn_with(lib, Mode::DropIn, client.device, prog, &with_r(client.args));
+    let c = cli.wait(Duration::from_secs(180));
+    let raced = c.stdout.contains("RDMA_CM_EVENT_REJECTED; error: -111")
+        || c.stderr.contains("RDMA_CM_EVENT_REJECTED; error: -111");
+    let s = srv.wait(Duration::from_secs(if raced { 3 } else { 30 }));
+    let what = format!("{prog} {:?}", client.args);
+    if raced && may_retry {
+        eprintln!("{what}: the client connected before the server listened; again");
+        return false;
+    }
+    assert!(c.ok(), "{what} client: {c:?}");
+    assert!(s.ok(), "{what} server: {s:?}");
+    assert!(c.stdout.contains("Transport type : IW"), "{}", c.stdout);
+    for (side, o) in [("client", &c), ("server", &s)] {
+        let all = format!("{}{}", o.stdout, o.stderr);
+        assert!(
+            !all.contains("Failed") && !all.contains("libsoftiwarp:"),
+            "{what} {side}: {all}"
+        );
+    }
+    let row = c
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&size.to_string()))
+        .unwrap_or_else(|| panic!("{what}: no result row: {}", c.stdout));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], iters.to_string(), "{row}");
+    true
+}
+
+/// A kernel TCP port free on every address right now (for the host-TCP devices, whose
+/// ports are the kernel's).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits up to `limit` until a kernel TCP socket listens on `port` at 127.0.0.1 or the
+/// wildcard address (`/proc/net/tcp`, state `0A`): a host-TCP server is up. Looking
+/// does not touch the port (a probe bind or connect would race the server or reach
+/// its listener).
+pub fn wait_listening(port: u16, limit: Duration) -> bool {
+    let want = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+    ];
+    let deadline = Instant::now() + limit;
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let listening = table.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[3] == "0A" && want.iter().any(|w| w == f[1])
+        });
+        if listening {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
