@@ -1,8 +1,10 @@
 //! Root-only: `iwperf demo --json` as README runs it, short: two namespaces with a TAP
 //! each, the raw TCP baseline, iWARP Write, Read and Send with `--verify`, the latency
-//! pair, and a capture of every iWARP run. Checks: exit 0; the kernel TCP (veth)
-//! reference measured and the TAP offload on; every operation present
-//! with Gbit/s > 0 and verify `passed`; the latency row; nothing left behind (the
+//! pair, the same on the host's kernel TCP (`--netdev`) against kernel TCP, and a
+//! capture of every TAP iWARP run. Checks: exit 0; the kernel TCP (veth)
+//! reference measured and the TAP offload on; every operation present, on the TAPs and
+//! on host TCP, with Gbit/s > 0 and verify `passed`; both latency rows, the host-TCP
+//! one against kernel TCP ping-pong; nothing left behind (the
 //! namespaces it reports, and no TAP, bridge or veth of its naming scheme anywhere);
 //! every capture decodes with `iwdump` with zero errors and holds the run's MPA
 //! connection and its FPDUs.
@@ -93,6 +95,23 @@ fn demo_json_verified_clean_and_its_captures_decode() {
     );
     assert!(0.0 < t_min && t_min <= t_typ && t_typ <= t_max, "{lat}");
     assert!(lat["baseline_tcp_typical"].as_f64().unwrap() > 0.0, "{lat}");
+
+    // The host-TCP rows: the same operations, against kernel TCP over the same veth.
+    let host = &j["host_tcp"];
+    let rows = host["results"].as_array().expect("host_tcp results");
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["write", "read", "send"], "{host}");
+    for r in rows {
+        assert!(r["gbps"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["verify"], "passed", "{r}");
+        assert_eq!(r["baseline_gbps"], j["kernel_tcp_gbps"], "{r}");
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let hl = &host["latency_us"];
+    assert_eq!(hl["size"], 8, "{host}");
+    assert_eq!(hl["iterations"], 300, "{host}");
+    assert!(hl["t_typical"].as_f64().unwrap() > 0.0, "{hl}");
+    assert!(hl["baseline_tcp_typical"].as_f64().unwrap() > 0.0, "{hl}");
 
     // Nothing left behind.
     let names: Vec<String> = j["namespaces"]

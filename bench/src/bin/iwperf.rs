@@ -51,9 +51,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Two namespaces, a TAP in each on a bridge, the raw TCP baseline and iWARP Write,
-    /// Read, Send and Send ping-pong; one table (needs root; without it, an in-memory
-    /// link in one process).
+    /// Two namespaces, a TAP in each on a bridge, joined by a veth: iWARP Write, Read,
+    /// Send and Send ping-pong on the TAPs against raw smoltcp TCP, and on the host's
+    /// kernel TCP against kernel TCP; one table (needs root; without it, the TAP rows
+    /// over an in-memory link in one process).
     Demo(DemoArgs),
     /// Accept one test (any number of connections) and serve it.
     Server(ServerArgs),
@@ -314,6 +315,16 @@ struct DemoArgs {
     /// Use the in-memory link even as root.
     #[arg(long)]
     memory: bool,
+    /// The soft device's transports to measure, comma-separated: `tap` (smoltcp on the
+    /// TAPs, against raw smoltcp TCP) and `host-tcp` (the host's kernel TCP, `--netdev`,
+    /// against kernel TCP over the same veth; needs root, not with --memory).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tap,host-tcp"
+    )]
+    transport: Vec<Transport>,
     /// Do not pin the peers to CPUs.
     #[arg(long)]
     no_pin: bool,
@@ -325,6 +336,15 @@ struct DemoArgs {
     json: bool,
     #[command(flatten)]
     mpa: MpaArgs,
+}
+
+/// A transport of the soft device the demo measures.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// smoltcp on a TAP.
+    Tap,
+    /// The host's kernel TCP (`--netdev`).
+    HostTcp,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -808,6 +828,8 @@ fn run_demo(a: &DemoArgs) -> Result<(), IwperfError> {
         tuning: tuning(&a.mpa, 512),
         exe: std::env::current_exe().map_err(|e| IwperfError::Setup(format!("own path: {e}")))?,
         echo: a.echo,
+        tap_rows: a.transport.contains(&Transport::Tap),
+        host_rows: a.transport.contains(&Transport::HostTcp),
     };
     let json = a.json;
     let mut say = |s: &str| {

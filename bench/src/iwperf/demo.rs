@@ -2,11 +2,16 @@
 //!
 //! As root: two network namespaces with a TAP each, joined by bridges and a veth
 //! ([`netlab::Topology`], removed afterwards also on failure and Ctrl-C); in each
-//! round the raw smoltcp TCP bulk transfer (the baseline, [`crate::tcp`]), then iWARP
+//! round the raw smoltcp TCP bulk transfer (the baseline, [`crate::tcp`]), kernel TCP
+//! between the bridges' kernel addresses (the absolute reference), then iWARP
 //! Write, Read and Send (an `iwperf server` process in namespace A, an `iwperf client`
-//! in namespace B, pinned to CPUs 1 and 0 like `transport-bench`), then the latency
-//! pair: raw TCP ping-pong and iWARP Send ping-pong of 8 bytes. One table at the end:
-//! op, size, Gbit/s, Mpps, baseline Gbit/s, ratio to the baseline, and the latency row.
+//! in namespace B, pinned to CPUs 1 and 0 like `transport-bench`) on the TAPs, and
+//! the same on the host's kernel TCP (`--netdev` on each side's bridge, the interface
+//! that holds the kernel address: over the same veth as kernel TCP), then the latency
+//! pairs: raw TCP ping-pong and iWARP Send ping-pong of 8 bytes on the TAPs, kernel TCP
+//! ping-pong and iWARP Send ping-pong on host TCP. One table at the end: op, size,
+//! Gbit/s, Mpps, baseline Gbit/s, ratio to the baseline, and the latency rows; the
+//! host-TCP rows (`write (host TCP)`) have kernel TCP as their baseline.
 //!
 //! Without root: the same measurements over an in-memory link pair in this one process
 //! (server and client in threads), said in one line.
@@ -91,6 +96,11 @@ pub struct DemoConfig {
     pub exe: PathBuf,
     /// Echo the peers' output.
     pub echo: bool,
+    /// Measure the soft device on the TAPs (against raw smoltcp TCP).
+    pub tap_rows: bool,
+    /// Measure the soft device on the host's kernel TCP (`--netdev`, against kernel
+    /// TCP; TAP mode only).
+    pub host_rows: bool,
 }
 
 impl Default for DemoConfig {
@@ -121,6 +131,8 @@ impl Default for DemoConfig {
             tuning: Tuning::default(),
             exe: std::env::current_exe().unwrap_or_default(),
             echo: false,
+            tap_rows: true,
+            host_rows: true,
         }
     }
 }
@@ -137,6 +149,13 @@ struct RoundResult {
     /// Per op: Gbit per CPU-second of the busier peer (TAP mode).
     ops_cpu_gbps: Vec<(Op, f64)>,
     lat: Option<(LatStats, LatStats)>,
+    /// Kernel TCP Gbit per CPU-second of the busier thread.
+    kernel_cpu_gbps: Option<f64>,
+    /// The soft device on host TCP: as `ops`, `ops_cpu_gbps` and `lat` (the latency
+    /// beside kernel TCP ping-pong).
+    host_ops: Vec<BwResult>,
+    host_ops_cpu_gbps: CpuRates,
+    host_lat: Option<(LatStats, LatStats)>,
 }
 
 /// Where output goes: progress lines and notes (stderr with `--json`, else stdout).
@@ -224,10 +243,20 @@ pub fn run(cfg: &DemoConfig, say: Say<'_>, to_stderr: bool) -> Result<DemoOutcom
             "--rounds and --duration must be positive".into(),
         ));
     }
+    if !cfg.tap_rows && !cfg.host_rows {
+        return Err(IwperfError::Usage(
+            "--transport: tap, host-tcp or both".into(),
+        ));
+    }
     let root = netlab::netns::is_root();
     let memory = cfg.memory || !root;
+    if memory && !cfg.tap_rows {
+        return Err(IwperfError::Usage(
+            "--transport host-tcp runs between two network namespaces: it needs root, and not --memory".into(),
+        ));
+    }
     if !root && !cfg.memory {
-        say("iwperf demo: not running as root (network namespaces and TAPs need it): measuring over an in-memory link in one process instead");
+        say("iwperf demo: not running as root (network namespaces and TAPs need it): measuring over an in-memory link in one process instead, without the host-TCP rows");
     }
     let mut rounds = Vec::new();
     let mut namespaces = Vec::new();
@@ -288,16 +317,28 @@ impl DemoOutcome {
     }
 }
 
-fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoReport {
-    let tcp: Vec<f64> = rounds.iter().map(|r| r.tcp_gbps).collect();
-    let results = cfg
-        .ops
+/// What [`op_rows`] reads of a round: its results of one transport, the baseline's
+/// Gbit/s, the per-CPU-second rates of the results and of the baseline.
+type RoundView<'a> = (&'a [BwResult], f64, &'a [(Op, f64)], Option<f64>);
+
+/// One row per operation of `cfg`, medians over `rounds` as `view` sees each.
+fn op_rows<'a>(
+    cfg: &DemoConfig,
+    rounds: &'a [RoundResult],
+    view: impl Fn(&'a RoundResult) -> RoundView<'a>,
+) -> Vec<DemoRow> {
+    let views: Vec<RoundView<'a>> = rounds.iter().map(view).collect();
+    let baseline: Vec<f64> = views.iter().map(|v| v.1).collect();
+    cfg.ops
         .iter()
-        .map(|&op| {
-            let mine: Vec<(&BwResult, f64)> = rounds
+        .filter_map(|&op| {
+            let mine: Vec<(&BwResult, f64)> = views
                 .iter()
-                .filter_map(|r| r.ops.iter().find(|b| b.op == op).map(|b| (b, r.tcp_gbps)))
+                .filter_map(|v| v.0.iter().find(|b| b.op == op).map(|b| (b, v.1)))
                 .collect();
+            if mine.is_empty() {
+                return None;
+            }
             let g: Vec<f64> = mine.iter().map(|(b, _)| b.gbps).collect();
             let m: Vec<f64> = mine.iter().map(|(b, _)| b.mpps).collect();
             let ratios: Vec<f64> = mine
@@ -319,43 +360,62 @@ fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoRepo
                     }
                 },
             );
-            let cpu_ratios: Vec<f64> = rounds
+            let cpu_ratios: Vec<f64> = views
                 .iter()
-                .filter_map(|r| {
-                    let mine = r.ops_cpu_gbps.iter().find(|(o, _)| *o == op)?.1;
-                    r.tcp_cpu_gbps.filter(|t| *t > 0.0).map(|t| mine / t)
+                .filter_map(|v| {
+                    let mine = v.2.iter().find(|(o, _)| *o == op)?.1;
+                    v.3.filter(|t| *t > 0.0).map(|t| mine / t)
                 })
                 .collect();
-            DemoRow {
+            Some(DemoRow {
                 cpu_ratio: median(&cpu_ratios),
                 op,
                 size: cfg.size,
                 gbps: median(&g).unwrap_or(0.0),
                 mpps: median(&m).unwrap_or(0.0),
-                baseline_gbps: median(&tcp).unwrap_or(0.0),
+                baseline_gbps: median(&baseline).unwrap_or(0.0),
                 ratio: median(&ratios).unwrap_or(0.0),
                 verify,
-            }
+            })
         })
+        .collect()
+}
+
+/// The latency row of `pairs` (iWARP, its baseline) of the rounds: the round with the
+/// median iWARP `t_typical`, and the median ratio.
+fn lat_row(pairs: Vec<&(LatStats, LatStats)>) -> Option<DemoLatency> {
+    if pairs.is_empty() {
+        return None;
+    }
+    let ratios: Vec<f64> = pairs
+        .iter()
+        .filter(|(_, t)| t.t_typical > 0.0)
+        .map(|(i, t)| i.t_typical / t.t_typical)
         .collect();
-    let lats: Vec<&(LatStats, LatStats)> = rounds.iter().filter_map(|r| r.lat.as_ref()).collect();
-    let latency = if lats.is_empty() {
-        None
-    } else {
-        let ratios: Vec<f64> = lats
-            .iter()
-            .filter(|(_, t)| t.t_typical > 0.0)
-            .map(|(i, t)| i.t_typical / t.t_typical)
-            .collect();
-        let mut by: Vec<&&(LatStats, LatStats)> = lats.iter().collect();
-        by.sort_by(|a, b| a.0.t_typical.total_cmp(&b.0.t_typical));
-        let mid = by[by.len() / 2];
-        Some(DemoLatency {
-            iwarp: mid.0.clone(),
-            tcp: mid.1.clone(),
-            ratio: median(&ratios).unwrap_or(0.0),
-        })
-    };
+    let mut by = pairs;
+    by.sort_by(|a, b| a.0.t_typical.total_cmp(&b.0.t_typical));
+    let mid = by[by.len() / 2];
+    Some(DemoLatency {
+        iwarp: mid.0.clone(),
+        tcp: mid.1.clone(),
+        ratio: median(&ratios).unwrap_or(0.0),
+    })
+}
+
+fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoReport {
+    let tcp: Vec<f64> = rounds.iter().map(|r| r.tcp_gbps).collect();
+    let kernel: Vec<f64> = rounds.iter().filter_map(|r| r.kernel_gbps).collect();
+    let results = op_rows(cfg, rounds, |r| {
+        (&r.ops, r.tcp_gbps, &r.ops_cpu_gbps, r.tcp_cpu_gbps)
+    });
+    let host_results = op_rows(cfg, rounds, |r| {
+        (
+            &r.host_ops,
+            r.kernel_gbps.unwrap_or(0.0),
+            &r.host_ops_cpu_gbps,
+            r.kernel_cpu_gbps,
+        )
+    });
     DemoReport {
         link: if memory { "memory" } else { "tap" }.into(),
         mtu: cfg.mtu,
@@ -363,15 +423,12 @@ fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoRepo
         seconds: cfg.seconds,
         crc: cfg.crc,
         baseline_tcp_gbps: median(&tcp).unwrap_or(0.0),
-        kernel_tcp_gbps: median(
-            &rounds
-                .iter()
-                .filter_map(|r| r.kernel_gbps)
-                .collect::<Vec<_>>(),
-        ),
+        kernel_tcp_gbps: median(&kernel),
         offload: cfg.offload && !memory,
         results,
-        latency,
+        latency: lat_row(rounds.iter().filter_map(|r| r.lat.as_ref()).collect()),
+        host_results,
+        host_latency: lat_row(rounds.iter().filter_map(|r| r.host_lat.as_ref()).collect()),
     }
 }
 
@@ -605,58 +662,177 @@ const KERNEL_TCP_PORT: u16 = 5202;
 /// `std::net` bulk transfer from a thread in namespace B to one in namespace A, between
 /// the kernel addresses on the two bridges (so over the same bridges and veth as the
 /// TAP runs, but no TAP), pinned like the peers, for `cfg.seconds`. Returns the
-/// receiver's Gbit/s.
+/// receiver's Gbit/s, and Gbit per CPU-second of the busier of the two threads.
 ///
 /// Errors: [`IwperfError::Setup`] if a socket call fails.
-fn kernel_tcp(cfg: &DemoConfig, topo: &Topology, to_stderr: bool) -> Result<f64, IwperfError> {
+fn kernel_tcp(
+    cfg: &DemoConfig,
+    topo: &Topology,
+    to_stderr: bool,
+) -> Result<(f64, f64), IwperfError> {
     use std::io::{Read, Write};
     let setup = |e: std::io::Error| IwperfError::Setup(format!("kernel TCP reference: {e}"));
     let a_ip = netlab::host_ip(KERNEL_HOST_A);
     let (pin, seconds) = (cfg.pin, cfg.seconds);
     let _ticker = Ticker::start("kernel TCP (veth)".into(), to_stderr);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = topo.pair().a.spawn(move || -> std::io::Result<f64> {
-        if pin {
-            let _ = crate::pin_to_cpu(1);
-        }
-        let l = std::net::TcpListener::bind((a_ip, KERNEL_TCP_PORT))?;
-        let _ = ready_tx.send(());
-        let (mut s, _) = l.accept()?;
-        let mut buf = vec![0u8; 1 << 17];
-        let mut n = 0u64;
-        let mut t0 = None;
-        loop {
-            let k = s.read(&mut buf)?;
-            if k == 0 {
-                break;
+    let server = topo
+        .pair()
+        .a
+        .spawn(move || -> std::io::Result<(u64, f64, f64)> {
+            if pin {
+                let _ = crate::pin_to_cpu(1);
             }
-            t0.get_or_insert_with(Instant::now);
-            n += k as u64;
-        }
-        let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        Ok(if secs > 0.0 {
-            n as f64 * 8.0 / secs / 1e9
-        } else {
-            0.0
-        })
-    });
+            let l = std::net::TcpListener::bind((a_ip, KERNEL_TCP_PORT))?;
+            let _ = ready_tx.send(());
+            let (mut s, _) = l.accept()?;
+            let mut buf = vec![0u8; 1 << 17];
+            let mut n = 0u64;
+            let mut t0 = None;
+            let cpu0 = thread_cpu_seconds();
+            loop {
+                let k = s.read(&mut buf)?;
+                if k == 0 {
+                    break;
+                }
+                t0.get_or_insert_with(Instant::now);
+                n += k as u64;
+            }
+            let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            Ok((n, secs, thread_cpu_seconds() - cpu0))
+        });
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| IwperfError::Setup("kernel TCP reference: no listener".into()))?;
-    let client = topo.pair().b.spawn(move || -> std::io::Result<()> {
+    let client = topo.pair().b.spawn(move || -> std::io::Result<f64> {
         if pin {
             let _ = crate::pin_to_cpu(0);
         }
         let mut s = std::net::TcpStream::connect((a_ip, KERNEL_TCP_PORT))?;
         let buf = vec![0x5au8; 1 << 17];
+        let cpu0 = thread_cpu_seconds();
         let end = Instant::now() + Duration::from_secs_f64(seconds);
         while Instant::now() < end {
             s.write_all(&buf)?;
         }
+        Ok(thread_cpu_seconds() - cpu0)
+    });
+    let client_cpu = joined(client).map_err(setup)?;
+    let (bytes, secs, server_cpu) = joined(server).map_err(setup)?;
+    Ok((
+        TransferReport::rate(bytes, secs),
+        TransferReport::rate(bytes, client_cpu.max(server_cpu)),
+    ))
+}
+
+/// CPU time (user + system) of the calling thread, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| {
+        let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        secs(u.user_time()) + secs(u.system_time())
+    })
+}
+
+/// Reads exactly `buf.len()` bytes from `s`, polling (non-blocking reads, yielding
+/// between them) for up to `spin` after it starts waiting, then blocking in `poll(2)`,
+/// as the iWARP peers wait on their CQ. `Ok(false)` at the end of the stream.
+fn read_polling(s: &std::net::TcpStream, buf: &mut [u8], spin: Duration) -> std::io::Result<bool> {
+    use nix::errno::Errno;
+    use std::os::fd::{AsFd, AsRawFd};
+    let mut got = 0;
+    let mut since: Option<Instant> = None;
+    while got < buf.len() {
+        match nix::sys::socket::recv(
+            s.as_raw_fd(),
+            &mut buf[got..],
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => return Ok(false),
+            Ok(k) => {
+                got += k;
+                since = None;
+            }
+            Err(Errno::EAGAIN) => {
+                if since.get_or_insert_with(Instant::now).elapsed() < spin {
+                    std::thread::yield_now();
+                } else {
+                    let mut fds = [nix::poll::PollFd::new(
+                        s.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(1000u16))?;
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// Kernel TCP ping-pong over the veth, the host-TCP latency row's baseline: `cfg.lat_iters`
+/// round trips of `cfg.lat_size` bytes (`TCP_NODELAY`) from a thread in namespace B to an
+/// echo thread in namespace A, between the bridges' kernel addresses, pinned like the
+/// peers, both waiting as the iWARP peers do (polling for `cfg.tuning.lat_spin`, then
+/// blocking).
+///
+/// Errors: [`IwperfError::Setup`] if a socket call fails or nothing was measured.
+fn kernel_ping_pong(
+    cfg: &DemoConfig,
+    topo: &Topology,
+    to_stderr: bool,
+) -> Result<LatStats, IwperfError> {
+    use std::io::Write;
+    let setup = |e: std::io::Error| IwperfError::Setup(format!("kernel TCP ping-pong: {e}"));
+    let a_ip = netlab::host_ip(KERNEL_HOST_A);
+    let (pin, size, iters, spin) = (
+        cfg.pin,
+        cfg.lat_size as usize,
+        cfg.lat_iters,
+        cfg.tuning.lat_spin,
+    );
+    let _ticker = Ticker::start("kernel TCP ping-pong".into(), to_stderr);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = topo.pair().a.spawn(move || -> std::io::Result<()> {
+        if pin {
+            let _ = crate::pin_to_cpu(1);
+        }
+        let l = std::net::TcpListener::bind((a_ip, KERNEL_TCP_PORT + 1))?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; size];
+        while read_polling(&s, &mut buf, spin)? {
+            s.write_all(&buf)?;
+        }
         Ok(())
     });
-    joined(client).map_err(setup)?;
-    joined(server).map_err(setup)
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| IwperfError::Setup("kernel TCP ping-pong: no listener".into()))?;
+    let client = topo.pair().b.spawn(move || -> std::io::Result<Vec<u64>> {
+        if pin {
+            let _ = crate::pin_to_cpu(0);
+        }
+        let mut s = std::net::TcpStream::connect((a_ip, KERNEL_TCP_PORT + 1))?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0x5au8; size];
+        let mut samples = Vec::with_capacity(iters as usize);
+        for _ in 0..iters {
+            let t0 = Instant::now();
+            s.write_all(&buf)?;
+            if !read_polling(&s, &mut buf, spin)? {
+                return Err(std::io::Error::other("the echo server closed"));
+            }
+            samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+        Ok(samples)
+    });
+    let samples = joined(client).map_err(setup)?;
+    joined(server).map_err(setup)?;
+    LatStats::from_samples(Op::Send, cfg.lat_size, &samples)
+        .ok_or_else(|| IwperfError::Setup("kernel TCP ping-pong: no round trips".into()))
 }
 
 /// The result of a thread spawned in a namespace (`NetNs::spawn`): entering it, then
@@ -778,6 +954,195 @@ fn run_pair(
     Ok((sout, cout))
 }
 
+/// Where a pair of iWARP peers runs: each side's link options and the server's address.
+struct PeerLinks {
+    server: Vec<String>,
+    client: Vec<String>,
+    server_ip: Ipv4Addr,
+    /// On the TAPs (else on host TCP: no capture, no TAP offload option).
+    tap: bool,
+}
+
+impl PeerLinks {
+    /// The soft device on the topology's TAPs (smoltcp, the peers' own addresses).
+    fn taps(topo: &Topology) -> PeerLinks {
+        PeerLinks {
+            server: endpoint_args(topo.a()),
+            client: endpoint_args(topo.b()),
+            server_ip: topo.a().ip,
+            tap: true,
+        }
+    }
+
+    /// The soft device on the host's kernel TCP (`--netdev`) on each side's bridge, the
+    /// interface that holds the kernel address ([`KERNEL_HOST_A`], [`KERNEL_HOST_B`]):
+    /// the veth ends are the bridges' ports and have no address of their own.
+    fn host_tcp(topo: &Topology) -> PeerLinks {
+        let [ba, bb] = topo.pair().bridges();
+        PeerLinks {
+            server: vec!["--netdev".into(), ba.to_owned()],
+            client: vec!["--netdev".into(), bb.to_owned()],
+            server_ip: netlab::host_ip(KERNEL_HOST_A),
+            tap: false,
+        }
+    }
+}
+
+/// What every run of a TAP-mode round shares: the settings, the namespaces, where the
+/// ticker prints.
+#[derive(Clone, Copy)]
+struct Lab<'a> {
+    cfg: &'a DemoConfig,
+    topo: &'a Topology,
+    to_stderr: bool,
+}
+
+/// Per operation, Gbit per CPU-second of the busier peer.
+type CpuRates = Vec<(Op, f64)>;
+
+/// One iWARP run of `op` (bandwidth, or with `lat` the Send ping-pong) between an
+/// `iwperf server` in namespace A and an `iwperf client` in B on `links`, capturing
+/// the client's link to `pcap` if given. Returns the client's report and the CPU
+/// seconds of the busier peer.
+///
+/// Errors: a peer failed other than by a verify mismatch (kept in the report).
+fn iwarp_run(
+    lab: Lab<'_>,
+    links: &PeerLinks,
+    op: Op,
+    lat: bool,
+    pcap: Option<&Path>,
+    label: &str,
+) -> Result<(ClientReport, f64), IwperfError> {
+    let Lab {
+        cfg,
+        topo,
+        to_stderr,
+    } = lab;
+    let mut s = vec!["server".into()];
+    s.extend(links.server.iter().cloned());
+    s.extend(["--port".into(), IWARP_PORT.to_string(), "--json".into()]);
+    s.extend(iwarp_args(cfg, links.tap));
+    s.extend(cpu_args(cfg, 1));
+    let t = client_test(cfg, SocketAddrV4::new(links.server_ip, IWARP_PORT), op, lat);
+    let mut c = vec![
+        "client".into(),
+        "--peer".into(),
+        links.server_ip.to_string(),
+    ];
+    c.extend(links.client.iter().cloned());
+    c.extend([
+        "--port".into(),
+        IWARP_PORT.to_string(),
+        "--op".into(),
+        op.name().into(),
+        "--size".into(),
+        t.size.to_string(),
+        "--qps".into(),
+        t.qps.to_string(),
+        "--tx-depth".into(),
+        t.tx_depth.to_string(),
+        "--json".into(),
+        "--progress".into(),
+    ]);
+    match t.length {
+        RunLength::Iters(n) => c.extend(["--iters".into(), n.to_string()]),
+        RunLength::Time(d) => c.extend(["--duration".into(), d.as_secs_f64().to_string()]),
+    }
+    if lat {
+        c.push("--lat".into());
+    }
+    if t.verify {
+        c.push("--verify".into());
+    }
+    if let Some(p) = pcap {
+        c.extend([
+            "--pcap".into(),
+            p.display().to_string(),
+            "--pcap-limit".into(),
+            cfg.pcap_limit.to_string(),
+        ]);
+    }
+    c.extend(iwarp_args(cfg, links.tap));
+    c.extend(cpu_args(cfg, 0));
+    let (so, co) = run_pair(topo, cfg, label, s, c, cfg.seconds, to_stderr)?;
+    let creport: ClientReport = json_line(&co)?;
+    let sreport: ServerSummary = json_line(&so)?;
+    for (rep_code, rep_err, who) in [
+        (creport.exit_code, creport.error.clone(), "client"),
+        (sreport.exit_code, sreport.error.clone(), "server"),
+    ] {
+        if rep_code != 0 && u32::from(rep_code) != u32::from(super::EXIT_VERIFY) {
+            return Err(side_error(&format!("{label} {who}"), rep_code, rep_err));
+        }
+    }
+    let cpu = creport.cpu_seconds.max(sreport.cpu_seconds);
+    Ok((creport, cpu))
+}
+
+/// The bandwidth runs of every op of `cfg` on `links`: the results and, per op, Gbit
+/// per CPU-second of the busier peer. `pcap_round`: capture each run as
+/// [`pcap_path`] names it for that round (TAP runs).
+fn iwarp_ops(
+    lab: Lab<'_>,
+    links: &PeerLinks,
+    suffix: &str,
+    pcap_round: Option<usize>,
+    pcaps: &mut Vec<PathBuf>,
+) -> Result<(Vec<BwResult>, CpuRates), IwperfError> {
+    let cfg = lab.cfg;
+    let (mut results, mut cpu_rates) = (Vec::new(), Vec::new());
+    for &op in &cfg.ops {
+        let pcap = cfg
+            .pcap
+            .as_ref()
+            .zip(pcap_round)
+            .map(|(p, round)| pcap_path(p, op.name(), round));
+        let label = format!("iWARP {op}{suffix}");
+        let (rep, cpu) = iwarp_run(lab, links, op, false, pcap.as_deref(), &label)?;
+        pcaps.extend(pcap);
+        for r in rep.bandwidth.into_iter().filter(|r| r.op == op) {
+            cpu_rates.push((op, TransferReport::rate(r.bytes, cpu)));
+            results.push(r);
+        }
+    }
+    Ok((results, cpu_rates))
+}
+
+/// The raw smoltcp TCP peers on the TAPs (`iwperf tcp-peer`), bulk for `cfg.seconds`
+/// or, with `ping_pong`, that many round trips' ping-pong; (server, client) output.
+fn raw_tcp_pair(
+    cfg: &DemoConfig,
+    topo: &Topology,
+    ping_pong: bool,
+    to_stderr: bool,
+) -> Result<(PeerOutput, PeerOutput), IwperfError> {
+    let (a, b) = (topo.a(), topo.b());
+    let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
+    s.extend(endpoint_args(a));
+    s.extend(["--peer-ip".into(), b.ip.to_string()]);
+    let mut c = vec!["tcp-peer".into(), "--role".into(), "client".into()];
+    c.extend(endpoint_args(b));
+    c.extend(["--peer-ip".into(), a.ip.to_string()]);
+    if ping_pong {
+        s.extend(["--ping-pong".into(), cfg.lat_size.to_string()]);
+        c.extend(["--ping-pong".into(), cfg.lat_size.to_string()]);
+        c.extend(["--iters".into(), cfg.lat_iters.to_string()]);
+    } else {
+        c.extend(["--duration".into(), cfg.seconds.to_string()]);
+    }
+    s.extend(cpu_args(cfg, 1));
+    s.extend(common_args(cfg));
+    c.extend(cpu_args(cfg, 0));
+    c.extend(common_args(cfg));
+    let (label, seconds) = if ping_pong {
+        ("tcp ping-pong", 10.0)
+    } else {
+        ("tcp baseline", cfg.seconds)
+    };
+    run_pair(topo, cfg, label, s, c, seconds, to_stderr)
+}
+
 fn tap_round(
     cfg: &DemoConfig,
     topo: &Topology,
@@ -785,120 +1150,49 @@ fn tap_round(
     pcaps: &mut Vec<PathBuf>,
     to_stderr: bool,
 ) -> Result<RoundResult, IwperfError> {
-    let (a, b) = (topo.a().clone(), topo.b().clone());
     let mut out = RoundResult::default();
-    // Raw TCP bulk transfer.
-    let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
-    s.extend(endpoint_args(&a));
-    s.extend(["--peer-ip".into(), b.ip.to_string()]);
-    s.extend(cpu_args(cfg, 1));
-    s.extend(common_args(cfg));
-    let mut c = vec!["tcp-peer".into(), "--role".into(), "client".into()];
-    c.extend(endpoint_args(&b));
-    c.extend(["--peer-ip".into(), a.ip.to_string()]);
-    c.extend(["--duration".into(), cfg.seconds.to_string()]);
-    c.extend(cpu_args(cfg, 0));
-    c.extend(common_args(cfg));
-    let (so, co) = run_pair(topo, cfg, "tcp baseline", s, c, cfg.seconds, to_stderr)?;
-    for o in [&so, &co] {
-        if !o.status.success() {
-            return Err(IwperfError::Setup(format!(
-                "TCP baseline peer {} failed ({}): {}",
-                o.name, o.status, o.stderr
-            )));
-        }
-    }
-    let server: TransferReport = json_line(&so)?;
-    let client: TransferReport = json_line(&co)?;
-    out.tcp_gbps = server.gbit_per_s;
-    out.kernel_gbps = Some(kernel_tcp(cfg, topo, to_stderr)?);
-    out.tcp_cpu_gbps = Some(TransferReport::rate(
-        server.bytes,
-        (server.cpu_user + server.cpu_sys).max(client.cpu_user + client.cpu_sys),
-    ));
-    // iWARP.
-    let iwarp = |op: Op, lat: bool, pcap: Option<PathBuf>, label: &str| {
-        let mut s = vec!["server".into()];
-        s.extend(endpoint_args(&a));
-        s.extend(["--port".into(), IWARP_PORT.to_string(), "--json".into()]);
-        s.extend(iwarp_args(cfg));
-        s.extend(cpu_args(cfg, 1));
-        let t = client_test(cfg, SocketAddrV4::new(a.ip, IWARP_PORT), op, lat);
-        let mut c = vec!["client".into(), "--peer".into(), a.ip.to_string()];
-        c.extend(endpoint_args(&b));
-        c.extend([
-            "--port".into(),
-            IWARP_PORT.to_string(),
-            "--op".into(),
-            op.name().into(),
-            "--size".into(),
-            t.size.to_string(),
-            "--qps".into(),
-            t.qps.to_string(),
-            "--tx-depth".into(),
-            t.tx_depth.to_string(),
-            "--json".into(),
-            "--progress".into(),
-        ]);
-        match t.length {
-            RunLength::Iters(n) => c.extend(["--iters".into(), n.to_string()]),
-            RunLength::Time(d) => c.extend(["--duration".into(), d.as_secs_f64().to_string()]),
-        }
-        if lat {
-            c.push("--lat".into());
-        }
-        if t.verify {
-            c.push("--verify".into());
-        }
-        if let Some(p) = &pcap {
-            c.extend([
-                "--pcap".into(),
-                p.display().to_string(),
-                "--pcap-limit".into(),
-                cfg.pcap_limit.to_string(),
-            ]);
-        }
-        c.extend(iwarp_args(cfg));
-        c.extend(cpu_args(cfg, 0));
-        let (so, co) = run_pair(topo, cfg, label, s, c, cfg.seconds, to_stderr)?;
-        let creport: ClientReport = json_line(&co)?;
-        let sreport: ServerSummary = json_line(&so)?;
-        for (rep_code, rep_err, who) in [
-            (creport.exit_code, creport.error.clone(), "client"),
-            (sreport.exit_code, sreport.error.clone(), "server"),
-        ] {
-            if rep_code != 0 && u32::from(rep_code) != u32::from(super::EXIT_VERIFY) {
-                return Err(side_error(&format!("{label} {who}"), rep_code, rep_err));
+    if cfg.tap_rows {
+        // Raw TCP bulk transfer.
+        let (so, co) = raw_tcp_pair(cfg, topo, false, to_stderr)?;
+        for o in [&so, &co] {
+            if !o.status.success() {
+                return Err(IwperfError::Setup(format!(
+                    "TCP baseline peer {} failed ({}): {}",
+                    o.name, o.status, o.stderr
+                )));
             }
         }
-        let cpu = creport.cpu_seconds.max(sreport.cpu_seconds);
-        Ok::<(ClientReport, f64), IwperfError>((creport, cpu))
-    };
-    for &op in &cfg.ops {
-        let pcap = cfg.pcap.as_ref().map(|p| pcap_path(p, op.name(), round));
-        let (rep, cpu) = iwarp(op, false, pcap.clone(), &format!("iWARP {op}"))?;
-        pcaps.extend(pcap);
-        for r in rep.bandwidth.into_iter().filter(|r| r.op == op) {
-            out.ops_cpu_gbps
-                .push((op, TransferReport::rate(r.bytes, cpu)));
-            out.ops.push(r);
-        }
+        let server: TransferReport = json_line(&so)?;
+        let client: TransferReport = json_line(&co)?;
+        out.tcp_gbps = server.gbit_per_s;
+        out.tcp_cpu_gbps = Some(TransferReport::rate(
+            server.bytes,
+            (server.cpu_user + server.cpu_sys).max(client.cpu_user + client.cpu_sys),
+        ));
     }
-    if cfg.latency {
-        let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
-        s.extend(endpoint_args(&a));
-        s.extend(["--peer-ip".into(), b.ip.to_string()]);
-        s.extend(["--ping-pong".into(), cfg.lat_size.to_string()]);
-        s.extend(cpu_args(cfg, 1));
-        s.extend(common_args(cfg));
-        let mut c = vec!["tcp-peer".into(), "--role".into(), "client".into()];
-        c.extend(endpoint_args(&b));
-        c.extend(["--peer-ip".into(), a.ip.to_string()]);
-        c.extend(["--ping-pong".into(), cfg.lat_size.to_string()]);
-        c.extend(["--iters".into(), cfg.lat_iters.to_string()]);
-        c.extend(cpu_args(cfg, 0));
-        c.extend(common_args(cfg));
-        let (_so, co) = run_pair(topo, cfg, "tcp ping-pong", s, c, 10.0, to_stderr)?;
+    let (kernel, kernel_cpu) = kernel_tcp(cfg, topo, to_stderr)?;
+    out.kernel_gbps = Some(kernel);
+    out.kernel_cpu_gbps = Some(kernel_cpu);
+    let (taps, host) = (PeerLinks::taps(topo), PeerLinks::host_tcp(topo));
+    let lab = Lab {
+        cfg,
+        topo,
+        to_stderr,
+    };
+    if cfg.tap_rows {
+        (out.ops, out.ops_cpu_gbps) = iwarp_ops(lab, &taps, "", Some(round), pcaps)?;
+    }
+    if cfg.host_rows {
+        (out.host_ops, out.host_ops_cpu_gbps) = iwarp_ops(lab, &host, " (host TCP)", None, pcaps)?;
+    }
+    if !cfg.latency {
+        return Ok(out);
+    }
+    let ping_pong = |links: &PeerLinks, label: &str| {
+        iwarp_run(lab, links, Op::Send, true, None, label).map(|(rep, _)| rep.latency)
+    };
+    if cfg.tap_rows {
+        let (_so, co) = raw_tcp_pair(cfg, topo, true, to_stderr)?;
         if !co.status.success() {
             return Err(IwperfError::Setup(format!(
                 "TCP ping-pong client failed ({}): {}",
@@ -906,16 +1200,18 @@ fn tap_round(
             )));
         }
         let tcp: LatStats = json_line(&co)?;
-        let (rep, _) = iwarp(Op::Send, true, None, "iWARP send ping-pong")?;
-        if let Some(i) = rep.latency {
-            out.lat = Some((i, tcp));
-        }
+        out.lat = ping_pong(&taps, "iWARP send ping-pong")?.map(|i| (i, tcp));
+    }
+    if cfg.host_rows {
+        let kernel = kernel_ping_pong(cfg, topo, to_stderr)?;
+        out.host_lat = ping_pong(&host, "iWARP send ping-pong (host TCP)")?.map(|i| (i, kernel));
     }
     Ok(out)
 }
 
-/// The MPA and device options every iWARP peer gets.
-fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
+/// The MPA and device options every iWARP peer gets (`tap`: on a TAP, which takes
+/// `--no-offload`; host TCP does not).
+fn iwarp_args(cfg: &DemoConfig, tap: bool) -> Vec<String> {
     let mut v = vec![
         "--crc".into(),
         if cfg.crc { "on" } else { "off" }.into(),
@@ -936,7 +1232,11 @@ fn iwarp_args(cfg: &DemoConfig) -> Vec<String> {
         }
         .into(),
     ];
-    v.extend(common_args(cfg));
+    v.extend(
+        common_args(cfg)
+            .into_iter()
+            .filter(|a| tap || a != "--no-offload"),
+    );
     v
 }
 

@@ -214,30 +214,53 @@ pub struct DemoReport {
     pub results: Vec<DemoRow>,
     /// The latency row, if measured.
     pub latency: Option<DemoLatency>,
+    /// The soft device on the host's kernel TCP (`--netdev`) between the same two
+    /// namespaces, against kernel TCP: one row per operation (`baseline_gbps` is
+    /// [`DemoReport::kernel_tcp_gbps`] of the same rounds), empty when not measured.
+    #[serde(default)]
+    pub host_results: Vec<DemoRow>,
+    /// Its Send ping-pong beside a kernel TCP ping-pong of the same size (`tcp`).
+    #[serde(default)]
+    pub host_latency: Option<DemoLatency>,
+}
+
+/// The label of a host-TCP row in the demo's table (`write (host TCP)`).
+pub fn host_row_label(op: Op) -> String {
+    format!("{} (host TCP)", op.name())
 }
 
 impl DemoReport {
     /// The JSON object of the form: `{"link", "mtu", "baseline_tcp_gbps",
     /// "results": [{"op", "size", "gbps", "mpps", "ratio", ...}], "latency_us": {...}}`.
+    /// With host-TCP rows, `"host_tcp": {"results": [...], "latency_us": {...}}` in the
+    /// same forms (the baseline is kernel TCP); `null` without.
     pub fn to_json(&self) -> serde_json::Value {
-        let results: Vec<serde_json::Value> = self
-            .results
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "op": r.op, "size": r.size, "gbps": r.gbps, "mpps": r.mpps,
-                    "ratio": r.ratio, "baseline_gbps": r.baseline_gbps, "verify": r.verify,
-                    "cpu_ratio": r.cpu_ratio,
+        let rows = |rows: &[DemoRow]| -> Vec<serde_json::Value> {
+            rows.iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "op": r.op, "size": r.size, "gbps": r.gbps, "mpps": r.mpps,
+                        "ratio": r.ratio, "baseline_gbps": r.baseline_gbps, "verify": r.verify,
+                        "cpu_ratio": r.cpu_ratio,
+                    })
                 })
-            })
-            .collect();
-        let latency = self.latency.as_ref().map(|l| {
+                .collect()
+        };
+        let lat = |l: &DemoLatency| {
             serde_json::json!({
                 "op": l.iwarp.op, "size": l.iwarp.size, "iterations": l.iwarp.iterations,
                 "t_min": l.iwarp.t_min, "t_typical": l.iwarp.t_typical, "t_avg": l.iwarp.t_avg,
                 "t_max": l.iwarp.t_max, "p99": l.iwarp.p99, "p999": l.iwarp.p999,
                 "baseline_tcp_typical": l.tcp.t_typical, "baseline_tcp_p99": l.tcp.p99,
                 "ratio": l.ratio,
+            })
+        };
+        let results = rows(&self.results);
+        let latency = self.latency.as_ref().map(lat);
+        let host_tcp = (!self.host_results.is_empty() || self.host_latency.is_some()).then(|| {
+            serde_json::json!({
+                "results": rows(&self.host_results),
+                "latency_us": self.host_latency.as_ref().map(lat),
             })
         });
         serde_json::json!({
@@ -251,6 +274,7 @@ impl DemoReport {
             "offload": self.offload,
             "results": results,
             "latency_us": latency,
+            "host_tcp": host_tcp,
         })
     }
 
@@ -278,22 +302,42 @@ impl DemoReport {
                 "kernel TCP (veth): {k:.2} Gbit/s between the namespaces' bridges over the same veth (the absolute reference)"
             );
         }
+        let host = !self.host_results.is_empty() || self.host_latency.is_some();
+        if host {
+            let _ = writeln!(
+                s,
+                "host TCP rows: the soft device on the kernel's TCP (`--netdev`, the interfaces holding the kernel addresses, over the same veth); baseline: kernel TCP (veth)"
+            );
+        }
+        // The op column fits the longest label (`op` alone without host-TCP rows).
+        let w = if host {
+            host_row_label(Op::Write).len()
+        } else {
+            5
+        };
         let _ = writeln!(
             s,
-            "| op    |    size | Gbit/s |   Mpps | baseline Gbit/s | ratio  | ratio, CPU-normalized | verify |"
+            "| {:<w$} |    size | Gbit/s |   Mpps | baseline Gbit/s | ratio  | ratio, CPU-normalized | verify |",
+            "op"
         );
         let _ = writeln!(
             s,
-            "|-------|--------:|-------:|-------:|----------------:|-------:|----------------------:|--------|"
+            "|-{}-|--------:|-------:|-------:|----------------:|-------:|----------------------:|--------|",
+            "-".repeat(w)
         );
-        for r in &self.results {
+        let rows = self
+            .results
+            .iter()
+            .map(|r| (r.op.name().to_owned(), r))
+            .chain(self.host_results.iter().map(|r| (host_row_label(r.op), r)));
+        for (label, r) in rows {
             let cpu = r
                 .cpu_ratio
                 .map_or("-".to_owned(), |c| format!("{:.1}%", c * 100.0));
             let _ = writeln!(
                 s,
-                "| {:<5} | {:>7} | {:>6.2} | {:>6.4} | {:>15.2} | {:>5.1}% | {:>21} | {:<6} |",
-                r.op.name(),
+                "| {:<w$} | {:>7} | {:>6.2} | {:>6.4} | {:>15.2} | {:>5.1}% | {:>21} | {:<6} |",
+                label,
                 r.size,
                 r.gbps,
                 r.mpps,
@@ -303,11 +347,20 @@ impl DemoReport {
                 verify_name(r.verify)
             );
         }
-        if let Some(l) = &self.latency {
+        let lats = self
+            .latency
+            .iter()
+            .map(|l| (l.iwarp.op.name().to_owned(), "raw TCP", l))
+            .chain(
+                self.host_latency
+                    .iter()
+                    .map(|l| (host_row_label(l.iwarp.op), "kernel TCP", l)),
+            );
+        for (label, base, l) in lats {
             let _ = writeln!(
                 s,
-                "| {:<5} | {:>7} | latency {:.2} us typical (p99 {:.2}), raw TCP ping-pong {:.2} us (p99 {:.2}): {:.2}x |",
-                l.iwarp.op.name(),
+                "| {:<w$} | {:>7} | latency {:.2} us typical (p99 {:.2}), {base} ping-pong {:.2} us (p99 {:.2}): {:.2}x |",
+                label,
                 l.iwarp.size,
                 l.iwarp.t_typical,
                 l.iwarp.p99,
@@ -320,7 +373,12 @@ impl DemoReport {
             s,
             "ratio: Gbit/s over the baseline's; CPU-normalized: the same, each divided by the CPU seconds its peers used."
         );
-        if self.results.iter().any(|r| r.ratio > 1.0) {
+        if self
+            .results
+            .iter()
+            .chain(&self.host_results)
+            .any(|r| r.ratio > 1.0)
+        {
             let _ = writeln!(
                 s,
                 "note: a wall-clock ratio above 100% means the one-threaded baseline was short of CPU (other load on this machine); read the CPU-normalized column, or rerun under `chrt -f 10` (docs/PERFORMANCE.md)."
@@ -447,6 +505,8 @@ mod tests {
                 iwarp: lat,
                 tcp,
             }),
+            host_results: Vec::new(),
+            host_latency: None,
         };
         let j = r.to_json();
         assert_eq!(j["link"], "memory");
@@ -467,10 +527,76 @@ mod tests {
         assert!(t.contains("latency 11.00 us typical"), "{t}");
         assert!(t.contains("1.22x"), "{t}");
         assert!(!t.contains("note: a wall-clock ratio above 100%"), "{t}");
-        let mut starved = r;
+        assert!(j["host_tcp"].is_null(), "{j}");
+        let mut starved = r.clone();
         starved.results[0].ratio = 2.5;
         let t = starved.table();
         assert!(t.contains("| 250.0% |"), "{t}");
         assert!(t.contains("note: a wall-clock ratio above 100% means the one-threaded baseline was short of CPU"), "{t}");
+    }
+
+    #[test]
+    fn host_tcp_rows_follow_the_tap_rows_against_kernel_tcp() {
+        let row = |op, gbps| DemoRow {
+            op,
+            size: 65536,
+            gbps,
+            mpps: 0.01,
+            baseline_gbps: 10.0,
+            ratio: gbps / 10.0,
+            verify: VerifyStatus::Passed,
+            cpu_ratio: Some(0.9),
+        };
+        let lat = LatStats::from_samples(Op::Send, 8, &[26_000]).unwrap();
+        let tcp = LatStats::from_samples(Op::Send, 8, &[20_000]).unwrap();
+        let r = DemoReport {
+            link: "tap".into(),
+            mtu: 65000,
+            rounds: 3,
+            seconds: 3.0,
+            crc: true,
+            baseline_tcp_gbps: 4.0,
+            kernel_tcp_gbps: Some(10.0),
+            offload: true,
+            results: vec![row(Op::Write, 3.0)],
+            latency: None,
+            host_results: vec![row(Op::Write, 9.0), row(Op::Read, 8.0)],
+            host_latency: Some(DemoLatency {
+                ratio: 1.3,
+                iwarp: lat,
+                tcp,
+            }),
+        };
+        let t = r.table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[2].starts_with("host TCP rows: "), "{t}");
+        assert_eq!(
+            lines[3],
+            "| op               |    size | Gbit/s |   Mpps | baseline Gbit/s | ratio  | ratio, CPU-normalized | verify |"
+        );
+        assert_eq!(
+            lines[5],
+            "| write            |   65536 |   3.00 | 0.0100 |           10.00 |  30.0% |                 90.0% | passed |"
+        );
+        assert_eq!(
+            lines[6],
+            "| write (host TCP) |   65536 |   9.00 | 0.0100 |           10.00 |  90.0% |                 90.0% | passed |"
+        );
+        assert!(
+            lines[7].starts_with("| read (host TCP)  |   65536 |   8.00 |"),
+            "{t}"
+        );
+        assert_eq!(
+            lines[8],
+            "| send (host TCP)  |       8 | latency 26.00 us typical (p99 26.00), kernel TCP ping-pong 20.00 us (p99 20.00): 1.30x |"
+        );
+        let j = r.to_json();
+        assert_eq!(j["host_tcp"]["results"][1]["op"], "read", "{j}");
+        assert_eq!(j["host_tcp"]["results"][1]["ratio"], 0.8, "{j}");
+        assert_eq!(j["host_tcp"]["latency_us"]["t_typical"], 26.0, "{j}");
+        assert_eq!(
+            j["host_tcp"]["latency_us"]["baseline_tcp_typical"], 20.0,
+            "{j}"
+        );
     }
 }
