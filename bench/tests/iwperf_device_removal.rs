@@ -9,7 +9,7 @@ mod iwperf_support;
 use std::time::Duration;
 
 use bench::iwperf::EXIT_DEVICE_REMOVAL;
-use iwperf_support::{check_removal_line, skip_unless_root};
+use iwperf_support::{check_removal_line, remove_while_running, skip_unless_root, REMOVAL_LOAD};
 use netlab::netns::ArmedIp;
 use netlab::{wait_exits, Topology};
 
@@ -43,23 +43,10 @@ fn iwperf_reports_device_removal_with_its_own_status_within_two_seconds() {
             "--peer",
             &a.ip.to_string(),
         ])
-        .args([
-            "--op",
-            "write",
-            "--size",
-            "65536",
-            "--duration",
-            "20",
-            "--progress",
-            // Every WR signaled: the removal report can account for each one.
-            "--verify",
-        ])
+        .args(REMOVAL_LOAD.iter().copied())
         .spawn()
         .expect("client");
-    client
-        .wait_for_line(|l| l.starts_with("PROGRESS "), Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (t_act, _) = armed.fire().expect("ip link del");
+    let t_act = remove_while_running(&mut client, armed);
     let exits = wait_exits(&mut [&mut client], Duration::from_secs(20));
     drop(server);
     let out = client

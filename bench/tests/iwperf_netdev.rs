@@ -230,24 +230,8 @@ fn deleting_the_veth_ends_a_netdev_run_with_device_removal_within_one_second() {
     let names = pair.namespaces();
     let b = pair.netns(Side::B).name().to_owned();
     let armed = ArmedIp::arm(&b, &format!("link del {}", pair.veth(Side::B))).expect("ip");
-    let (mut server, mut client) = veth_pair_peers(
-        &pair,
-        &[
-            "--op",
-            "write",
-            "--size",
-            "65536",
-            "--duration",
-            "20",
-            "--progress",
-            // Every WR signaled: the removal report can account for each one.
-            "--verify",
-        ],
-    );
-    client
-        .wait_for_line(|l| l.starts_with("PROGRESS "), Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (t_act, _) = armed.fire().expect("ip link del");
+    let (mut server, mut client) = veth_pair_peers(&pair, REMOVAL_LOAD);
+    let t_act = remove_while_running(&mut client, armed);
     let exits = wait_exits(&mut [&mut client, &mut server], Duration::from_secs(20));
     let out = client
         .wait(Duration::from_secs(1))

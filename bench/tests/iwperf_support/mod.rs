@@ -172,3 +172,26 @@ pub fn check_removal_line(stderr: &str, n: usize) {
     assert!(num(" flushed") > 0, "{line}");
     assert!(num(" sends (") > 0, "{line}");
 }
+
+/// The client's load in the removal tests: Write for long enough, progress lines to
+/// know it runs, every WR signaled (`--verify`) so that the removal report can account
+/// for each one.
+pub const REMOVAL_LOAD: &[&str] = &[
+    "--op",
+    "write",
+    "--size",
+    "65536",
+    "--duration",
+    "20",
+    "--progress",
+    "--verify",
+];
+
+/// Once `client` runs (its first PROGRESS line), fires `armed` (the removal); returns
+/// [`netlab::now_ns`] just before the removal.
+pub fn remove_while_running(client: &mut Peer, armed: netlab::netns::ArmedIp) -> u64 {
+    client
+        .wait_for_line(|l| l.starts_with("PROGRESS "), Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}"));
+    armed.fire().expect("the removal").0
+}

@@ -3,8 +3,12 @@
 //! `-V`, checked line by line; an interface that does not exist is one line and status 3,
 //! an option of a frame link with `--netdev` a usage error (status 2).
 
+mod support;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use support::check_pings;
 
 /// A kernel TCP port free on 127.0.0.1 right now.
 fn free_port() -> u16 {
@@ -52,31 +56,7 @@ fn five_verified_pings_over_kernel_tcp_on_lo() {
     }
     let client = side("-c").output().expect("client");
     let server = server.wait_with_output().expect("server exit");
-    let c = String::from_utf8_lossy(&client.stdout);
-    let s = String::from_utf8_lossy(&server.stdout);
-    assert!(
-        client.status.success(),
-        "client {}\n{c}\n{}",
-        client.status,
-        String::from_utf8_lossy(&client.stderr)
-    );
-    assert!(
-        server.status.success(),
-        "server {}\n{s}\n{}",
-        server.status,
-        String::from_utf8_lossy(&server.stderr)
-    );
-    let pings: Vec<&str> = c.lines().filter(|l| l.starts_with("ping data: ")).collect();
-    assert_eq!(pings.len(), 5, "{c}");
-    assert_eq!(
-        pings[3],
-        "ping data: rdma-ping-3: DEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstu"
-    );
-    let served = s
-        .lines()
-        .filter(|l| l.starts_with("server ping data: "))
-        .count();
-    assert_eq!(served, 5, "{s}");
+    check_pings(&client, &server, 5);
 }
 
 #[test]

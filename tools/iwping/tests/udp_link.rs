@@ -2,8 +2,12 @@
 //! loopback datagrams): rping's exchange with `-V` verification needs neither root nor
 //! a TAP. The pings are checked line by line, as rping prints them.
 
+mod support;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use support::check_pings;
 
 #[test]
 fn ten_verified_pings_between_two_processes_on_the_udp_link() {
@@ -28,29 +32,5 @@ fn ten_verified_pings_between_two_processes_on_the_udp_link() {
     std::thread::sleep(Duration::from_millis(300));
     let client = side(b, a, "10.77.1.2/24", "-c").output().expect("client");
     let server = server.wait_with_output().expect("server exit");
-    let c = String::from_utf8_lossy(&client.stdout);
-    let s = String::from_utf8_lossy(&server.stdout);
-    assert!(
-        client.status.success(),
-        "client {}\n{c}\n{}",
-        client.status,
-        String::from_utf8_lossy(&client.stderr)
-    );
-    assert!(
-        server.status.success(),
-        "server {}\n{s}\n{}",
-        server.status,
-        String::from_utf8_lossy(&server.stderr)
-    );
-    let pings: Vec<&str> = c.lines().filter(|l| l.starts_with("ping data: ")).collect();
-    assert_eq!(pings.len(), 10, "{c}");
-    assert_eq!(
-        pings[3],
-        "ping data: rdma-ping-3: DEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstu"
-    );
-    let served = s
-        .lines()
-        .filter(|l| l.starts_with("server ping data: "))
-        .count();
-    assert_eq!(served, 10, "{s}");
+    check_pings(&client, &server, 10);
 }
