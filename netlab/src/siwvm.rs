@@ -293,6 +293,35 @@ impl SiwVm {
         &self.bridge
     }
 
+    /// Gives the kernel of the VM's namespace [`HOST_IP`] on the bridge and returns the
+    /// bridge's name: the interface a host-TCP device (`--netdev`, `netdev=`) uses to
+    /// reach the guest through the kernel's TCP, instead of a smoltcp device on
+    /// [`Endpoint::tap`] (use one or the other in a VM: both would own [`HOST_IP`]).
+    /// Calling it again is harmless.
+    ///
+    /// Errors: the `ip addr add` fails for another reason than the address being there.
+    pub fn host_tcp_interface(&self) -> Result<String, SiwVmError> {
+        let cidr = format!("{HOST_IP}/{PREFIX_LEN}");
+        let out = Command::new("ip")
+            .args([
+                "-n",
+                &self.endpoint.netns,
+                "addr",
+                "replace",
+                &cidr,
+                "dev",
+                &self.bridge,
+            ])
+            .output()?;
+        if !out.status.success() {
+            return Err(SiwVmError::Script {
+                step: format!("ip addr replace {cidr} dev {}", self.bridge),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(self.bridge.clone())
+    }
+
     /// From `start` to siw0 up in the guest.
     pub fn boot_time(&self) -> Duration {
         self.boot

@@ -109,8 +109,26 @@ struct RunOutcome {
     took: Duration,
 }
 
-fn iwping(vm: &SiwVm, name: &str, pcap: &Path) -> PeerSpec {
+/// Which transport our side runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Via {
+    /// A smoltcp device on the VM's TAP ([`netlab::siwvm::Endpoint`]), captured.
+    Tap,
+    /// A host-TCP device on this interface (the bridge, whose kernel holds
+    /// [`HOST_IP`]: [`SiwVm::host_tcp_interface`]); no capture of our own.
+    HostTcp(String),
+}
+
+fn iwping(vm: &SiwVm, name: &str, pcap: &Path, via: &Via) -> PeerSpec {
     let ep = vm.endpoint();
+    if let Via::HostTcp(ifname) = via {
+        return PeerSpec::new(name, IWPING).netns(ep.netns.clone()).args([
+            "--netdev",
+            ifname,
+            "--timeout",
+            "30",
+        ]);
+    }
     PeerSpec::new(name, IWPING).netns(ep.netns.clone()).args([
         "--tap".to_owned(),
         ep.tap.clone(),
@@ -128,6 +146,11 @@ fn iwping(vm: &SiwVm, name: &str, pcap: &Path) -> PeerSpec {
 /// Runs both sides of one rping session and collects what they said. Panics (with both
 /// sides' output and the guest console) when a side cannot be started or hangs.
 fn run(vm: &SiwVm, spec: &RunSpec<'_>) -> RunOutcome {
+    run_via(vm, spec, &Via::Tap)
+}
+
+/// [`run`] with our side on `via`.
+fn run_via(vm: &SiwVm, spec: &RunSpec<'_>, via: &Via) -> RunOutcome {
     let pcap = pcap_file(spec.label);
     let t0 = Instant::now();
     let common = [
@@ -149,7 +172,7 @@ fn run(vm: &SiwVm, spec: &RunSpec<'_>) -> RunOutcome {
                 .unwrap_or_else(|e| {
                     panic!("kernel rping -s never listened: {e}\n{}", vm.console())
                 });
-            let client = iwping(vm, "iwping-c", &pcap.0)
+            let client = iwping(vm, "iwping-c", &pcap.0, via)
                 .args(["-c", "-a", &VM_IP.to_string()])
                 .args(common.iter())
                 .args(spec.iwping_args.iter())
@@ -163,7 +186,7 @@ fn run(vm: &SiwVm, spec: &RunSpec<'_>) -> RunOutcome {
             (ours, rc, out)
         }
         Direction::OursServer => {
-            let mut server = iwping(vm, "iwping-s", &pcap.0)
+            let mut server = iwping(vm, "iwping-s", &pcap.0, via)
                 .args(["-s", "-d"])
                 .args(common.iter())
                 .args(spec.iwping_args.iter())
@@ -485,7 +508,16 @@ fn tcp_fins_and_rsts(path: &Path) -> (Flagged, Flagged) {
 
 /// Runs `spec`, checks both sides and the capture.
 fn pass(vm: &SiwVm, spec: RunSpec<'_>, expect: Expect) -> Duration {
-    let r = run(vm, &spec);
+    pass_via(vm, spec, expect, &Via::Tap)
+}
+
+/// [`pass`] with our side on `via`; a host-TCP run has no capture of ours to check.
+fn pass_via(vm: &SiwVm, spec: RunSpec<'_>, expect: Expect, via: &Via) -> Duration {
+    let r = run_via(vm, &spec, via);
+    if *via != Via::Tap {
+        assert_pings_ok(&spec, &r);
+        return r.took;
+    }
     assert_pings_ok(&spec, &r);
     check_capture(
         spec.label,
@@ -715,4 +747,56 @@ fn mpa_rev1_siw_reads_need_an_ord_set_by_hand() {
         r.ours.stderr
     );
     assert!(r.kernel_out.contains("post send error"), "{}", r.kernel_out);
+}
+
+/// Our side on the host's kernel TCP (`iwping --netdev` on the VM's bridge, whose kernel
+/// holds [`HOST_IP`]) against kernel siw, in each siw build: both directions, plain,
+/// CRC and peer-to-peer (siw's Write RTR; ours offering Write and Read).
+#[test]
+fn host_tcp_against_siw_default_crc_and_p2p_both_directions() {
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    for (variant, runs) in [
+        (
+            Variant::Default,
+            vec![
+                ("host-default-c", Direction::OursClient, 3, 65_535, &[][..]),
+                ("host-default-s", Direction::OursServer, 10, 64, &[][..]),
+            ],
+        ),
+        (
+            Variant::Crc,
+            vec![
+                (
+                    "host-crc-c",
+                    Direction::OursClient,
+                    10,
+                    64,
+                    &["--crc", "required"][..],
+                ),
+                ("host-crc-s", Direction::OursServer, 10, 64, &[][..]),
+            ],
+        ),
+        (
+            Variant::P2p,
+            vec![
+                ("host-p2p-s", Direction::OursServer, 10, 64, &[][..]),
+                ("host-p2p-c", Direction::OursClient, 10, 64, &["--p2p"][..]),
+            ],
+        ),
+    ] {
+        let Some(vm) = vm_or_skip("host_tcp_against_siw", variant) else {
+            return;
+        };
+        let via = Via::HostTcp(vm.host_tcp_interface().expect("HOST_IP on the bridge"));
+        for (label, direction, pings, size, iwping_args) in runs {
+            let spec = RunSpec {
+                label,
+                direction,
+                pings,
+                size,
+                iwping_args,
+            };
+            pass_via(&vm, spec, plain(pings), &via);
+        }
+    }
 }
