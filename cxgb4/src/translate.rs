@@ -300,8 +300,9 @@ pub fn post_error(queue: WorkQueue, depth: u32, errno_value: i32) -> VerbsError 
 /// An asynchronous event (`ibv_get_async_event(3)`, decoded by the FFI) as
 /// a [`verbs::AsyncEvent`]; `None` for the types it does not represent
 /// (`IBV_EVENT_PATH_MIG` 6, `_PATH_MIG_ERR` 7, `LID_CHANGE` 11, `PKEY_CHANGE`
-/// 12, `SM_CHANGE` 13, `SRQ_ERR` 14, `SRQ_LIMIT_REACHED` 15,
-/// `CLIENT_REREGISTER` 17, `GID_CHANGE` 18, `WQ_FATAL` 19, ...).
+/// 12, `SM_CHANGE` 13, `SRQ_ERR` 14, `CLIENT_REREGISTER` 17, `GID_CHANGE` 18,
+/// `WQ_FATAL` 19, ...), and `SRQ_LIMIT_REACHED` 15, whose `element.srq` the FFI
+/// does not decode (this backend creates no SRQ).
 pub fn async_event_from_ibv(ev: &RawAsyncEvent) -> Option<AsyncEvent> {
     let qp_num = ev.qp_num;
     let port = u8::try_from(ev.port_num).unwrap_or(0);
@@ -316,6 +317,7 @@ pub fn async_event_from_ibv(ev: &RawAsyncEvent) -> Option<AsyncEvent> {
         AsyncEventType::DeviceFatal => AsyncEvent::DeviceFatal,
         AsyncEventType::PortActive => AsyncEvent::PortActive { port },
         AsyncEventType::PortErr => AsyncEvent::PortErr { port },
+        AsyncEventType::SrqLimitReached => return None,
     })
 }
 
@@ -664,6 +666,7 @@ mod tests {
             ),
             (ev(6, 0x27, 0, 0), None),
             (ev(14, 0, 0, 0), None),
+            (ev(15, 0, 0, 0), None),
             (ev(19, 0, 0, 0), None),
         ];
         for (raw, want) in rows {

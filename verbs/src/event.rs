@@ -40,6 +40,9 @@ pub enum AsyncEventType {
     PortActive = 9,
     /// `IBV_EVENT_PORT_ERR` (10): the port (link) went down.
     PortErr = 10,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` (15): fewer WRs than the armed limit
+    /// remain in an SRQ; the limit is disarmed (`ibv_modify_srq(3)`).
+    SrqLimitReached = 15,
     /// `IBV_EVENT_QP_LAST_WQE_REACHED` (16): a QP attached to an SRQ in Error
     /// has no more receive WQEs to complete.
     QpLastWqeReached = 16,
@@ -47,7 +50,7 @@ pub enum AsyncEventType {
 
 impl AsyncEventType {
     /// Every represented type, in numeric order.
-    pub const ALL: [AsyncEventType; 10] = [
+    pub const ALL: [AsyncEventType; 11] = [
         AsyncEventType::CqErr,
         AsyncEventType::QpFatal,
         AsyncEventType::QpReqErr,
@@ -57,6 +60,7 @@ impl AsyncEventType {
         AsyncEventType::DeviceFatal,
         AsyncEventType::PortActive,
         AsyncEventType::PortErr,
+        AsyncEventType::SrqLimitReached,
         AsyncEventType::QpLastWqeReached,
     ];
 
@@ -78,6 +82,7 @@ impl AsyncEventType {
             8 => AsyncEventType::DeviceFatal,
             9 => AsyncEventType::PortActive,
             10 => AsyncEventType::PortErr,
+            15 => AsyncEventType::SrqLimitReached,
             16 => AsyncEventType::QpLastWqeReached,
             _ => return None,
         })
@@ -95,6 +100,7 @@ impl AsyncEventType {
             AsyncEventType::DeviceFatal => "IBV_EVENT_DEVICE_FATAL",
             AsyncEventType::PortActive => "IBV_EVENT_PORT_ACTIVE",
             AsyncEventType::PortErr => "IBV_EVENT_PORT_ERR",
+            AsyncEventType::SrqLimitReached => "IBV_EVENT_SRQ_LIMIT_REACHED",
             AsyncEventType::QpLastWqeReached => "IBV_EVENT_QP_LAST_WQE_REACHED",
         }
     }
@@ -111,6 +117,7 @@ impl AsyncEventType {
             AsyncEventType::DeviceFatal => "local catastrophic error",
             AsyncEventType::PortActive => "port active",
             AsyncEventType::PortErr => "port error",
+            AsyncEventType::SrqLimitReached => "SRQ limit reached",
             AsyncEventType::QpLastWqeReached => "last WQE reached",
         }
     }
@@ -126,8 +133,8 @@ impl fmt::Display for AsyncEventType {
 /// An asynchronous event with the object it concerns: `struct
 /// ibv_async_event` (`element` union + `event_type`).
 ///
-/// QPs are named by QP number, CQs by the backend's CQ handle, ports by port
-/// number (the soft device has one port, number 1).
+/// QPs are named by QP number, CQs and SRQs by the backend's handles, ports by
+/// port number (the soft device has one port, number 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AsyncEvent {
     /// `IBV_EVENT_CQ_ERR`: the CQ overflowed (more completions than entries)
@@ -171,6 +178,12 @@ pub enum AsyncEvent {
         /// QP number.
         qp_num: u32,
     },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer WRs than the armed limit remain in
+    /// the SRQ, which disarmed itself (reported once per arming).
+    SrqLimitReached {
+        /// Handle of the SRQ.
+        srq: u32,
+    },
     /// `IBV_EVENT_DEVICE_FATAL`: the device is unusable; every QP is in
     /// Error. Delivered once per device context.
     DeviceFatal,
@@ -197,6 +210,7 @@ impl AsyncEvent {
             AsyncEvent::CommEst { .. } => AsyncEventType::CommEst,
             AsyncEvent::SqDrained { .. } => AsyncEventType::SqDrained,
             AsyncEvent::QpLastWqeReached { .. } => AsyncEventType::QpLastWqeReached,
+            AsyncEvent::SrqLimitReached { .. } => AsyncEventType::SrqLimitReached,
             AsyncEvent::DeviceFatal => AsyncEventType::DeviceFatal,
             AsyncEvent::PortActive { .. } => AsyncEventType::PortActive,
             AsyncEvent::PortErr { .. } => AsyncEventType::PortErr,
@@ -215,6 +229,14 @@ impl AsyncEvent {
             _ => None,
         }
     }
+
+    /// The SRQ handle for SRQ events, `None` otherwise.
+    pub const fn srq(&self) -> Option<u32> {
+        match self {
+            AsyncEvent::SrqLimitReached { srq } => Some(*srq),
+            _ => None,
+        }
+    }
 }
 
 /// Formats as the type's `ibv_event_type_str(3)` string followed by the
@@ -224,6 +246,7 @@ impl fmt::Display for AsyncEvent {
         let t = self.event_type();
         match self {
             AsyncEvent::CqErr { cq } => write!(f, "{t} (CQ {cq:#x})"),
+            AsyncEvent::SrqLimitReached { srq } => write!(f, "{t} (SRQ {srq:#x})"),
             AsyncEvent::PortActive { port } | AsyncEvent::PortErr { port } => {
                 write!(f, "{t} (port {port})")
             }
@@ -266,6 +289,7 @@ mod tests {
             (AsyncEventType::DeviceFatal, 8, "local catastrophic error"),
             (AsyncEventType::PortActive, 9, "port active"),
             (AsyncEventType::PortErr, 10, "port error"),
+            (AsyncEventType::SrqLimitReached, 15, "SRQ limit reached"),
             (AsyncEventType::QpLastWqeReached, 16, "last WQE reached"),
         ];
         assert_eq!(expected.len(), AsyncEventType::ALL.len());
@@ -275,7 +299,7 @@ mod tests {
             assert_eq!(t.to_string(), s);
         }
         // IBV_EVENT_PATH_MIG (6), PATH_MIG_ERR (7), LID_CHANGE (11) ...
-        for v in [6, 7, 11, 12, 13, 14, 15, 17, 18, 19, 20] {
+        for v in [6, 7, 11, 12, 13, 14, 17, 18, 19, 20] {
             assert_eq!(AsyncEventType::from_ibv(v), None, "{v}");
         }
     }
@@ -310,5 +334,11 @@ mod tests {
             "IBV_EVENT_QP_ACCESS_ERR"
         );
         assert_eq!(AsyncEvent::SqDrained { qp_num: 9 }.qp_num(), Some(9));
+
+        let srq = AsyncEvent::SrqLimitReached { srq: 4 };
+        assert_eq!(srq.event_type().to_ibv(), 15);
+        assert_eq!((srq.srq(), srq.qp_num()), (Some(4), None));
+        assert_eq!(srq.to_string(), "SRQ limit reached (SRQ 0x4)");
+        assert_eq!(qp.srq(), None);
     }
 }

@@ -20,6 +20,7 @@
 //! | [`qp`] | [`QpState`], [`check_transition`], [`QpType`], [`QpCap`], [`QpAttr`], [`QpAttrMask`] | `enum ibv_qp_state`, `ibv_qp_type`, `struct ibv_qp_cap`, `ibv_qp_attr`, `enum ibv_qp_attr_mask` |
 //! | [`error`] | [`VerbsError`] and its [`errno`](VerbsError::errno) | the errno a verb returns |
 //! | [`event`] | [`AsyncEvent`], [`AsyncEventType`] | `struct ibv_async_event`, `enum ibv_event_type` |
+//! | [`srq`] | [`SrqAttr`], [`SrqInitAttr`], [`SrqAttrMask`] | `struct ibv_srq_attr`, `ibv_srq_init_attr`, `enum ibv_srq_attr_mask` |
 //! | [`caps`] | [`DeviceCaps`]: a device's limits and features as data (the Chelsio T5/T6 facts) | `struct ibv_device_attr` |
 //! | [`provider`] | the object traits both backends implement (device, PD, MR, CQ, QP) and the RDMA CM in event-channel style | libibverbs' objects, librdmacm's `rdma_*` calls |
 //!
@@ -120,6 +121,7 @@ pub mod error;
 pub mod event;
 pub mod provider;
 pub mod qp;
+pub mod srq;
 pub mod stag;
 pub mod wc;
 pub mod wr;
@@ -129,6 +131,7 @@ pub use caps::DeviceCaps;
 pub use error::{errno, ObjectKind, VerbsError, WorkQueue};
 pub use event::{AsyncEvent, AsyncEventType};
 pub use qp::{check_transition, QpAttr, QpAttrMask, QpCap, QpState, QpTransitionError, QpType};
+pub use srq::{SrqAttr, SrqAttrMask, SrqInitAttr};
 pub use stag::{Lkey, Rkey, Stag, StagIndexError};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{FastReg, Payload, RecvWr, SendFlags, SendOp, SendWr, Sge};
