@@ -674,6 +674,7 @@ impl Engine {
             let _e = span.enter();
             tracing::debug!("destroy_qp");
             c.take_posted_now();
+            c.in_destroy = true;
             c.enter_error();
             let close = c.unbind();
             c.after();
@@ -796,7 +797,8 @@ impl Engine {
 
     /// The engine stops: every QP goes to Error (flushing), then the gate closes and
     /// the commands still queued are run (posts complete flushed; modify calls fail
-    /// with `DeviceGone`), so no WR accepted by a post call is lost.
+    /// with `DeviceGone`), so no WR accepted by a post call is lost; last, the WRs left
+    /// in the SRQs of the QPs are flushed (SRQ posts hold the gate too).
     fn end_qps(&mut self) {
         // Close the gate first: after it no WR can be posted, so taking the queues
         // once more gets every WR a post call accepted.
@@ -834,6 +836,21 @@ impl Engine {
                 }
                 // Every other reply channel is dropped: the caller sees the end.
                 _ => {}
+            }
+        }
+        // The WRs still in an SRQ complete flushed on the receive CQ of its attached QP
+        // with the lowest number (the first to take the SRQ's WRs drains it; an SRQ has
+        // no CQ of its own). An SRQ no QP uses keeps them: its destroy discards them.
+        let mut qpns: Vec<u32> = self.qps.keys().copied().collect();
+        qpns.sort_unstable();
+        for qpn in qpns {
+            if let Some(core) = self.qps.get(&qpn) {
+                let mut c = binding::lock(core);
+                let n = c.qp.flush_srq();
+                if n > 0 {
+                    tracing::debug!(qpn, n, "SRQ flushed at the device's end");
+                }
+                c.after();
             }
         }
     }

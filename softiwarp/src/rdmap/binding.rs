@@ -335,6 +335,10 @@ pub(crate) struct QpCore {
     /// Raised when the QP went to Error by itself while still bound (the engine then
     /// aborts the connection: a QP in Error never keeps a live connection).
     pub(crate) errored: Option<Arc<AtomicBool>>,
+    /// Set by the engine's destroy of the QP: the QP's asynchronous events are dropped
+    /// from then on (siw's `SIW_QP_IN_DESTROY`: no event for a QP its user destroys,
+    /// such as the Last WQE Reached of an SRQ QP's move to Error).
+    pub(crate) in_destroy: bool,
 }
 
 /// What a QP's verbs object keeps in use while the engine holds the QP: its PD and CQs
@@ -375,6 +379,7 @@ impl QpCore {
             span,
             uses: None,
             errored: None,
+            in_destroy: false,
         }
     }
 
@@ -417,6 +422,9 @@ impl QpCore {
     pub(crate) fn after(&mut self) {
         while let Some(ev) = self.qp.poll_event() {
             match ev {
+                QpEvent::Async(e) if self.in_destroy => {
+                    tracing::trace!(%e, "event of a QP in destroy dropped");
+                }
                 QpEvent::Async(e) => self.async_events.push(e),
                 QpEvent::CqOverflow { cq } => {
                     tracing::debug!(cq, "CQ overflow");

@@ -133,6 +133,26 @@
 //! at once with [`WcStatus::WrFlushErr`] (Linux siw behaviour; verbs contract 3).
 //! Moving to Reset flushes the same way first, so even then every accepted WR
 //! completes once.
+//!
+//! # Shared receive queues
+//!
+//! A QP attached to a [`SharedReceiveQueue`] ([`QpEngine::attach_srq`], in Reset) has
+//! no receive queue of its own ([`QpEngine::post_recv`] fails). When the first DDP
+//! segment of a new untagged message (MSN) on QN 0 arrives, it takes the SRQ's oldest
+//! WR for that message and keeps it for the message's later segments (siw
+//! `siw_rqe_get` with an SRQ, called once per message); an empty SRQ at that moment is
+//! the DDP "Invalid MSN - no buffer available" Terminate, as for a QP whose own
+//! receive queue is empty. The SGEs are checked against the SRQ's PD. So each QP's
+//! messages are placed and completed in MSN order, and WRs leave the SRQ in its order
+//! across QPs. The completion goes to this QP's receive CQ with this QP's number.
+//!
+//! Entering Error flushes the WR a message in progress had taken (on this QP's receive
+//! CQ) and then reports [`AsyncEvent::QpLastWqeReached`] (once per entry into Error,
+//! after the error's own event): nothing more will be taken from the SRQ. The WRs
+//! still in the SRQ stay there for its other QPs; only the device's end flushes them
+//! ([`QpEngine::flush_srq`]). When a take leaves fewer WRs than the SRQ's armed limit,
+//! [`AsyncEvent::SrqLimitReached`] is reported (once per arming; see
+//! [`crate::resources::shared_receive_queue`]).
 
 mod rx;
 mod tx;
@@ -150,6 +170,7 @@ use verbs::{
 };
 
 use crate::resources::completion_queue::CompletionQueue;
+use crate::resources::shared_receive_queue::SharedReceiveQueue;
 use crate::resources::stag_table::{MemoryRegion, MrTable, PdId};
 
 pub use tx::TxSink;
@@ -483,7 +504,12 @@ pub struct QpEngine {
     irq: VecDeque<IrqEntry>,
 
     // Receive side.
+    /// The receive WRs: posted to this QP, or (with an SRQ) the one taken for the
+    /// message in progress.
     rq: VecDeque<RqEntry>,
+    srq: Option<Arc<SharedReceiveQueue>>,
+    /// An SRQ QP entered Error: [`AsyncEvent::QpLastWqeReached`] is due.
+    last_wqe_pending: bool,
     q0: UntaggedQueue,
     q1: UntaggedQueue,
     rx_cache: Option<Arc<MemoryRegion>>,
@@ -546,6 +572,8 @@ impl QpEngine {
             orq: VecDeque::new(),
             irq: VecDeque::new(),
             rq: VecDeque::new(),
+            srq: None,
+            last_wqe_pending: false,
             q0: UntaggedQueue::new(),
             q1: UntaggedQueue::new(),
             rx_cache: None,
@@ -603,6 +631,11 @@ impl QpEngine {
     /// any) was transmitted.
     pub fn is_terminated(&self) -> bool {
         self.stream_closed
+    }
+
+    /// The SRQ the QP takes its receive WRs from, if attached.
+    pub fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.srq.as_ref()
     }
 
     /// The QP's [`WqCounters`] (shared: clone the `Arc` to read them from another
@@ -684,6 +717,44 @@ impl QpEngine {
     /// Read Requests; other bits are ignored. Allowed in every state.
     pub fn set_access(&mut self, access: AccessFlags) {
         self.init.access = access;
+    }
+
+    /// Attaches the QP to `srq` (`ibv_qp_init_attr.srq`): from now on its receive WRs
+    /// come from the SRQ (see the [module documentation](self)), and
+    /// [`QpEngine::post_recv`] fails. Allowed in Reset, before any receive WR is
+    /// posted; once only.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidQpState`] outside Reset; [`VerbsError::InvalidArgument`]
+    /// `"srq"` when already attached or receive WRs are posted.
+    pub fn attach_srq(&mut self, srq: Arc<SharedReceiveQueue>) -> Result<(), VerbsError> {
+        if self.state != QpState::Reset {
+            return Err(VerbsError::InvalidQpState {
+                op: "attach_srq",
+                state: self.state,
+            });
+        }
+        if self.srq.is_some() || !self.rq.is_empty() {
+            return Err(VerbsError::InvalidArgument { what: "srq" });
+        }
+        self.srq = Some(srq);
+        Ok(())
+    }
+
+    /// Flushes every WR still in the attached SRQ onto this QP's receive CQ
+    /// ([`WcStatus::WrFlushErr`], this QP's number), oldest first: what the device's end
+    /// does with an SRQ through one of its QPs, so that every WR posted to the SRQ
+    /// completes once. Returns how many were flushed (0 without an SRQ).
+    pub fn flush_srq(&mut self) -> usize {
+        let Some(srq) = &self.srq else { return 0 };
+        let left = srq.drain();
+        let qp_num = self.qp_num();
+        for wr in &left {
+            self.push_recv_wc(WorkCompletion::flushed(wr.wr_id, WcOpcode::Recv, qp_num));
+        }
+        self.after_op();
+        left.len()
     }
 
     /// Sets the first DDP MSNs (RFC 5041 §4.3) of the two untagged queues the QP
@@ -824,8 +895,15 @@ impl QpEngine {
     /// # Errors
     ///
     /// Those of [`RecvWr::validate`]; [`VerbsError::InvalidQpState`] in Reset;
-    /// [`VerbsError::QueueFull`] with `max_recv_wr` WRs outstanding.
+    /// [`VerbsError::QueueFull`] with `max_recv_wr` WRs outstanding;
+    /// [`VerbsError::InvalidArgument`] `"qp with an SRQ"` on a QP attached to an SRQ
+    /// (`EINVAL`, as rdma-core's providers: its receives go to the SRQ).
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.srq.is_some() {
+            return Err(VerbsError::InvalidArgument {
+                what: "qp with an SRQ",
+            });
+        }
         wr.validate(&self.init.cap)?;
         match self.state {
             QpState::Reset => {
@@ -836,7 +914,7 @@ impl QpEngine {
             }
             QpState::Error => {
                 let wc = WorkCompletion::flushed(wr.wr_id, WcOpcode::Recv, self.qp_num());
-                self.counters.retire_rq(1);
+                self.retire_recv(1);
                 self.push_recv_wc(wc);
                 self.after_op();
                 return Ok(());
@@ -936,6 +1014,51 @@ impl QpEngine {
         }
     }
 
+    /// Counts `n` receive WRs of the QP's own receive queue as retired (WRs taken from
+    /// an SRQ were never posted to the QP, so they are not counted).
+    fn retire_recv(&mut self, n: u64) {
+        if self.srq.is_none() {
+            self.counters.retire_rq(n);
+        }
+    }
+
+    /// The PD the receive WRs' SGEs belong to: the SRQ's when attached, else the QP's.
+    fn recv_pd(&self) -> PdId {
+        self.srq.as_ref().map_or(self.init.pd, |s| s.pd())
+    }
+
+    /// With an SRQ: takes the SRQ's oldest WR for the message the segment (`msn`,
+    /// `mo`) starts, if it starts the next message and the QP holds no WR yet (siw
+    /// `siw_rqe_get` at a message's first segment). Anything else is left to the
+    /// untagged queue's checks: a segment that starts no new message, and an empty SRQ,
+    /// are refused there ("no buffer available" when no WR could be taken).
+    fn take_srq_wqe(&mut self, msn: u32, mo: u32) {
+        let Some(srq) = &self.srq else { return };
+        if mo != 0
+            || self.q0.posted() > 0
+            || self.q0.expected_mo().is_some()
+            || msn != self.q0.next_msn()
+        {
+            return;
+        }
+        let Some((wr, event)) = srq.take() else {
+            return;
+        };
+        if let Some(e) = event {
+            tracing::debug!(srq = srq.handle(), "SRQ limit reached");
+            self.events.push_back(QpEvent::Async(e));
+        }
+        // RecvWr::validate (at post) bounds the total by u32::MAX.
+        self.q0
+            .post_buffer(u32::try_from(wr.len()).unwrap_or(u32::MAX));
+        let n = wr.sg_list.len();
+        self.rq.push_back(RqEntry {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            resolved: vec![None; n],
+        });
+    }
+
     /// Completes finished send WRs from the head of the SQ, in order.
     fn retire(&mut self) {
         while let Some(front) = self.sq.front() {
@@ -988,6 +1111,7 @@ impl QpEngine {
         sq_err: Option<(u64, WcStatus, u32)>,
         rq_err: Option<(WcStatus, u32)>,
     ) {
+        let entered = self.state != QpState::Error;
         self.state = QpState::Error;
         self.stream_closed = true;
         self.tx_sq = None;
@@ -1009,7 +1133,7 @@ impl QpEngine {
         }
         self.start_seq = self.next_seq;
         let rq: Vec<RqEntry> = self.rq.drain(..).collect();
-        self.counters.retire_rq(rq.len() as u64);
+        self.retire_recv(rq.len() as u64);
         for (i, r) in rq.into_iter().enumerate() {
             let (status, vendor) = match rq_err {
                 Some((st, v)) if i == 0 => (st, v),
@@ -1020,6 +1144,9 @@ impl QpEngine {
             self.push_recv_wc(wc);
         }
         self.q0 = UntaggedQueue::new();
+        // Its taken WR is completed above; nothing more is taken from the SRQ. Reported
+        // by `after_op`, behind the event of the error itself.
+        self.last_wqe_pending |= entered && self.srq.is_some();
     }
 
     /// Queues `repr` as the final ULPDU.
@@ -1078,6 +1205,7 @@ impl QpEngine {
     }
 
     /// Runs after every public entry point: turns a CQ overflow into QP Error.
+    /// Then reports [`AsyncEvent::QpLastWqeReached`] if an SRQ QP entered Error.
     fn after_op(&mut self) {
         if let Some(cq) = self.cq_overflow.take() {
             self.events.push_back(QpEvent::CqOverflow { cq });
@@ -1086,6 +1214,12 @@ impl QpEngine {
             }
             // Flushing into a broken CQ overflows again; that is already reported.
             self.cq_overflow = None;
+        }
+        if std::mem::take(&mut self.last_wqe_pending) {
+            self.events
+                .push_back(QpEvent::Async(AsyncEvent::QpLastWqeReached {
+                    qp_num: self.qp_num(),
+                }));
         }
     }
 

@@ -268,8 +268,9 @@ impl QpEngine {
 
     /// Send, Send with SE, with Invalidate, with SE and Invalidate (RFC 5040 §5.3):
     /// untagged placement at MO into the receive WR for (QN 0, MSN), scattered over
-    /// its SGEs. Each SGE is checked (lkey, PD, valid, `LOCAL_WRITE`, bounds) before
-    /// the first byte lands in it. The last segment completes the receive WR, after
+    /// its SGEs (with an SRQ, the WR the message's first segment took from it). Each
+    /// SGE is checked (lkey, PD, valid, `LOCAL_WRITE`, bounds) before the first byte
+    /// lands in it. The last segment completes the receive WR, after
     /// invalidating the Invalidate STag for the Invalidate variants: only an MR of
     /// the QP's PD that allows remote invalidation (fast-registered, or registered
     /// with `MrOptions::remote_invalidate`; `MrTable::invalidate`); anything else is
@@ -281,6 +282,7 @@ impl QpEngine {
         };
         let data = u.payload;
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.take_srq_wqe(msn, mo);
         // The queue check needs no state change to report; run it first so that
         // nothing is placed for a bad MSN / MO / length.
         if let Err(cause) = self.q0.check(msn, mo, len) {
@@ -332,7 +334,7 @@ impl QpEngine {
             invalidated = Some(stag);
         }
         if let Some(r) = self.rq.pop_front() {
-            self.counters.retire_rq(1);
+            self.retire_recv(1);
             let mut wc =
                 WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, self.qp_num());
             wc.byte_len = byte_len;
@@ -355,7 +357,7 @@ impl QpEngine {
             usize,
         )>,
     > {
-        let pd = self.init.pd;
+        let pd = self.recv_pd();
         let mrs = std::sync::Arc::clone(&self.mrs);
         let r = self.rq.front_mut()?;
         let mut out = Vec::new();
@@ -399,12 +401,13 @@ impl QpEngine {
         else {
             return Ok(());
         };
+        self.take_srq_wqe(msn, mo);
         if let Err(cause) = self.q0.accept(QN_SEND, msn, mo, 0, u.last()) {
             return Err(self.violation(cause, bytes, Culprit::None));
         }
         let value = u64::from_be_bytes(imm.data) as u32;
         if let Some(r) = self.rq.pop_front() {
-            self.counters.retire_rq(1);
+            self.retire_recv(1);
             let mut wc = WorkCompletion::new(
                 r.wr_id,
                 WcStatus::Success,
