@@ -61,13 +61,15 @@
 //!
 //! # The verbs objects
 //!
-//! The verbs objects of a soft device: [`Pd`], [`Mr`], [`Cq`] and [`Qp`], named and
-//! behaving as their libibverbs counterparts (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`,
-//! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_qp(3)`, `ibv_modify_qp(3)`,
-//! `ibv_query_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
+//! The verbs objects of a soft device: [`Pd`], [`Mr`], [`Cq`], [`Srq`] and [`Qp`], named
+//! and behaving as their libibverbs counterparts (`ibv_alloc_pd(3)`, `ibv_reg_mr(3)`,
+//! `ibv_create_cq(3)`, `ibv_poll_cq(3)`, `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`,
+//! `ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_query_qp(3)`, `ibv_post_send(3)`,
+//! `ibv_post_recv(3)`, `ibv_destroy_qp(3)`).
 //!
 //! They are made from a [`Device`]: [`Device::alloc_pd`],
-//! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_qp`]; a QP is bound to an
+//! [`Pd::reg_mr`], [`Device::create_cq`], [`Device::create_srq`], [`Device::create_qp`]
+//! (or [`Device::create_qp_with_srq`]); a QP is bound to an
 //! iWARP connection by [`Device::connect_qp`] or
 //! [`ConnectRequest::accept_qp`].
 //!
@@ -107,8 +109,9 @@
 //!
 //! ## Object lifetime
 //!
-//! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs or QPs use
-//!   the PD, [`Cq::destroy`] while QPs use the CQ. A dropped QP uses them until the
+//! - [`Pd::dealloc`] fails with [`VerbsError::InUse`] (`EBUSY`) while MRs, QPs or SRQs
+//!   use the PD, [`Cq::destroy`] while QPs use the CQ, [`Srq::destroy`] while QPs use
+//!   the SRQ. A dropped QP uses them until the
 //!   engine flushed and removed it (so no completion reaches a destroyed CQ; a
 //!   destroyed CQ's [`Cq::poll`] fails with [`CqError::Destroyed`]). Dropping a handle
 //!   releases its object as the explicit call would (a PD or CQ once nothing uses it
@@ -174,7 +177,9 @@ pub use api::device::{
     LinkSpec, ListenError, Listener, QpBound, QpConnection, UlpduStream, SEND_DRIVE_BYTES,
     SEND_DRIVE_INTERVAL_US,
 };
-pub use api::verbs_objects::{Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr};
+pub use api::verbs_objects::{
+    Cq, DeviceAttr, Mr, Pd, PostListError, Qp, QpAttributes, QpInitAttr, Srq,
+};
 pub use engine::{DeviceError, DeviceEvent, EngineConfig, ProgressMode, COMMAND_TIMEOUT};
 pub use rdmap::binding::QpStats;
 pub use resources::completion_queue::{CqError, WaitAsync};

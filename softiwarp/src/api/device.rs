@@ -16,7 +16,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use verbs::{AsyncEvent, VerbsError};
 
-use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr};
+use crate::api::verbs_objects::{Cq, CqInner, DeviceAttr, Pd, PdInner, Qp, QpInitAttr, Srq};
 use crate::engine::{
     run_engine, Command, DeviceError, DeviceEvent, Driving, Engine, EngineConfig, Handle,
     PendingRequest, Shared,
@@ -715,14 +715,49 @@ impl Device {
     /// [`VerbsError::NotPermitted`] (PD or CQ of another device);
     /// [`VerbsError::DeviceGone`].
     pub fn create_qp(&self, pd: &Pd, attr: QpInitAttr<'_>) -> Result<Qp, VerbsError> {
-        Qp::create(&self.handle, pd, attr)
+        Qp::create(&self.handle, pd, attr, None)
+    }
+
+    /// Creates a shared receive queue in `pd` (`ibv_create_srq(3)`, basic type):
+    /// `attr.max_wr` WRs (rounded up to a power of two, as siw; [`Srq::query`] reports
+    /// the granted figures) of at most `attr.max_sge` SGEs, the limit armed with a
+    /// non-zero `attr.srq_limit`. See [`Srq`].
+    ///
+    /// Errors: [`VerbsError::InvalidArgument`] (`EINVAL`, as siw) `"max_wr"` (0 or above
+    /// [`DeviceAttr::max_srq_wr`]), `"max_sge"` (above [`DeviceAttr::max_srq_sge`]),
+    /// `"srq_limit"` (above `max_wr`); [`VerbsError::OutOfResources`] with
+    /// [`DeviceAttr::max_srq`] SRQs; [`VerbsError::InvalidHandle`] (PD deallocated);
+    /// [`VerbsError::NotPermitted`] (PD of another device); [`VerbsError::DeviceGone`].
+    pub fn create_srq(&self, pd: &Pd, attr: verbs::SrqInitAttr) -> Result<Srq, VerbsError> {
+        Srq::create(&self.handle, pd, attr)
+    }
+
+    /// [`Device::create_qp`] for a QP that takes its receive WRs from `srq`
+    /// (`ibv_qp_init_attr.srq`): `attr.cap`'s `max_recv_wr` and `max_recv_sge` are
+    /// ignored (0 in [`Qp::query_qp`]), [`Qp::post_recv`] fails with `EINVAL`, and its
+    /// receive completions (of WRs posted to `srq`) go to `attr.recv_cq`. The SRQ's
+    /// [`Srq::destroy`] fails with `EBUSY` while the QP exists.
+    ///
+    /// A separate call rather than a `srq` field of [`QpInitAttr`], which would break
+    /// every struct literal of it.
+    ///
+    /// Errors: as [`Device::create_qp`]; [`VerbsError::InvalidHandle`] for a destroyed
+    /// SRQ; [`VerbsError::NotPermitted`] for an SRQ of another device.
+    pub fn create_qp_with_srq(
+        &self,
+        pd: &Pd,
+        attr: QpInitAttr<'_>,
+        srq: &Srq,
+    ) -> Result<Qp, VerbsError> {
+        Qp::create(&self.handle, pd, attr, Some(srq))
     }
 
     /// The next verbs asynchronous event of the device (`ibv_get_async_event(3)`):
     /// QP errors ([`AsyncEvent::QpFatal`], [`AsyncEvent::QpAccessErr`],
     /// [`AsyncEvent::QpReqErr`]), [`AsyncEvent::SqDrained`], CQ overruns
-    /// ([`AsyncEvent::CqErr`]), and [`AsyncEvent::DeviceFatal`] when the link is
-    /// gone. Waits up to `timeout`; `None` on timeout or once the device ended and
+    /// ([`AsyncEvent::CqErr`]), SRQ events ([`AsyncEvent::SrqLimitReached`],
+    /// [`AsyncEvent::QpLastWqeReached`]), and [`AsyncEvent::DeviceFatal`] when the
+    /// link is gone. Waits up to `timeout`; `None` on timeout or once the device ended and
     /// every event was taken.
     pub fn next_async_event(&self, timeout: Duration) -> Option<AsyncEvent> {
         self.handle.shared.async_events.pop(timeout).ok()

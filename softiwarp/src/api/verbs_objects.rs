@@ -1,5 +1,6 @@
-//! The verbs objects of a soft device, [`Pd`], [`Mr`], [`Cq`] and [`Qp`], re-exported at
-//! the crate root, whose documentation gives their thread, memory and lifetime rules.
+//! The verbs objects of a soft device, [`Pd`], [`Mr`], [`Cq`], [`Srq`] and [`Qp`],
+//! re-exported at the crate root, whose documentation gives their thread, memory and
+//! lifetime rules.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -7,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use verbs::{
     AccessFlags, AsyncEvent, Lkey, ObjectKind, QpAttr, QpCap, QpState, RecvWr, Rkey, SendWr, Sge,
-    Stag, VerbsError, WorkCompletion, WorkQueue,
+    SrqAttr, SrqAttrMask, SrqInitAttr, Stag, VerbsError, WorkCompletion, WorkQueue,
 };
 
 use crate::engine::{Command, Handle};
 use crate::rdmap::binding::{PostSide, QpCore, QpShared, QpStats, UsesGuard};
 use crate::rdmap::engine::{validate_send_wr, QpEngine, QpInit, MAX_ORD_IRD};
 use crate::resources::completion_queue::{CompletionQueue, CqError, WaitAsync, MAX_CQE};
+use crate::resources::shared_receive_queue::{SharedReceiveQueue, MAX_SRQ_SGE, MAX_SRQ_WR};
 use crate::resources::stag_table::{MemoryRegion, MrOptions, MrState, PdId, MAX_MR_LEN};
 
 /// The limits of a soft device (`struct ibv_device_attr`, `ibv_query_device(3)`).
@@ -32,6 +34,12 @@ pub struct DeviceAttr {
     /// Largest ORD and IRD, in RDMA Read Requests (`max_qp_rd_atom`,
     /// `max_qp_init_rd_atom`): the 14-bit MPA field (RFC 6581).
     pub max_ord_ird: u32,
+    /// Most SRQs of the device at once (`max_srq`).
+    pub max_srq: u32,
+    /// Largest `max_wr` of an SRQ, in WRs (`max_srq_wr`).
+    pub max_srq_wr: u32,
+    /// Largest `max_sge` of an SRQ (`max_srq_sge`).
+    pub max_srq_sge: u32,
 }
 
 impl DeviceAttr {
@@ -43,6 +51,9 @@ impl DeviceAttr {
         max_cqe: MAX_CQE,
         max_mr_size: MAX_MR_LEN,
         max_ord_ird: MAX_ORD_IRD,
+        max_srq: 1024,
+        max_srq_wr: MAX_SRQ_WR,
+        max_srq_sge: MAX_SRQ_SGE,
     };
 }
 
@@ -255,8 +266,9 @@ impl Pd {
     ///
     /// # Errors
     ///
-    /// [`VerbsError::InUse`] (`EBUSY`) while MRs are registered or QPs exist in it
-    /// (a dropped QP until the engine flushed and removed it), or while a QP is being
+    /// [`VerbsError::InUse`] (`EBUSY`) while MRs are registered or QPs or SRQs exist in
+    /// it (a dropped QP until the engine flushed and removed it; an SRQ until destroyed,
+    /// or dropped with every QP on it gone), or while a QP or SRQ is being
     /// created in it on another thread or another dealloc of it runs (never both the
     /// creation and the dealloc succeed); [`VerbsError::InvalidHandle`] if already
     /// deallocated.
@@ -611,6 +623,243 @@ impl Cq {
 }
 
 // ---------------------------------------------------------------------------------
+// Shared receive queues.
+
+/// The SRQ object behind an [`Srq`] handle and the QPs attached to it.
+#[derive(Debug)]
+pub(crate) struct SrqInner {
+    srq: Arc<SharedReceiveQueue>,
+    handle: Arc<Handle>,
+    pd: Arc<PdInner>,
+    /// QPs attached: created on it and not yet flushed and removed by the engine.
+    users: AtomicUsize,
+    life: Life,
+    /// The SRQ's counts on its PD and on the device's SRQs were given back (destroyed,
+    /// or the last reference dropped).
+    released: AtomicBool,
+}
+
+impl SrqInner {
+    /// Gives back the SRQ's counts on its PD and on the device's SRQs, once.
+    fn release(&self) {
+        if !self.released.swap(true, Ordering::SeqCst) {
+            self.pd.qps.fetch_sub(1, Ordering::SeqCst);
+            self.handle.srqs.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A shared receive queue (`struct ibv_srq`, basic type): receive WRs that every QP
+/// created on it with
+/// [`Device::create_qp_with_srq`](crate::api::device::Device::create_qp_with_srq) draws
+/// from. Made by [`Device::create_srq`](crate::api::device::Device::create_srq).
+///
+/// - A QP takes the SRQ's oldest WR when the first DDP segment of a new Send or
+///   Immediate Data message reaches it, and keeps it for the message's other segments
+///   (siw); so WRs leave the SRQ in posting order across QPs, and each QP's messages
+///   complete in the peer's order. The completion is on the receiving QP's receive CQ
+///   with its `qp_num`. A message that finds the SRQ empty is the DDP Terminate
+///   "Invalid MSN - no buffer available", as for an empty receive queue.
+/// - The limit: see [`Srq::modify`] ([`AsyncEvent::SrqLimitReached`] once per arming,
+///   through [`Device::next_async_event`](crate::api::device::Device::next_async_event)).
+/// - A QP that goes to Error completes flushed the WR its message in progress had
+///   taken, then reports [`AsyncEvent::QpLastWqeReached`]; the WRs still in the SRQ
+///   stay there for the other QPs.
+/// - The device's end (removal, shutdown) flushes the WRs still in the SRQ onto the
+///   receive CQ of its attached QP with the lowest number, so every WR posted to an SRQ
+///   with a QP attached completes exactly once. An SRQ no QP uses has no CQ to complete
+///   them on: they stay until [`Srq::destroy`] discards them.
+///
+/// Dropping the handle leaves the SRQ to the QPs attached to it; it goes away with the
+/// last of them.
+#[derive(Debug)]
+pub struct Srq {
+    inner: Arc<SrqInner>,
+}
+
+impl Srq {
+    pub(crate) fn create(
+        handle: &Arc<Handle>,
+        pd: &Pd,
+        attr: SrqInitAttr,
+    ) -> Result<Srq, VerbsError> {
+        handle.alive()?;
+        if !Arc::ptr_eq(&pd.inner.handle, handle) {
+            return Err(VerbsError::NotPermitted {
+                what: "a PD of another device",
+            });
+        }
+        let srq = SharedReceiveQueue::new(handle.next_srq(), pd.inner.id, attr)?;
+        if handle.srqs.fetch_add(1, Ordering::SeqCst) >= DeviceAttr::SOFT.max_srq as usize {
+            handle.srqs.fetch_sub(1, Ordering::SeqCst);
+            return Err(VerbsError::OutOfResources { what: "SRQs" });
+        }
+        // Counted on the PD first, then checked live (`Life`): a racing
+        // `Pd::dealloc` and this creation never both succeed. From here the counts go
+        // back when `inner` does.
+        pd.inner.qps.fetch_add(1, Ordering::SeqCst);
+        let inner = SrqInner {
+            srq,
+            handle: Arc::clone(handle),
+            pd: Arc::clone(&pd.inner),
+            users: AtomicUsize::new(0),
+            life: Life::new(),
+            released: AtomicBool::new(false),
+        };
+        pd.inner
+            .life
+            .check_live(ObjectKind::Pd, pd.inner.id.raw())?;
+        let a = inner.srq.query();
+        tracing::debug!(
+            srq = inner.srq.handle(),
+            pd = pd.inner.id.raw(),
+            max_wr = a.max_wr,
+            max_sge = a.max_sge,
+            "SRQ created"
+        );
+        Ok(Srq {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The SRQ's handle (the `srq` of [`AsyncEvent::SrqLimitReached`]).
+    pub fn handle(&self) -> u32 {
+        self.inner.srq.handle()
+    }
+
+    /// The PD the SRQ was created in: the lkeys of its receive WRs are checked against
+    /// it when a message is placed.
+    pub fn pd(&self) -> PdId {
+        self.inner.pd.id
+    }
+
+    /// Receive WRs in the SRQ now: posted and not yet taken by a QP.
+    pub fn len(&self) -> usize {
+        self.inner.srq.len()
+    }
+
+    /// True if no receive WR is in the SRQ.
+    pub fn is_empty(&self) -> bool {
+        self.inner.srq.is_empty()
+    }
+
+    /// `Err(InvalidHandle)` once destroyed.
+    fn check_live(&self) -> Result<(), VerbsError> {
+        if self.inner.life.destroyed() {
+            return Err(VerbsError::InvalidHandle {
+                object: ObjectKind::Srq,
+                handle: self.handle(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts one receive WR (`ibv_post_srq_recv(3)`), behind every WR posted before
+    /// it. A message that reaches an attached QP after this returns can take it.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::TooManySges`] (more than the SRQ's `max_sge`),
+    /// [`VerbsError::InvalidArgument`] `"sg_list"` (an SGE wraps past 2^64),
+    /// [`VerbsError::MessageTooLong`]; [`VerbsError::QueueFull`] (`ENOMEM`) with the
+    /// SRQ's `max_wr` WRs in it; [`VerbsError::InvalidHandle`] after [`Srq::destroy`];
+    /// [`VerbsError::DeviceGone`] once the device ended. A refused WR never completes.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
+        // Held while the WR is queued: the device's end flushes it, or refuses it.
+        let _gate = self.inner.handle.gate()?;
+        self.check_live()?;
+        self.inner.srq.post(wr)
+    }
+
+    /// Posts receive WRs in order (`ibv_post_srq_recv(3)` with a WR list). Stops at the
+    /// first WR refused.
+    ///
+    /// # Errors
+    ///
+    /// [`PostListError`] with the refused WR's index and the error of
+    /// [`Srq::post_recv`]; the WRs before it were posted.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<(), PostListError> {
+        let _gate = self
+            .inner
+            .handle
+            .gate()
+            .map_err(|error| PostListError { index: 0, error })?;
+        self.check_live()
+            .map_err(|error| PostListError { index: 0, error })?;
+        for (index, wr) in wrs.into_iter().enumerate() {
+            self.inner
+                .srq
+                .post(wr)
+                .map_err(|error| PostListError { index, error })?;
+        }
+        Ok(())
+    }
+
+    /// Modifies the SRQ (`ibv_modify_srq(3)`): the fields of `attr` named in `mask`.
+    /// [`SrqAttrMask::LIMIT`] arms the limit with `attr.srq_limit` (or disarms it with
+    /// 0): when a QP's take leaves fewer WRs in the SRQ than the limit,
+    /// [`AsyncEvent::SrqLimitReached`] is reported once and the limit goes back to 0
+    /// (what [`Srq::query`] shows) until it is armed again. Arming with fewer WRs in
+    /// the SRQ than the limit reports nothing until the next take (siw checks at each
+    /// take).
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::Unsupported`] (`EOPNOTSUPP`, what `siw_modify_srq` returns) with
+    /// [`SrqAttrMask::MAX_WR`]: the SRQ cannot be resized; [`VerbsError::InvalidArgument`]
+    /// `"srq_limit"` above the SRQ's `max_wr` (`EINVAL`); [`VerbsError::InvalidHandle`]
+    /// after [`Srq::destroy`]; [`VerbsError::DeviceGone`]. Nothing changes on error.
+    pub fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<(), VerbsError> {
+        self.inner.handle.alive()?;
+        self.check_live()?;
+        self.inner.srq.modify(attr, mask)
+    }
+
+    /// The SRQ's attributes (`ibv_query_srq(3)`): the granted `max_wr` (the request
+    /// rounded up to a power of two, as siw) and `max_sge`, and the limit (0: not, or
+    /// no longer, armed).
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InvalidHandle`] after [`Srq::destroy`].
+    pub fn query(&self) -> Result<SrqAttr, VerbsError> {
+        self.check_live()?;
+        Ok(self.inner.srq.query())
+    }
+
+    /// Destroys the SRQ (`ibv_destroy_srq(3)`). The WRs still in it are discarded, never
+    /// completed (an SRQ has no CQ of its own; rdma-core's providers free them the
+    /// same way); posts fail with [`VerbsError::InvalidHandle`] from then on.
+    ///
+    /// # Errors
+    ///
+    /// [`VerbsError::InUse`] (`EBUSY`, as the kernel's `ib_destroy_srq_user` while a
+    /// QP uses it; siw itself trusts the core for that) while a QP attached to it
+    /// exists, including a dropped QP the engine has not flushed and removed yet
+    /// ([`Qp::destroy`] waits for that), or while a QP is being created on it on
+    /// another thread; [`VerbsError::InvalidHandle`] if already destroyed.
+    pub fn destroy(&self) -> Result<(), VerbsError> {
+        let inner = &self.inner;
+        inner
+            .life
+            .destroy(&inner.users, ObjectKind::Srq, self.handle(), || Ok(()))?;
+        let discarded = inner.srq.close().len();
+        inner.release();
+        tracing::debug!(srq = self.handle(), discarded, "SRQ destroyed");
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // Queue pairs.
 
 /// What [`Device::create_qp`](crate::api::device::Device::create_qp) takes (`struct
@@ -661,38 +910,54 @@ pub struct QpAttributes {
 pub struct Qp {
     shared: Arc<QpShared>,
     handle: Arc<Handle>,
-    /// Shared with the engine's copy of the QP: the PD and CQs are in use until both
-    /// are gone (held for its `Drop` only).
+    /// The handle of the SRQ the QP takes its receive WRs from.
+    srq: Option<u32>,
+    /// Shared with the engine's copy of the QP: the PD, CQs and SRQ are in use until
+    /// both are gone (held for its `Drop` only).
     _uses: Arc<QpUses>,
 }
 
-/// One QP's use of its PD and CQs (the `qps` / `users` counts that make
-/// [`Pd::dealloc`] and [`Cq::destroy`] fail with [`VerbsError::InUse`]). The [`Qp`]
-/// handle holds one reference and the engine's QP another, which the engine drops
-/// only once it flushed the QP and removed it: the counts fall when both are gone, so
-/// no completion can reach a CQ after its destroy succeeded.
+/// One QP's use of its PD, CQs and SRQ (the `qps` / `users` counts that make
+/// [`Pd::dealloc`], [`Cq::destroy`] and [`Srq::destroy`] fail with
+/// [`VerbsError::InUse`]). The [`Qp`] handle holds one reference and the engine's QP
+/// another, which the engine drops only once it flushed the QP and removed it: the
+/// counts fall when both are gone, so no completion can reach a CQ after its destroy
+/// succeeded, and no QP takes from an SRQ after its destroy succeeded.
 #[derive(Debug)]
 pub(crate) struct QpUses {
     pd: Arc<PdInner>,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
+    srq: Option<Arc<SrqInner>>,
 }
 
 impl QpUses {
-    /// Counts a QP about to be created on the PD and CQs, then checks that they are
-    /// live ([`Life`]: the creator's half of the protocol); on `Err` the counts are
-    /// undone (the `QpUses` is dropped).
-    fn acquire(pd: &Arc<PdInner>, send_cq: &Cq, recv_cq: &Cq) -> Result<QpUses, VerbsError> {
+    /// Counts a QP about to be created on the PD, CQs and SRQ, then checks that they
+    /// are live ([`Life`]: the creator's half of the protocol); on `Err` the counts
+    /// are undone (the `QpUses` is dropped).
+    fn acquire(
+        pd: &Arc<PdInner>,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+    ) -> Result<QpUses, VerbsError> {
         pd.qps.fetch_add(1, Ordering::SeqCst);
         send_cq.inner.users.fetch_add(1, Ordering::SeqCst);
         recv_cq.inner.users.fetch_add(1, Ordering::SeqCst);
+        if let Some(srq) = srq {
+            srq.inner.users.fetch_add(1, Ordering::SeqCst);
+        }
         let uses = QpUses {
             pd: Arc::clone(pd),
             send_cq: Arc::clone(&send_cq.inner),
             recv_cq: Arc::clone(&recv_cq.inner),
+            srq: srq.map(|s| Arc::clone(&s.inner)),
         };
         for cq in [send_cq, recv_cq] {
             cq.inner.life.check_live(ObjectKind::Cq, cq.handle())?;
+        }
+        if let Some(srq) = srq {
+            srq.inner.life.check_live(ObjectKind::Srq, srq.handle())?;
         }
         pd.life.check_live(ObjectKind::Pd, pd.id.raw())?;
         Ok(uses)
@@ -704,6 +969,9 @@ impl Drop for QpUses {
         self.pd.qps.fetch_sub(1, Ordering::SeqCst);
         self.send_cq.users.fetch_sub(1, Ordering::SeqCst);
         self.recv_cq.users.fetch_sub(1, Ordering::SeqCst);
+        if let Some(srq) = &self.srq {
+            srq.users.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -719,10 +987,14 @@ pub struct PostListError {
 }
 
 impl Qp {
+    /// Creates a QP (`ibv_create_qp(3)`); with `srq`, its receive WRs come from the
+    /// SRQ and `attr.cap`'s `max_recv_wr` and `max_recv_sge` are ignored (0 in the
+    /// QP's capabilities), as `ibv_create_qp(3)` says.
     pub(crate) fn create(
         handle: &Arc<Handle>,
         pd: &Pd,
         attr: QpInitAttr<'_>,
+        srq: Option<&Srq>,
     ) -> Result<Qp, VerbsError> {
         handle.alive()?;
         let foreign = VerbsError::NotPermitted {
@@ -731,25 +1003,35 @@ impl Qp {
         if !Arc::ptr_eq(&pd.inner.handle, handle)
             || !Arc::ptr_eq(&attr.send_cq.inner.handle, handle)
             || !Arc::ptr_eq(&attr.recv_cq.inner.handle, handle)
+            || srq.is_some_and(|s| !Arc::ptr_eq(&s.inner.handle, handle))
         {
             return Err(foreign);
         }
-        // Counted on the PD and CQs first, then checked live (`Life`): a racing
-        // `Pd::dealloc` or `Cq::destroy` and this creation never both succeed.
-        let uses = QpUses::acquire(&pd.inner, attr.send_cq, attr.recv_cq)?;
-        check_cap(&attr.cap)?;
+        // Counted on the PD, CQs and SRQ first, then checked live (`Life`): a racing
+        // `Pd::dealloc`, `Cq::destroy` or `Srq::destroy` and this creation never both
+        // succeed.
+        let uses = QpUses::acquire(&pd.inner, attr.send_cq, attr.recv_cq, srq)?;
+        let mut cap = attr.cap;
+        if srq.is_some() {
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        check_cap(&cap)?;
         let qpn = handle.next_qpn();
-        let mut init = QpInit::new(qpn, pd.inner.id, attr.cap);
+        let mut init = QpInit::new(qpn, pd.inner.id, cap);
         init.sq_sig_all = attr.sq_sig_all;
         if handle.strict_read_sink {
             init.read_sink_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         }
-        let engine = QpEngine::new(
+        let mut engine = QpEngine::new(
             init,
             Arc::clone(&handle.mrs),
             Arc::clone(&attr.send_cq.inner.cq),
             Arc::clone(&attr.recv_cq.inner.cq),
         )?;
+        if let Some(srq) = srq {
+            engine.attach_srq(Arc::clone(&srq.inner.srq))?;
+        }
         let mut core = QpCore::new(
             engine,
             Arc::clone(&attr.send_cq.inner.cq),
@@ -763,10 +1045,12 @@ impl Qp {
         handle.enqueue(Command::CreateQp {
             core: Arc::new(Mutex::new(core)),
         })?;
-        tracing::debug!(qpn, pd = pd.inner.id.raw(), "QP created");
+        let srq = srq.map(Srq::handle);
+        tracing::debug!(qpn, pd = pd.inner.id.raw(), ?srq, "QP created");
         Ok(Qp {
             shared,
             handle: Arc::clone(handle),
+            srq,
             _uses: uses,
         })
     }
@@ -785,6 +1069,12 @@ impl Qp {
     /// The QP number (`ibv_qp.qp_num`).
     pub fn qp_num(&self) -> u32 {
         self.shared.qp_num
+    }
+
+    /// The handle of the SRQ the QP takes its receive WRs from (`ibv_qp.srq`), if it
+    /// was created with one.
+    pub fn srq(&self) -> Option<u32> {
+        self.srq
     }
 
     /// The state the engine last published (`ibv_qp.state`).
@@ -865,6 +1155,8 @@ impl Qp {
     ///
     /// Those of [`RecvWr::validate`]; [`VerbsError::InvalidQpState`] in Reset;
     /// [`VerbsError::QueueFull`] with `max_recv_wr` WRs outstanding;
+    /// [`VerbsError::InvalidArgument`] `"qp with an SRQ"` (`EINVAL`, as rdma-core's
+    /// providers) on a QP created with an SRQ: post to the [`Srq`];
     /// [`VerbsError::InvalidHandle`] after [`Qp::destroy`];
     /// [`VerbsError::DeviceGone`]. A refused WR never completes.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), VerbsError> {
@@ -972,6 +1264,11 @@ impl Qp {
     }
 
     fn queue_recv(&self, p: &mut PostSide, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.srq.is_some() {
+            return Err(VerbsError::InvalidArgument {
+                what: "qp with an SRQ",
+            });
+        }
         wr.validate(&self.shared.cap)?;
         match self.shared.state() {
             QpState::Reset => {
@@ -1146,6 +1443,7 @@ mod tests {
         both::<Pd>();
         both::<Mr>();
         both::<Cq>();
+        both::<Srq>();
         both::<Qp>();
     }
 

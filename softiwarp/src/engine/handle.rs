@@ -59,6 +59,9 @@ pub(crate) struct Handle {
     pub(crate) mrs: Arc<MrTable>,
     next_qpn: std::sync::atomic::AtomicU32,
     next_cq: std::sync::atomic::AtomicU32,
+    next_srq: std::sync::atomic::AtomicU32,
+    /// SRQs of the device not yet destroyed (bounded by `DeviceAttr::max_srq`).
+    pub(crate) srqs: std::sync::atomic::AtomicUsize,
     /// Who drives the device: its progress lock and the owner of its link.
     pub(crate) driving: Arc<super::Driving>,
     /// [`crate::DeviceConfig::strict_read_sink`].
@@ -94,6 +97,8 @@ impl Handle {
             mrs: Arc::new(MrTable::new()),
             next_qpn: std::sync::atomic::AtomicU32::new(1),
             next_cq: std::sync::atomic::AtomicU32::new(1),
+            next_srq: std::sync::atomic::AtomicU32::new(1),
+            srqs: std::sync::atomic::AtomicUsize::new(0),
             driving,
             strict_read_sink: false,
         }
@@ -213,6 +218,12 @@ impl Handle {
     /// The next CQ handle.
     pub(crate) fn next_cq(&self) -> u32 {
         self.next_cq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The next SRQ handle.
+    pub(crate) fn next_srq(&self) -> u32 {
+        self.next_srq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 

@@ -1,5 +1,5 @@
 //! The verbs objects over real devices (engine threads on a memory link): operations, flush,
-//! errors, seeded random runs and regressions.
+//! errors, seeded random runs and regressions; shared receive queues.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -10,4 +10,5 @@ mod ops;
 mod progress;
 mod random;
 mod regressions;
+mod srq;
 mod user_memory;
