@@ -775,7 +775,7 @@ fn read_polling(s: &std::net::TcpStream, buf: &mut [u8], spin: Duration) -> std:
 /// round trips of `cfg.lat_size` bytes (`TCP_NODELAY`) from a thread in namespace B to an
 /// echo thread in namespace A, between the bridges' kernel addresses, pinned like the
 /// peers, both waiting as the iWARP peers do (polling for `cfg.tuning.lat_spin`, then
-/// blocking).
+/// blocking); statistics of half round trips, as the iWARP ping-pong's.
 ///
 /// Errors: [`IwperfError::Setup`] if a socket call fails or nothing was measured.
 fn kernel_ping_pong(
@@ -825,7 +825,8 @@ fn kernel_ping_pong(
             if !read_polling(&s, &mut buf, spin)? {
                 return Err(std::io::Error::other("the echo server closed"));
             }
-            samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            // Half round trips, as the iWARP ping-pong and the raw TCP one (perftest's).
+            samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
         }
         Ok(samples)
     });
