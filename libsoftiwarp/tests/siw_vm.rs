@@ -21,9 +21,9 @@ struct Host {
 }
 
 impl Host {
-    fn spawn(vm: &SiwVm, lib: &LibDir, prog: &str, args: &[&str]) -> Host {
+    /// `prog` under the library with `SOFTIWARP_DEVICE=device`, in the VM's namespace.
+    fn spawn(vm: &SiwVm, lib: &LibDir, device: &str, prog: &str, args: &[&str]) -> Host {
         let ep = vm.endpoint();
-        let device = format!("link=tap:{},ip={}/{}", ep.tap, ep.ip, ep.prefix_len);
         let child = Command::new("ip")
             .args(["netns", "exec", &ep.netns, "env"])
             .arg(format!(
@@ -109,6 +109,24 @@ fn vm_or_skip(test: &str) -> Option<SiwVm> {
 fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directions() {
     let test = "host_rping_and_ib_write_bw_under_the_library_against_kernel_siw";
     let Some(vm) = vm_or_skip(test) else { return };
+    let ep = vm.endpoint();
+    let device = format!("link=tap:{},ip={}/{}", ep.tap, ep.ip, ep.prefix_len);
+    rping_and_ib_write_bw_both_directions(&vm, &device);
+}
+
+/// The same programs on a host-TCP device: the library on the host's kernel TCP over the
+/// VM's bridge (`SOFTIWARP_DEVICE=netdev=BRIDGE`, the kernel holding `HOST_IP` there).
+#[test]
+fn host_tcp_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directions() {
+    let test = "host_tcp_rping_and_ib_write_bw_under_the_library_against_kernel_siw";
+    let Some(vm) = vm_or_skip(test) else { return };
+    let bridge = vm.host_tcp_interface().expect("HOST_IP on the bridge");
+    rping_and_ib_write_bw_both_directions(&vm, &format!("netdev={bridge}"));
+}
+
+/// rping with `-V` and `ib_write_bw -R`, each with the kernel as server and then as
+/// client, our side under the library with `device` as its device line.
+fn rping_and_ib_write_bw_both_directions(vm: &SiwVm, device: &str) {
     let lib = LibDir::new("siwvm");
     let long = Duration::from_secs(120);
 
@@ -117,8 +135,9 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
         .unwrap();
     vm.wait_listening(7174, long).unwrap();
     let (code, out, err) = Host::spawn(
-        &vm,
+        vm,
         &lib,
+        device,
         "rping",
         &["-c", "-a", &VM_IP.to_string(), "-C", "10", "-v", "-V"],
     )
@@ -136,8 +155,9 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
 
     // 2. Host rping server under the library, kernel rping client in the VM.
     let server = Host::spawn(
-        &vm,
+        vm,
         &lib,
+        device,
         "rping",
         &["-s", "-a", &HOST_IP.to_string(), "-C", "10", "-v"],
     );
@@ -161,8 +181,9 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
     vm.spawn("bws", "ib_write_bw -R -n 200").unwrap();
     vm.wait_listening(18515, long).unwrap();
     let (code, out, err) = Host::spawn(
-        &vm,
+        vm,
         &lib,
+        device,
         "ib_write_bw",
         &["-R", "-n", "200", &VM_IP.to_string()],
     )
@@ -182,7 +203,7 @@ fn host_rping_and_ib_write_bw_under_the_library_against_kernel_siw_both_directio
     println!("to the VM: host ib_write_bw -R: {out}");
 
     // 4. ib_write_bw -R: host server under the library, kernel client in the VM.
-    let server = Host::spawn(&vm, &lib, "ib_write_bw", &["-R", "-n", "200"]);
+    let server = Host::spawn(vm, &lib, device, "ib_write_bw", &["-R", "-n", "200"]);
     std::thread::sleep(Duration::from_secs(1));
     let (rc, vm_out) = vm
         .exec(&format!("ib_write_bw -R -n 200 {HOST_IP}"), long)
