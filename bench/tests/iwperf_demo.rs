@@ -166,3 +166,49 @@ fn out_pid(names: &[String]) -> u32 {
         .and_then(|(p, _)| p.parse().ok())
         .unwrap_or_else(|| panic!("unexpected namespace name {}", names[0]))
 }
+
+/// `--transport host-tcp`: the host-TCP rows alone, over one veth between two namespaces
+/// (`--netdev` on its ends) against kernel TCP between the same ends; no TAP rows.
+#[test]
+fn demo_host_tcp_alone_runs_over_one_veth_and_leaves_nothing() {
+    if skip_unless_root("demo_host_tcp_alone_runs_over_one_veth_and_leaves_nothing") {
+        return;
+    }
+    let out = run(
+        &iwperf(),
+        "iwperf demo",
+        &[
+            "demo",
+            "--json",
+            "--transport",
+            "host-tcp",
+            "--duration",
+            "0.3",
+            "--verify",
+            "--lat-iters",
+            "200",
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let j = json(&out);
+    assert_eq!(j["link"], "veth", "{j}");
+    assert_eq!(j["results"], serde_json::json!([]), "{j}");
+    assert!(j["latency_us"].is_null(), "{j}");
+    assert!(j["kernel_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
+    let rows = j["host_tcp"]["results"].as_array().expect("host rows");
+    assert_eq!(rows.len(), 3, "{j}");
+    for r in rows {
+        assert!(r["gbps"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["verify"], "passed", "{r}");
+    }
+    assert_eq!(j["host_tcp"]["latency_us"]["iterations"], 200, "{j}");
+    let names: Vec<String> = j["namespaces"]
+        .as_array()
+        .expect("namespaces")
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
+    assert_eq!(interfaces_of(out_pid(&names)), Vec::<String>::new());
+}

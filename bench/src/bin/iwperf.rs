@@ -317,7 +317,8 @@ struct DemoArgs {
     memory: bool,
     /// The soft device's transports to measure, comma-separated: `tap` (smoltcp on the
     /// TAPs, against raw smoltcp TCP) and `host-tcp` (the host's kernel TCP, `--netdev`,
-    /// against kernel TCP over the same veth; needs root, not with --memory).
+    /// against kernel TCP over the same veth; needs root, not with --memory). `host-tcp`
+    /// alone runs over one veth between the namespaces, no TAP and no bridge.
     #[arg(
         long,
         value_enum,

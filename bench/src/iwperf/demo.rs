@@ -11,7 +11,9 @@
 //! pairs: raw TCP ping-pong and iWARP Send ping-pong of 8 bytes on the TAPs, kernel TCP
 //! ping-pong and iWARP Send ping-pong on host TCP. One table at the end: op, size,
 //! Gbit/s, Mpps, baseline Gbit/s, ratio to the baseline, and the latency rows; the
-//! host-TCP rows (`write (host TCP)`) have kernel TCP as their baseline.
+//! host-TCP rows (`write (host TCP)`) have kernel TCP as their baseline. With host TCP
+//! alone (`--transport host-tcp`) there is no TAP and no bridge: two namespaces joined by
+//! one veth ([`netlab::VethPair`]), `--netdev` on its ends, kernel TCP between them.
 //!
 //! Without root: the same measurements over an in-memory link pair in this one process
 //! (server and client in threads), said in one line.
@@ -261,30 +263,40 @@ pub fn run(cfg: &DemoConfig, say: Say<'_>, to_stderr: bool) -> Result<DemoOutcom
     let mut rounds = Vec::new();
     let mut namespaces = Vec::new();
     let mut pcaps = Vec::new();
+    let mut link = "memory";
     if memory {
         for r in 0..cfg.rounds {
             say(&format!("round {} of {}", r + 1, cfg.rounds));
             rounds.push(memory_round(cfg, r, &mut pcaps, to_stderr)?);
         }
     } else {
-        let topo = Topology::create(cfg.mtu).map_err(|e| IwperfError::Bench(e.into()))?;
-        namespaces = topo.namespaces().to_vec();
-        // Kernel addresses on the bridges, for the kernel TCP reference.
-        for (side, n) in [(Side::A, KERNEL_HOST_A), (Side::B, KERNEL_HOST_B)] {
-            topo.add_kernel_address(side, n)
-                .map_err(|e| IwperfError::Bench(e.into()))?;
-        }
-        say(&format!(
-            "iwperf demo: namespaces {} and {}, a TAP in each on a bridge, joined by a veth; MTU {}",
-            namespaces[0], namespaces[1], cfg.mtu
-        ));
+        let net = Net::create(cfg)?;
+        namespaces = net.namespaces().to_vec();
+        link = match net {
+            Net::Taps(_) => "tap",
+            Net::Veth(_) => "veth",
+        };
+        say(&match &net {
+            Net::Taps(_) => format!(
+                "iwperf demo: namespaces {} and {}, a TAP in each on a bridge, joined by a veth; MTU {}",
+                namespaces[0], namespaces[1], cfg.mtu
+            ),
+            Net::Veth(v) => format!(
+                "iwperf demo: namespaces {} and {} joined by a veth ({} and {}); MTU {}",
+                namespaces[0],
+                namespaces[1],
+                v.veth(Side::A),
+                v.veth(Side::B),
+                cfg.mtu
+            ),
+        });
         for r in 0..cfg.rounds {
             say(&format!("round {} of {}", r + 1, cfg.rounds));
-            rounds.push(tap_round(cfg, &topo, r, &mut pcaps, to_stderr)?);
+            rounds.push(tap_round(cfg, &net, r, &mut pcaps, to_stderr)?);
         }
-        drop(topo);
+        drop(net);
     }
-    let report = summarize(cfg, memory, &rounds);
+    let report = summarize(cfg, link, &rounds);
     Ok(DemoOutcome {
         report,
         namespaces,
@@ -402,7 +414,8 @@ fn lat_row(pairs: Vec<&(LatStats, LatStats)>) -> Option<DemoLatency> {
     })
 }
 
-fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoReport {
+/// The report of `rounds` on `link` (`"tap"`, `"veth"` or `"memory"`).
+fn summarize(cfg: &DemoConfig, link: &str, rounds: &[RoundResult]) -> DemoReport {
     let tcp: Vec<f64> = rounds.iter().map(|r| r.tcp_gbps).collect();
     let kernel: Vec<f64> = rounds.iter().filter_map(|r| r.kernel_gbps).collect();
     let results = op_rows(cfg, rounds, |r| {
@@ -417,14 +430,14 @@ fn summarize(cfg: &DemoConfig, memory: bool, rounds: &[RoundResult]) -> DemoRepo
         )
     });
     DemoReport {
-        link: if memory { "memory" } else { "tap" }.into(),
+        link: link.into(),
         mtu: cfg.mtu,
         rounds: rounds.len(),
         seconds: cfg.seconds,
         crc: cfg.crc,
         baseline_tcp_gbps: median(&tcp).unwrap_or(0.0),
         kernel_tcp_gbps: median(&kernel),
-        offload: cfg.offload && !memory,
+        offload: cfg.offload && link == "tap",
         results,
         latency: lat_row(rounds.iter().filter_map(|r| r.lat.as_ref()).collect()),
         host_results,
@@ -658,6 +671,83 @@ const KERNEL_HOST_B: u8 = 4;
 /// The kernel TCP reference's port.
 const KERNEL_TCP_PORT: u16 = 5202;
 
+/// The namespaces a TAP-mode demo runs in: the TAP topology (TAPs on bridges joined by a
+/// veth; the kernel's addresses on the bridges), or, when only host TCP is measured, two
+/// namespaces joined by one veth with the kernel's addresses on its ends. Dropping it
+/// removes everything.
+#[derive(Debug)]
+enum Net {
+    Taps(Box<Topology>),
+    Veth(netlab::VethPair),
+}
+
+impl Net {
+    /// The TAP topology when `cfg` measures the TAPs, else the veth pair.
+    fn create(cfg: &DemoConfig) -> Result<Net, IwperfError> {
+        let lab = |e: netlab::HarnessError| IwperfError::Bench(e.into());
+        if !cfg.tap_rows {
+            return netlab::VethPair::create(cfg.mtu)
+                .map(Net::Veth)
+                .map_err(lab);
+        }
+        let topo = Topology::create(cfg.mtu).map_err(lab)?;
+        // Kernel addresses on the bridges, for kernel TCP and the host-TCP rows.
+        for (side, n) in [(Side::A, KERNEL_HOST_A), (Side::B, KERNEL_HOST_B)] {
+            topo.add_kernel_address(side, n).map_err(lab)?;
+        }
+        Ok(Net::Taps(Box::new(topo)))
+    }
+
+    fn namespaces(&self) -> [String; 2] {
+        match self {
+            Net::Taps(t) => t.namespaces(),
+            Net::Veth(v) => v.namespaces(),
+        }
+    }
+
+    fn netns(&self, side: Side) -> &netlab::netns::NetNs {
+        match (self, side) {
+            (Net::Taps(t), Side::A) => &t.pair().a,
+            (Net::Taps(t), Side::B) => &t.pair().b,
+            (Net::Veth(v), side) => v.netns(side),
+        }
+    }
+
+    /// The kernel's address on `side`.
+    fn kernel_ip(&self, side: Side) -> Ipv4Addr {
+        match (self, side) {
+            (Net::Taps(_), Side::A) => netlab::host_ip(KERNEL_HOST_A),
+            (Net::Taps(_), Side::B) => netlab::host_ip(KERNEL_HOST_B),
+            (Net::Veth(v), side) => v.ip(side),
+        }
+    }
+
+    /// The interface that holds the kernel's address on `side` (the bridge: the veth
+    /// ends of the TAP topology are its ports and have no address of their own).
+    fn kernel_interface(&self, side: Side) -> &str {
+        match (self, side) {
+            (Net::Taps(t), Side::A) => t.pair().bridges()[0],
+            (Net::Taps(t), Side::B) => t.pair().bridges()[1],
+            (Net::Veth(v), side) => v.veth(side),
+        }
+    }
+
+    fn peer(&self, side: Side, name: &str, program: &Path) -> netlab::PeerSpec {
+        match self {
+            Net::Taps(t) => t.peer(side, name, program),
+            Net::Veth(v) => v.peer(side, name, program),
+        }
+    }
+
+    /// The TAP topology; an error in veth mode (a TAP run asked of it: a bug).
+    fn taps(&self) -> Result<&Topology, IwperfError> {
+        match self {
+            Net::Taps(t) => Ok(t),
+            Net::Veth(_) => Err(IwperfError::Setup("no TAPs in this topology".into())),
+        }
+    }
+}
+
 /// Kernel TCP over the veth, the absolute reference ("kernel TCP (veth)"): a
 /// `std::net` bulk transfer from a thread in namespace B to one in namespace A, between
 /// the kernel addresses on the two bridges (so over the same bridges and veth as the
@@ -665,20 +755,15 @@ const KERNEL_TCP_PORT: u16 = 5202;
 /// receiver's Gbit/s, and Gbit per CPU-second of the busier of the two threads.
 ///
 /// Errors: [`IwperfError::Setup`] if a socket call fails.
-fn kernel_tcp(
-    cfg: &DemoConfig,
-    topo: &Topology,
-    to_stderr: bool,
-) -> Result<(f64, f64), IwperfError> {
+fn kernel_tcp(cfg: &DemoConfig, net: &Net, to_stderr: bool) -> Result<(f64, f64), IwperfError> {
     use std::io::{Read, Write};
     let setup = |e: std::io::Error| IwperfError::Setup(format!("kernel TCP reference: {e}"));
-    let a_ip = netlab::host_ip(KERNEL_HOST_A);
+    let a_ip = net.kernel_ip(Side::A);
     let (pin, seconds) = (cfg.pin, cfg.seconds);
     let _ticker = Ticker::start("kernel TCP (veth)".into(), to_stderr);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = topo
-        .pair()
-        .a
+    let server = net
+        .netns(Side::A)
         .spawn(move || -> std::io::Result<(u64, f64, f64)> {
             if pin {
                 let _ = crate::pin_to_cpu(1);
@@ -704,7 +789,7 @@ fn kernel_tcp(
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| IwperfError::Setup("kernel TCP reference: no listener".into()))?;
-    let client = topo.pair().b.spawn(move || -> std::io::Result<f64> {
+    let client = net.netns(Side::B).spawn(move || -> std::io::Result<f64> {
         if pin {
             let _ = crate::pin_to_cpu(0);
         }
@@ -778,14 +863,10 @@ fn read_polling(s: &std::net::TcpStream, buf: &mut [u8], spin: Duration) -> std:
 /// blocking); statistics of half round trips, as the iWARP ping-pong's.
 ///
 /// Errors: [`IwperfError::Setup`] if a socket call fails or nothing was measured.
-fn kernel_ping_pong(
-    cfg: &DemoConfig,
-    topo: &Topology,
-    to_stderr: bool,
-) -> Result<LatStats, IwperfError> {
+fn kernel_ping_pong(cfg: &DemoConfig, net: &Net, to_stderr: bool) -> Result<LatStats, IwperfError> {
     use std::io::Write;
     let setup = |e: std::io::Error| IwperfError::Setup(format!("kernel TCP ping-pong: {e}"));
-    let a_ip = netlab::host_ip(KERNEL_HOST_A);
+    let a_ip = net.kernel_ip(Side::A);
     let (pin, size, iters, spin) = (
         cfg.pin,
         cfg.lat_size as usize,
@@ -794,7 +875,7 @@ fn kernel_ping_pong(
     );
     let _ticker = Ticker::start("kernel TCP ping-pong".into(), to_stderr);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = topo.pair().a.spawn(move || -> std::io::Result<()> {
+    let server = net.netns(Side::A).spawn(move || -> std::io::Result<()> {
         if pin {
             let _ = crate::pin_to_cpu(1);
         }
@@ -811,25 +892,27 @@ fn kernel_ping_pong(
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .map_err(|_| IwperfError::Setup("kernel TCP ping-pong: no listener".into()))?;
-    let client = topo.pair().b.spawn(move || -> std::io::Result<Vec<u64>> {
-        if pin {
-            let _ = crate::pin_to_cpu(0);
-        }
-        let mut s = std::net::TcpStream::connect((a_ip, KERNEL_TCP_PORT + 1))?;
-        s.set_nodelay(true)?;
-        let mut buf = vec![0x5au8; size];
-        let mut samples = Vec::with_capacity(iters as usize);
-        for _ in 0..iters {
-            let t0 = Instant::now();
-            s.write_all(&buf)?;
-            if !read_polling(&s, &mut buf, spin)? {
-                return Err(std::io::Error::other("the echo server closed"));
+    let client = net
+        .netns(Side::B)
+        .spawn(move || -> std::io::Result<Vec<u64>> {
+            if pin {
+                let _ = crate::pin_to_cpu(0);
             }
-            // Half round trips, as the iWARP ping-pong and the raw TCP one (perftest's).
-            samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
-        }
-        Ok(samples)
-    });
+            let mut s = std::net::TcpStream::connect((a_ip, KERNEL_TCP_PORT + 1))?;
+            s.set_nodelay(true)?;
+            let mut buf = vec![0x5au8; size];
+            let mut samples = Vec::with_capacity(iters as usize);
+            for _ in 0..iters {
+                let t0 = Instant::now();
+                s.write_all(&buf)?;
+                if !read_polling(&s, &mut buf, spin)? {
+                    return Err(std::io::Error::other("the echo server closed"));
+                }
+                // Half round trips, as the iWARP ping-pong and the raw TCP one (perftest's).
+                samples.push(u64::try_from(t0.elapsed().as_nanos() / 2).unwrap_or(u64::MAX));
+            }
+            Ok(samples)
+        });
     let samples = joined(client).map_err(setup)?;
     joined(server).map_err(setup)?;
     LatStats::from_samples(Op::Send, cfg.lat_size, &samples)
@@ -905,7 +988,7 @@ fn json_line<T: serde::de::DeserializeOwned>(out: &PeerOutput) -> Result<T, Iwpe
 /// Starts `server` and, once it printed READY, `client`; shows the client's PROGRESS
 /// lines on the ticker; waits for both. Returns both outputs whatever their status.
 fn run_pair(
-    topo: &Topology,
+    net: &Net,
     cfg: &DemoConfig,
     label: &str,
     server_args: Vec<String>,
@@ -914,7 +997,7 @@ fn run_pair(
     to_stderr: bool,
 ) -> Result<(PeerOutput, PeerOutput), IwperfError> {
     let ticker = Ticker::start(label.to_owned(), to_stderr);
-    let mut server: Peer = topo
+    let mut server: Peer = net
         .peer(Side::A, &format!("{label} server"), &cfg.exe)
         .args(server_args)
         .echo(cfg.echo)
@@ -923,7 +1006,7 @@ fn run_pair(
     server
         .wait_for_line(|l| l == "READY", Duration::from_secs(30))
         .map_err(harness)?;
-    let mut client: Peer = topo
+    let mut client: Peer = net
         .peer(Side::B, &format!("{label} client"), &cfg.exe)
         .args(client_args)
         .echo(cfg.echo)
@@ -975,15 +1058,14 @@ impl PeerLinks {
         }
     }
 
-    /// The soft device on the host's kernel TCP (`--netdev`) on each side's bridge, the
-    /// interface that holds the kernel address ([`KERNEL_HOST_A`], [`KERNEL_HOST_B`]):
-    /// the veth ends are the bridges' ports and have no address of their own.
-    fn host_tcp(topo: &Topology) -> PeerLinks {
-        let [ba, bb] = topo.pair().bridges();
+    /// The soft device on the host's kernel TCP (`--netdev`) on the interface that holds
+    /// each side's kernel address ([`Net::kernel_interface`]).
+    fn host_tcp(net: &Net) -> PeerLinks {
+        let netdev = |side| vec!["--netdev".into(), net.kernel_interface(side).to_owned()];
         PeerLinks {
-            server: vec!["--netdev".into(), ba.to_owned()],
-            client: vec!["--netdev".into(), bb.to_owned()],
-            server_ip: netlab::host_ip(KERNEL_HOST_A),
+            server: netdev(Side::A),
+            client: netdev(Side::B),
+            server_ip: net.kernel_ip(Side::A),
             tap: false,
         }
     }
@@ -994,7 +1076,7 @@ impl PeerLinks {
 #[derive(Clone, Copy)]
 struct Lab<'a> {
     cfg: &'a DemoConfig,
-    topo: &'a Topology,
+    net: &'a Net,
     to_stderr: bool,
 }
 
@@ -1017,7 +1099,7 @@ fn iwarp_run(
 ) -> Result<(ClientReport, f64), IwperfError> {
     let Lab {
         cfg,
-        topo,
+        net,
         to_stderr,
     } = lab;
     let mut s = vec!["server".into()];
@@ -1066,7 +1148,7 @@ fn iwarp_run(
     }
     c.extend(iwarp_args(cfg, links.tap));
     c.extend(cpu_args(cfg, 0));
-    let (so, co) = run_pair(topo, cfg, label, s, c, cfg.seconds, to_stderr)?;
+    let (so, co) = run_pair(net, cfg, label, s, c, cfg.seconds, to_stderr)?;
     let creport: ClientReport = json_line(&co)?;
     let sreport: ServerSummary = json_line(&so)?;
     for (rep_code, rep_err, who) in [
@@ -1114,10 +1196,11 @@ fn iwarp_ops(
 /// or, with `ping_pong`, that many round trips' ping-pong; (server, client) output.
 fn raw_tcp_pair(
     cfg: &DemoConfig,
-    topo: &Topology,
+    net: &Net,
     ping_pong: bool,
     to_stderr: bool,
 ) -> Result<(PeerOutput, PeerOutput), IwperfError> {
+    let topo = net.taps()?;
     let (a, b) = (topo.a(), topo.b());
     let mut s = vec!["tcp-peer".into(), "--role".into(), "server".into()];
     s.extend(endpoint_args(a));
@@ -1141,12 +1224,12 @@ fn raw_tcp_pair(
     } else {
         ("tcp baseline", cfg.seconds)
     };
-    run_pair(topo, cfg, label, s, c, seconds, to_stderr)
+    run_pair(net, cfg, label, s, c, seconds, to_stderr)
 }
 
 fn tap_round(
     cfg: &DemoConfig,
-    topo: &Topology,
+    net: &Net,
     round: usize,
     pcaps: &mut Vec<PathBuf>,
     to_stderr: bool,
@@ -1154,7 +1237,7 @@ fn tap_round(
     let mut out = RoundResult::default();
     if cfg.tap_rows {
         // Raw TCP bulk transfer.
-        let (so, co) = raw_tcp_pair(cfg, topo, false, to_stderr)?;
+        let (so, co) = raw_tcp_pair(cfg, net, false, to_stderr)?;
         for o in [&so, &co] {
             if !o.status.success() {
                 return Err(IwperfError::Setup(format!(
@@ -1171,16 +1254,17 @@ fn tap_round(
             (server.cpu_user + server.cpu_sys).max(client.cpu_user + client.cpu_sys),
         ));
     }
-    let (kernel, kernel_cpu) = kernel_tcp(cfg, topo, to_stderr)?;
+    let (kernel, kernel_cpu) = kernel_tcp(cfg, net, to_stderr)?;
     out.kernel_gbps = Some(kernel);
     out.kernel_cpu_gbps = Some(kernel_cpu);
-    let (taps, host) = (PeerLinks::taps(topo), PeerLinks::host_tcp(topo));
+    let host = PeerLinks::host_tcp(net);
     let lab = Lab {
         cfg,
-        topo,
+        net,
         to_stderr,
     };
     if cfg.tap_rows {
+        let taps = PeerLinks::taps(net.taps()?);
         (out.ops, out.ops_cpu_gbps) = iwarp_ops(lab, &taps, "", Some(round), pcaps)?;
     }
     if cfg.host_rows {
@@ -1193,7 +1277,7 @@ fn tap_round(
         iwarp_run(lab, links, Op::Send, true, None, label).map(|(rep, _)| rep.latency)
     };
     if cfg.tap_rows {
-        let (_so, co) = raw_tcp_pair(cfg, topo, true, to_stderr)?;
+        let (_so, co) = raw_tcp_pair(cfg, net, true, to_stderr)?;
         if !co.status.success() {
             return Err(IwperfError::Setup(format!(
                 "TCP ping-pong client failed ({}): {}",
@@ -1201,10 +1285,11 @@ fn tap_round(
             )));
         }
         let tcp: LatStats = json_line(&co)?;
+        let taps = PeerLinks::taps(net.taps()?);
         out.lat = ping_pong(&taps, "iWARP send ping-pong")?.map(|i| (i, tcp));
     }
     if cfg.host_rows {
-        let kernel = kernel_ping_pong(cfg, topo, to_stderr)?;
+        let kernel = kernel_ping_pong(cfg, net, to_stderr)?;
         out.host_lat = ping_pong(&host, "iWARP send ping-pong (host TCP)")?.map(|i| (i, kernel));
     }
     Ok(out)

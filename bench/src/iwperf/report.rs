@@ -193,7 +193,8 @@ pub struct DemoLatency {
 /// Everything the demo measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DemoReport {
-    /// `"tap"` (two namespaces, TAPs, bridges) or `"memory"` (one process).
+    /// `"tap"` (two namespaces, TAPs, bridges), `"veth"` (two namespaces joined by one
+    /// veth: host TCP alone) or `"memory"` (one process).
     pub link: String,
     /// IP MTU in bytes.
     pub mtu: usize,
@@ -282,25 +283,45 @@ impl DemoReport {
     /// latency row.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "iWARP over {} (MTU {}, MPA CRC {}, offload {}), medians of {} round(s) of {:.1} s; baseline: raw smoltcp TCP on the same path",
-            if self.link == "tap" {
-                "TAPs in two network namespaces"
-            } else {
-                "an in-memory link in one process"
-            },
-            self.mtu,
-            if self.crc { "on" } else { "off" },
-            if self.offload { "on" } else { "off" },
-            self.rounds,
-            self.seconds
-        );
-        if let Some(k) = self.kernel_tcp_gbps {
+        if self.link == "veth" {
             let _ = writeln!(
                 s,
-                "kernel TCP (veth): {k:.2} Gbit/s between the namespaces' bridges over the same veth (the absolute reference)"
+                "iWARP over a veth between two network namespaces (MTU {}, MPA CRC {}), medians of {} round(s) of {:.1} s",
+                self.mtu,
+                if self.crc { "on" } else { "off" },
+                self.rounds,
+                self.seconds
             );
+        } else {
+            let _ = writeln!(
+                s,
+                "iWARP over {} (MTU {}, MPA CRC {}, offload {}), medians of {} round(s) of {:.1} s; baseline: raw smoltcp TCP on the same path",
+                if self.link == "tap" {
+                    "TAPs in two network namespaces"
+                } else {
+                    "an in-memory link in one process"
+                },
+                self.mtu,
+                if self.crc { "on" } else { "off" },
+                if self.offload { "on" } else { "off" },
+                self.rounds,
+                self.seconds
+            );
+        }
+        match (self.kernel_tcp_gbps, self.link.as_str()) {
+            (Some(k), "veth") => {
+                let _ = writeln!(
+                    s,
+                    "kernel TCP (veth): {k:.2} Gbit/s between the veth's two ends (the reference)"
+                );
+            }
+            (Some(k), _) => {
+                let _ = writeln!(
+                    s,
+                    "kernel TCP (veth): {k:.2} Gbit/s between the namespaces' bridges over the same veth (the absolute reference)"
+                );
+            }
+            (None, _) => {}
         }
         let host = !self.host_results.is_empty() || self.host_latency.is_some();
         if host {
