@@ -113,16 +113,7 @@ fn demo_json_verified_clean_and_its_captures_decode() {
     assert!(hl["t_typical"].as_f64().unwrap() > 0.0, "{hl}");
     assert!(hl["baseline_tcp_typical"].as_f64().unwrap() > 0.0, "{hl}");
 
-    // Nothing left behind.
-    let names: Vec<String> = j["namespaces"]
-        .as_array()
-        .expect("namespaces")
-        .iter()
-        .map(|n| n.as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(names.len(), 2, "{j}");
-    assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
-    assert_eq!(interfaces_of(out_pid(&names)), Vec::<String>::new());
+    nothing_left(&j);
 
     // Every capture decodes cleanly and holds the run.
     let pcaps: Vec<String> = j["pcaps"]
@@ -203,12 +194,19 @@ fn demo_host_tcp_alone_runs_over_one_veth_and_leaves_nothing() {
         assert_eq!(r["verify"], "passed", "{r}");
     }
     assert_eq!(j["host_tcp"]["latency_us"]["iterations"], 200, "{j}");
+    nothing_left(&j);
+}
+
+/// Nothing of a demo is left behind: the two namespaces its JSON names, and no TAP,
+/// bridge or veth of its naming scheme anywhere.
+fn nothing_left(j: &serde_json::Value) {
     let names: Vec<String> = j["namespaces"]
         .as_array()
         .expect("namespaces")
         .iter()
         .map(|n| n.as_str().unwrap().to_owned())
         .collect();
+    assert_eq!(names.len(), 2, "{j}");
     assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
     assert_eq!(interfaces_of(out_pid(&names)), Vec::<String>::new());
 }
