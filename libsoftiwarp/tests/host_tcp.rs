@@ -350,3 +350,120 @@ fn ibv_devices_lists_a_device_per_interface_and_a_netdev_line_only_its_own() {
         o.stderr
     );
 }
+
+/// `prog args` under the library in namespace `ns` with `SOFTIWARP_DEVICE=device` (root:
+/// `ip netns exec`), in its own process group; its stdout goes to `out` (a file, so a
+/// chatty program never blocks on a full pipe while the test waits), its stderr to a pipe.
+fn spawn_in_netns(
+    lib: &LibDir,
+    ns: &str,
+    device: &str,
+    prog: &str,
+    args: &[&str],
+    out: &Path,
+) -> Proc {
+    use std::os::unix::process::CommandExt;
+    let (k, v) = lib.env(Mode::Preload);
+    let stdout = std::fs::File::create(out).expect("stdout file");
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, "env"])
+        .arg(format!("{k}={v}"))
+        .arg(format!("SOFTIWARP_DEVICE={device}"))
+        .arg(prog)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
+    Proc {
+        child,
+        what: format!("{prog} {} (in {ns})", args.join(" ")),
+    }
+}
+
+/// Root: two namespaces joined by one veth, an unmodified rping server and client
+/// pinging under the library on host-TCP devices bound to the veth's ends
+/// (`netdev=`); `ip link del` of the veth removes both devices: each rping hears
+/// `DEVICE_REMOVAL` ("cma detected device removal") and exits within 1 s of the
+/// deletion, with an error, no ping after it.
+#[test]
+fn unmodified_rping_hears_device_removal_when_its_veth_is_deleted() {
+    use netlab::Side;
+    if !netlab::netns::is_root() {
+        eprintln!("skipped: namespaces and a veth need root");
+        return;
+    }
+    if !require("rping") {
+        return;
+    }
+    let lib = LibDir::new("veth-removal");
+    let pair = netlab::VethPair::create(1500).expect("two namespaces and a veth");
+    let (ns_a, ns_b) = (
+        pair.netns(Side::A).name().to_owned(),
+        pair.netns(Side::B).name().to_owned(),
+    );
+    let server_ip = pair.ip(Side::B).to_string();
+    let port = free_port().to_string();
+    let (s_out, c_out) = (lib.dir.join("rping-s.out"), lib.dir.join("rping-c.out"));
+    let server = spawn_in_netns(
+        &lib,
+        &ns_b,
+        &format!("netdev={}", pair.veth(Side::B)),
+        "rping",
+        &["-s", "-a", &server_ip, "-p", &port, "-C", "1000000", "-V"],
+        &s_out,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let mut client = spawn_in_netns(
+        &lib,
+        &ns_a,
+        &format!("netdev={}", pair.veth(Side::A)),
+        "rping",
+        &[
+            "-c", "-a", &server_ip, "-p", &port, "-C", "1000000", "-V", "-v",
+        ],
+        &c_out,
+    );
+    // Pinging for a while.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        matches!(client.child.try_wait(), Ok(None)),
+        "the rping client ended before the removal"
+    );
+    let deleted = std::time::Instant::now();
+    pair.netns(Side::A)
+        .ip(&["link", "del", pair.veth(Side::A)])
+        .expect("ip link del");
+    let (c, s) = (
+        client.wait(Duration::from_secs(10)),
+        server.wait(Duration::from_secs(10)),
+    );
+    let took = deleted.elapsed();
+    for (o, who) in [(&c, "client"), (&s, "server")] {
+        assert!(
+            o.exited().is_some_and(|code| code != 0),
+            "rping {who} should exit with an error after the removal: {:?}\n{}\n{}",
+            o.status,
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains("device removal"),
+            "rping {who} did not hear DEVICE_REMOVAL:\n{}",
+            o.stderr
+        );
+    }
+    let pings = std::fs::read_to_string(&c_out)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("ping data"))
+        .count();
+    assert!(pings > 0, "no ping before the removal");
+    assert!(
+        took < Duration::from_secs(1),
+        "both exited {took:?} after the veth was deleted"
+    );
+    drop(pair);
+}
