@@ -216,9 +216,14 @@ fn open_one(cm: &SoftRdmaCm, spec: &DeviceSpec, index: usize) -> Result<Soft, St
         config.interface.mac = interface_mac(ifname);
     }
     let mac = config.interface.mac;
+    // The key the user wrote: `netdev` for a host interface, `link` otherwise.
+    let key = match &spec.link {
+        LinkKind::Netdev(_) => "netdev",
+        _ => "link",
+    };
     let device = sw::Device::open(config)
         .map(Arc::new)
-        .map_err(|e| format!("link: cannot open the device: {e}"))?;
+        .map_err(|e| format!("{key}: cannot open the device: {e}"))?;
     let mut dev: IbvDevice = zeroed();
     dev.node_type = IBV_NODE_RNIC;
     dev.transport_type = IBV_TRANSPORT_IWARP;

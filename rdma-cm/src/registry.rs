@@ -119,7 +119,7 @@ pub(crate) trait RegId: Send + Sync + Sized + 'static {
     fn device_removed(this: &Arc<Self>, entry: &Arc<DevEntry<Self>>);
     /// Make wildcard listener `listener`'s internal listener on `entry`
     /// (`cma_listen_on_dev`).
-    fn create_internal(listener: &Arc<Self>, entry: &Arc<DevEntry<Self>>);
+    fn create_internal(listener: &Arc<Self>, entry: &Arc<DevEntry<Self>>) -> Result<(), CmError>;
 }
 
 /// The device type of id type `I`.
@@ -412,7 +412,9 @@ impl<I: RegId> Shared<I> {
             entry: entry.clone(),
         })));
         for l in &listeners {
-            I::create_internal(l, &entry);
+            // A device added later: a failed listen there only loses that device
+            // (cma.c's `cma_add_one` logs it too).
+            let _ = I::create_internal(l, &entry);
         }
         Ok(())
     }
@@ -732,7 +734,12 @@ impl<I: RegId> Shared<I> {
 
     /// Register a wildcard listener and create its internal listener on every device
     /// (cma.c's `cma_listen_on_all`).
-    pub(crate) fn listen_any(&self, listener: &Arc<I>) {
+    /// Listens on every registered device for wildcard listener `listener`, and on
+    /// every device added later. Errors: the first device whose listen failed (the
+    /// caller undoes the internal listeners made so far, as cma.c's
+    /// `cma_listen_on_all` does since Linux 5.11); the listener is then not kept for
+    /// later devices.
+    pub(crate) fn listen_any(&self, listener: &Arc<I>) -> Result<(), CmError> {
         let _l = lock(&self.listen_lock);
         let devices = {
             let mut reg = lock(&self.reg);
@@ -740,8 +747,13 @@ impl<I: RegId> Shared<I> {
             reg.devices.clone()
         };
         for entry in &devices {
-            I::create_internal(listener, entry);
+            if let Err(e) = I::create_internal(listener, entry) {
+                let serial = listener.serial();
+                lock(&self.reg).listen_any.retain(|l| l.serial() != serial);
+                return Err(e);
+            }
         }
+        Ok(())
     }
 
     pub(crate) fn remove_listen_any(&self, serial: u64) {

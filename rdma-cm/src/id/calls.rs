@@ -466,7 +466,9 @@ impl<D: CmDevice> CmIdRef<D> {
     ///
     /// # Errors
     /// [`CmError::InvalidState`]; [`CmError::DeviceRemoved`]; [`CmError::NoPorts`];
-    /// [`CmError::Iw`] if the device's listen fails (the id is back to ADDR_BOUND).
+    /// [`CmError::Iw`] if the device's listen fails, for a wildcard listen any
+    /// registered device's (e.g. its port taken; the id is back to ADDR_BOUND, no
+    /// device listens).
     pub fn listen(&self, backlog: u32) -> Result<(), CmError> {
         let inner = &self.inner;
         let _span = inner.span.enter();
@@ -518,7 +520,17 @@ impl<D: CmDevice> CmIdRef<D> {
             }
             None => {
                 tracing::debug!(%local, "listening on every device");
-                inner.shared.listen_any(inner);
+                if let Err(e) = inner.shared.listen_any(inner) {
+                    // As cma.c's `cma_listen_on_all`: one device's failure fails the
+                    // listen; the devices already listening stop.
+                    let made = core::mem::take(&mut lock(&inner.st).internal);
+                    for (_, int) in made {
+                        IdInner::internal_teardown(&int);
+                    }
+                    let _ = inner.exch(&mut lock(&inner.st), Input::ListenUndo);
+                    tracing::debug!(%local, error = %e, "wildcard listen failed");
+                    return Err(e);
+                }
             }
         }
         Ok(())

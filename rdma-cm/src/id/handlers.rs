@@ -6,6 +6,7 @@
 use super::{
     call_handler, CmEvent, CmId, CmIdRef, Delivery, DevEntry, IdInner, IwHandler, Queued, Role,
 };
+use crate::CmError;
 use crate::device::{CmDevice, NeighborResult, ResolveError};
 use crate::event::{map_iw_event, Disposition, EventKind, IwEventKind};
 use crate::machine::{IdState, Input, IwInput};
@@ -264,15 +265,17 @@ impl<D: CmDevice> IdInner<D> {
     }
 
     /// Create the internal listener of wildcard listener `parent` on `entry` (cma.c's
-    /// `cma_listen_on_dev`). Called with the registry's listen lock held.
-    pub(crate) fn create_internal(parent: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
+    /// `cma_listen_on_dev`). Called with the registry's listen lock held. Errors: the
+    /// device's listen failed ([`CmError::Iw`], e.g. its port taken); a device being
+    /// removed, or a parent no longer listening, is no error.
+    pub(crate) fn create_internal(parent: &Arc<Self>, entry: &Arc<DevEntry<D>>) -> Result<(), CmError> {
         let (port, backlog) = {
             let pst = lock(&parent.st);
             if pst.state.get() != IdState::Listen
                 || !pst.wildcard
                 || pst.internal.iter().any(|(d, _)| *d == entry.serial)
             {
-                return;
+                return Ok(());
             }
             (pst.local.map_or(0, |l| l.port()), pst.backlog)
         };
@@ -288,12 +291,12 @@ impl<D: CmDevice> IdInner<D> {
         if entry.attach(&int).is_err() {
             let _ = int.exch(&mut lock(&int.st), Input::Destroy);
             sub(&parent.shared.counters.internal_listeners, 1);
-            return;
+            return Ok(());
         }
         lock(&int.st).device = Some(entry.clone());
         let Some(iw) = entry.create_iw_id(Self::listen_iw_handler(parent, entry)) else {
             Self::internal_teardown(&int);
-            return;
+            return Ok(());
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
         if let Err(e) = iw.listen(addr, backlog) {
@@ -301,7 +304,7 @@ impl<D: CmDevice> IdInner<D> {
             bump(&parent.shared.counters.internal_listen_failures);
             let _ = iw.destroy();
             Self::internal_teardown(&int);
-            return;
+            return Err(e.into());
         }
         *lock(&int.ops) = Some(iw);
         let kept = {
@@ -318,5 +321,6 @@ impl<D: CmDevice> IdInner<D> {
         } else {
             Self::internal_teardown(&int);
         }
+        Ok(())
     }
 }

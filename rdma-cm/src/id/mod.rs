@@ -514,8 +514,8 @@ impl<D: CmDevice> RegId for IdInner<D> {
         IdInner::device_removed(this, entry);
     }
 
-    fn create_internal(listener: &Arc<Self>, entry: &Arc<DevEntry<D>>) {
-        IdInner::create_internal(listener, entry);
+    fn create_internal(listener: &Arc<Self>, entry: &Arc<DevEntry<D>>) -> Result<(), CmError> {
+        IdInner::create_internal(listener, entry)
     }
 }
 

@@ -246,3 +246,23 @@ fn devices_in_a_namespace_make_their_sockets_there_whichever_thread_calls() {
     }
     drop((client, server, cdev));
 }
+
+/// A wildcard `rdma_listen` on a port another program holds fails (as cma.c's
+/// `cma_listen_on_all` since Linux 5.11: one device's failed listen fails the listen),
+/// instead of listening on no device; once the port is free the same id listens.
+#[test]
+fn a_wildcard_listen_on_a_port_in_use_fails_and_can_be_retried() {
+    let dev = host_device("hbusy", "lo");
+    let cm = cm_with(std::slice::from_ref(&dev));
+    let ch = cm.create_event_channel();
+    let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let id = cm.create_id_with_channel(&ch);
+    id.bind_addr((Ipv4Addr::UNSPECIFIED, port).into()).unwrap();
+    let err = id.listen(4).expect_err("the port is taken by a kernel socket");
+    assert_eq!(err.errno(), libc::EADDRINUSE, "{err}");
+    assert_eq!(cm.stats().internal_listeners, 0, "nothing listens after the failure");
+    drop(squatter);
+    id.listen(4).expect("the port is free now");
+    id.destroy().unwrap();
+}
