@@ -126,6 +126,10 @@ struct ListenSockets {
     port: u16,
     backlog: usize,
     socks: Vec<(Ipv4Addr, TcpListener)>,
+    /// The last accept ran out of file descriptors (`EMFILE`/`ENFILE`): connections wait
+    /// in the kernel's queue, and accepting is tried again when a connection of this
+    /// stack ends (the sockets are edge-triggered, so a full process does not spin).
+    starved: bool,
 }
 
 /// The transport of a device on a host interface. See the [module docs](self).
@@ -290,7 +294,10 @@ impl HostStack {
         self.epoll
             .add(
                 &l,
-                EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_LISTENER | lid.0),
+                EpollEvent::new(
+                    EpollFlags::EPOLLIN | EpollFlags::EPOLLET,
+                    TOKEN_LISTENER | lid.0,
+                ),
             )
             .map_err(io_err)?;
         Ok(l)
@@ -309,19 +316,27 @@ impl HostStack {
 
     /// Accepts every connection waiting on listener `lid`'s sockets.
     fn accept_ready(&mut self, lid: ListenerId, now: Instant) {
-        let Some(ls) = self.lsocks.get(&lid) else {
+        let Some(ls) = self.lsocks.get_mut(&lid) else {
             return;
         };
         let mut born = Vec::new();
+        let was_starved = std::mem::take(&mut ls.starved);
         for (_, l) in &ls.socks {
+            // Edge-triggered: accept until the queue is empty (or no fd is left).
             loop {
                 match l.accept() {
                     Ok((stream, peer)) => born.push((stream, peer)),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        if e.kind() != io::ErrorKind::WouldBlock {
-                            tracing::debug!(error = %e, "accept failed");
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        if !was_starved {
+                            tracing::warn!(port = ls.port, error = %e, "cannot accept: out of file descriptors; connections wait until one of ours ends");
                         }
+                        ls.starved = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "accept failed");
                         break;
                     }
                 }
@@ -550,6 +565,7 @@ impl LlpStack for HostStack {
                 port,
                 backlog,
                 socks,
+                starved: false,
             },
         );
         self.listeners.insert(
@@ -763,8 +779,21 @@ impl LlpStack for HostStack {
                 break;
             }
         }
+        let before = self.conns.len();
         self.reap();
         sweep_half_open_of(&mut self.listeners, &mut self.conns, &mut self.stats);
+        if self.conns.len() < before {
+            // File descriptors came free: listeners that ran out try again.
+            let starved: Vec<ListenerId> = self
+                .lsocks
+                .iter()
+                .filter(|(_, l)| l.starved)
+                .map(|(id, _)| *id)
+                .collect();
+            for lid in starved {
+                self.accept_ready(lid, now);
+            }
+        }
         if more {
             return Some(now);
         }
