@@ -259,9 +259,15 @@ fn a_wildcard_listen_on_a_port_in_use_fails_and_can_be_retried() {
     let port = squatter.local_addr().unwrap().port();
     let id = cm.create_id_with_channel(&ch);
     id.bind_addr((Ipv4Addr::UNSPECIFIED, port).into()).unwrap();
-    let err = id.listen(4).expect_err("the port is taken by a kernel socket");
+    let err = id
+        .listen(4)
+        .expect_err("the port is taken by a kernel socket");
     assert_eq!(err.errno(), libc::EADDRINUSE, "{err}");
-    assert_eq!(cm.stats().internal_listeners, 0, "nothing listens after the failure");
+    assert_eq!(
+        cm.stats().internal_listeners,
+        0,
+        "nothing listens after the failure"
+    );
     drop(squatter);
     id.listen(4).expect("the port is free now");
     id.destroy().unwrap();
