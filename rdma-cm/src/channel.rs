@@ -27,7 +27,15 @@ use std::collections::VecDeque;
 struct ChanQ<D: CmDevice> {
     events: VecDeque<Queued<D>>,
     wakers: Vec<Waker>,
-    seq: u64,
+}
+
+/// The number of the next event handed out by any channel: unique in the process, so
+/// an id that moved between channels ([`CmIdRef::migrate`]) never holds two un-acked
+/// events of one number (an ack removes its number from the id's list). A plain `std`
+/// atomic also under loom: a name, not a synchronization point.
+fn next_seq() -> u64 {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 /// The queue of an event channel (held in a `std` `Arc`: the ids of the channel reach it
@@ -44,7 +52,6 @@ impl<D: CmDevice> ChanInner<D> {
             q: Mutex::new(ChanQ {
                 events: VecDeque::new(),
                 wakers: Vec::new(),
-                seq: 0,
             }),
             cv: Condvar::new(),
             counters,
@@ -57,8 +64,7 @@ impl<D: CmDevice> ChanInner<D> {
             let (item, seq) = {
                 let mut q = lock(&self.q);
                 let item = q.events.pop_front()?;
-                q.seq += 1;
-                (item, q.seq)
+                (item, next_seq())
             };
             sub(&self.counters.events_queued, 1);
             let token = sync::thread_token();
@@ -119,6 +125,20 @@ impl<D: CmDevice> ChannelQueue<D> for ChanInner<D> {
             }
         }
         drop(dropped);
+    }
+
+    fn take_owned(&self, serial: u64) -> Vec<Queued<D>> {
+        let moved: Vec<Queued<D>> = {
+            let mut q = lock(&self.q);
+            let (moved, kept): (VecDeque<_>, VecDeque<_>) = core::mem::take(&mut q.events)
+                .into_iter()
+                .partition(|e| e.owner.serial == serial);
+            q.events = kept;
+            moved.into_iter().collect()
+        };
+        // `push` on the new channel counts them again.
+        sub(&self.counters.events_queued, moved.len());
+        moved
     }
 }
 

@@ -6,8 +6,8 @@
 mod support;
 
 use rdma_cm::{
-    CmError, CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventKind, IdState, RdmaCm,
-    RdmaCmConfig, ResolveError,
+    CmError, CmEvent, CmId, CmIdRef, ConnParam, Disposition, EventChannel, EventKind, IdState,
+    RdmaCm, RdmaCmConfig, ResolveError,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
@@ -95,10 +95,7 @@ fn connect_from(
     dst: &str,
     pd: &[u8],
 ) {
-    id.resolve_addr(src.map(addr), addr(dst), T).unwrap();
-    assert_eq!(next_kind(rx), EventKind::AddrResolved);
-    id.resolve_route(T).unwrap();
-    assert_eq!(next_kind(rx), EventKind::RouteResolved);
+    resolve_from(id, rx, src, dst);
     id.create_qp(&(), ()).unwrap();
     id.connect(
         &ConnParam::new(2, 3)
@@ -106,6 +103,27 @@ fn connect_from(
             .with_retry_count(7),
     )
     .unwrap();
+}
+
+/// A listener on `bind` whose events (and its new ids') go to the returned channel.
+fn channel_listener(
+    cm: &RdmaCm<FakeDevice>,
+    bind: &str,
+    backlog: u32,
+) -> (EventChannel<FakeDevice>, CmId<FakeDevice>) {
+    let ch = cm.create_event_channel();
+    let l = cm.create_id_with_channel(&ch);
+    l.bind_addr(addr(bind)).unwrap();
+    l.listen(backlog).unwrap();
+    (ch, l)
+}
+
+/// resolve_addr + resolve_route, each event awaited.
+fn resolve_from(id: &CmId<FakeDevice>, rx: &mpsc::Receiver<Ev>, src: Option<&str>, dst: &str) {
+    id.resolve_addr(src.map(addr), addr(dst), T).unwrap();
+    assert_eq!(next_kind(rx), EventKind::AddrResolved);
+    id.resolve_route(T).unwrap();
+    assert_eq!(next_kind(rx), EventKind::RouteResolved);
 }
 
 struct World {
@@ -307,10 +325,7 @@ fn connect_accept_disconnect_in_callback_mode() {
 #[test]
 fn connect_request_carries_private_data_and_ird_ord() {
     let w = world();
-    let ch = w.cm.create_event_channel();
-    let listener = w.cm.create_id_with_channel(&ch);
-    listener.bind_addr(addr("10.0.0.1:9000")).unwrap();
-    listener.listen(0).unwrap();
+    let (ch, listener) = channel_listener(&w.cm, "10.0.0.1:9000", 0);
     let (id, rx) = client(&w.cm);
     connect(&id, &rx, "10.0.0.1:9000", b"pd-123");
     let mut ev = ch.get_event_timeout(T).unwrap();
@@ -820,5 +835,126 @@ fn wait_ids_freed_counts_only_ids_still_referenced() {
     kept.destroy().expect("destroy");
     let s = w.cm.wait_ids_freed(Duration::from_secs(5)).expect("wait");
     assert_eq!(s.ids_alive, 0);
+    finish(w);
+}
+
+/// librdmacm's `rdma_connect` / `rdma_accept` naming a QP by `conn_param->qp_num` on ids
+/// without a QP of their own (rping `-q`): the connection uses it, the ids never
+/// destroy it, and device removal moves it to ERROR as an id's own QP.
+#[test]
+fn a_qp_named_at_connect_and_accept_is_used_but_never_destroyed() {
+    let w = world();
+    let (ch, l) = channel_listener(&w.cm, "10.0.1.1:7100", 4);
+    let (id, rx) = client(&w.cm);
+    resolve_from(&id, &rx, Some("10.0.0.1:0"), "10.0.1.1:7100");
+    assert_eq!(
+        id.connect(&ConnParam::new(1, 1)),
+        Err(CmError::NoQp { op: "connect" })
+    );
+    assert!(!id.has_iw_id(), "no iWARP CM id before connect");
+    let cqp = w.a.provider.new_qp("a");
+    id.connect_with_qp(&ConnParam::new(1, 1), cqp.clone())
+        .unwrap();
+    assert!(id.has_iw_id());
+    assert!(id.qp().is_none(), "the named QP is not the id's own");
+    assert_eq!(id.conn_qp().map(|q| q.num), Some(cqp.num));
+
+    let mut req = ch.get_event_timeout(T).unwrap();
+    assert_eq!(req.kind, EventKind::ConnectRequest);
+    let child = req.take_new_id().unwrap();
+    req.ack();
+    assert!(child.has_iw_id(), "a request's new id has its iWARP CM id");
+    let sqp = w.b.provider.new_qp("b");
+    child
+        .accept_with_qp(&ConnParam::new(1, 1), sqp.clone())
+        .unwrap();
+    assert_eq!(next_kind(&rx), EventKind::Established);
+    let est = ch.get_event_timeout(T).unwrap();
+    assert_eq!(
+        (est.kind, est.id().serial()),
+        (EventKind::Established, child.serial())
+    );
+    est.ack();
+    assert_eq!(child.conn_qp().map(|q| q.num), Some(sqp.num));
+
+    id.disconnect().unwrap();
+    assert_eq!(next_kind(&rx), EventKind::Disconnected);
+    let d = ch.get_event_timeout(T).unwrap();
+    assert_eq!(d.kind, EventKind::Disconnected);
+    d.ack();
+    id.destroy().unwrap();
+    child.destroy().unwrap();
+    assert!(!cqp.destroyed.load(SeqCst) && !sqp.destroyed.load(SeqCst));
+    assert_eq!(
+        w.a.qps_destroyed.load(SeqCst) + w.b.qps_destroyed.load(SeqCst),
+        0
+    );
+
+    // Device removal moves a named QP to ERROR, as the id's own.
+    let (x, xrx) = client(&w.cm);
+    resolve_from(&x, &xrx, Some("10.0.0.1:0"), "10.0.1.1:7100");
+    let xqp = w.a.provider.new_qp("a");
+    x.connect_with_qp(&ConnParam::new(1, 1), xqp.clone())
+        .unwrap();
+    let req = ch.get_event_timeout(T).unwrap();
+    assert_eq!(req.kind, EventKind::ConnectRequest);
+    req.id().reject(b"").unwrap();
+    drop(req);
+    assert_eq!(next_kind(&xrx), EventKind::Rejected);
+    let removal = w.cm.remove_device("a").unwrap();
+    assert_eq!(next_kind(&xrx), EventKind::DeviceRemoval);
+    assert!(xqp.errored.load(SeqCst), "named QP not moved to ERROR");
+    assert!(!xqp.destroyed.load(SeqCst));
+    drop(x);
+    removal.wait_timeout(T).unwrap();
+    drop(l);
+    drop(cqp);
+    drop(sqp);
+    drop(xqp);
+    finish(w);
+}
+
+/// `rdma_migrate_id`: an id's events not yet taken move to the new channel in order,
+/// later ones are queued there; a callback id cannot move.
+#[test]
+fn migrate_moves_queued_and_later_events_to_the_new_channel() {
+    let w = world();
+    let (ch, l) = channel_listener(&w.cm, "10.0.1.1:7200", 4);
+    let (a, arx) = client(&w.cm);
+    connect_from(&a, &arx, Some("10.0.0.1:0"), "10.0.1.1:7200", b"one");
+    let (b, brx) = client(&w.cm);
+    connect_from(&b, &brx, Some("10.0.0.1:0"), "10.0.1.1:7200", b"two");
+    assert!(eventually(T, || ch.queued() == 2));
+    let ch2 = w.cm.create_event_channel();
+    l.migrate(&ch2).unwrap();
+    assert_eq!((ch.queued(), ch2.queued()), (0, 2));
+    let mut kids = Vec::new();
+    for want in [b"one", b"two"] {
+        let mut ev = ch2.get_event_timeout(T).unwrap();
+        assert_eq!(ev.kind, EventKind::ConnectRequest);
+        assert_eq!(ev.private_data, want.to_vec(), "order kept");
+        kids.push(ev.take_new_id().unwrap());
+    }
+    // A new id moved before its accept: its Established comes on its new channel.
+    let ch3 = w.cm.create_event_channel();
+    kids[0].migrate(&ch3).unwrap();
+    kids[0].create_qp(&(), ()).unwrap();
+    kids[0].accept(&ConnParam::new(1, 1)).unwrap();
+    assert_eq!(next_kind(&arx), EventKind::Established);
+    let est = ch3.get_event_timeout(T).unwrap();
+    assert_eq!(
+        (est.kind, est.id().serial()),
+        (EventKind::Established, kids[0].serial())
+    );
+    drop(est);
+    assert_eq!(ch2.queued(), 0);
+    kids[1].reject(b"").unwrap();
+    assert_eq!(next_kind(&brx), EventKind::Rejected);
+    assert!(matches!(
+        a.migrate(&ch3),
+        Err(CmError::InvalidArgument { .. })
+    ));
+    drop(kids);
+    drop((a, b, l));
     finish(w);
 }

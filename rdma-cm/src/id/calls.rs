@@ -378,6 +378,57 @@ impl<D: CmDevice> CmIdRef<D> {
         lock(&self.inner.st).qp.clone()
     }
 
+    /// The QP the id's connection uses: its own, else the one named at
+    /// [`CmIdRef::connect_with_qp`] / [`CmIdRef::accept_with_qp`].
+    pub fn conn_qp(&self) -> Option<QpOf<D>> {
+        let st = lock(&self.inner.st);
+        st.qp.clone().or_else(|| st.user_qp.clone())
+    }
+
+    /// Whether the id has an iWARP CM id (the kernel's `id_priv->cm_id.iw`): from a
+    /// `connect` or a `listen` on one device until destroy, and for the new id of a
+    /// connect request (a wildcard listener has none of its own). `rdma_init_qp_attr`
+    /// answers from it.
+    pub fn has_iw_id(&self) -> bool {
+        lock(&self.inner.ops).is_some()
+    }
+
+    /// Move the id to `channel` (`rdma_migrate_id`; librdmacm's synchronous endpoints
+    /// move the new id of a connect request to a channel of its own): its events not
+    /// yet taken (its own, and a listener's connect requests) move there in order, and
+    /// later ones are queued there. Events already handed out stay counted against the
+    /// id until acked (librdmacm's `rdma_migrate_id` waits for those acks; a caller
+    /// that wants that waits before). Done under the id's handler lock, so no event of
+    /// the id is queued meanwhile.
+    ///
+    /// # Errors
+    /// [`CmError::InvalidState`] on a destroyed id; [`CmError::InvalidArgument`] for an
+    /// id that delivers to a callback (it has no channel to leave).
+    pub fn migrate(&self, channel: &crate::EventChannel<D>) -> Result<(), CmError> {
+        let inner = &self.inner;
+        let _span = inner.span.enter();
+        let _guard = inner.lock_handler();
+        let mut st = lock(&inner.st);
+        if matches!(st.state.get(), IdState::Destroying) {
+            return Err(CmError::InvalidState {
+                op: "migrate",
+                state: st.state.get(),
+            });
+        }
+        let super::Delivery::Channel(old) = &st.delivery else {
+            return Err(CmError::InvalidArgument {
+                what: "migrate: the id delivers to a callback",
+            });
+        };
+        let new: std::sync::Arc<dyn super::ChannelQueue<D>> = channel.inner.clone();
+        for item in old.take_owned(inner.serial) {
+            new.push(item);
+        }
+        st.delivery = super::Delivery::Channel(new);
+        tracing::debug!("migrated to another event channel");
+        Ok(())
+    }
+
     /// Destroy the id's QP (`rdma_destroy_qp`), through [`CmDevice::destroy_qp`]. Safe
     /// at any time, including after the device was removed; a no-op without a QP.
     pub fn destroy_qp(&self) {
@@ -405,6 +456,24 @@ impl<D: CmDevice> CmIdRef<D> {
     /// ROUTE_RESOLVED; [`CmError::NoQp`]; [`CmError::DeviceRemoved`]; [`CmError::Iw`]
     /// if the iWARP CM or the provider refuses (the id is back to ROUTE_RESOLVED).
     pub fn connect(&self, param: &ConnParam) -> Result<(), CmError> {
+        self.connect_inner(param, None)
+    }
+
+    /// [`CmIdRef::connect`] with `qp`, a QP of the id's device that the id does not own
+    /// (librdmacm's `rdma_connect` with `conn_param->qp_num` on an id without a QP: the
+    /// kernel's `cma_connect_iw` passes that number to `iw_cm_connect`). The id's own
+    /// QP, if it has one, is used instead (`qp_num` is then ignored, as in cma.c). The
+    /// iWARP CM holds `qp` for the connection; the id never destroys it, and moves it
+    /// to ERROR on device removal as its own.
+    ///
+    /// # Errors
+    /// As [`CmIdRef::connect`] (never [`CmError::NoQp`]).
+    pub fn connect_with_qp(&self, param: &ConnParam, qp: QpOf<D>) -> Result<(), CmError> {
+        self.connect_inner(param, Some(qp))
+    }
+
+    /// `connect` with the id's own QP, else `user_qp`.
+    fn connect_inner(&self, param: &ConnParam, user_qp: Option<QpOf<D>>) -> Result<(), CmError> {
         param.check()?;
         let inner = &self.inner;
         let _span = inner.span.enter();
@@ -412,7 +481,11 @@ impl<D: CmDevice> CmIdRef<D> {
         let (entry, qp, local, peer) = {
             let mut st = lock(&inner.st);
             check(&st, Input::Connect)?;
-            let qp = st.qp.clone().ok_or(CmError::NoQp { op: "connect" })?;
+            let qp = st
+                .qp
+                .clone()
+                .or_else(|| user_qp.clone())
+                .ok_or(CmError::NoQp { op: "connect" })?;
             let entry = st
                 .device
                 .clone()
@@ -445,6 +518,10 @@ impl<D: CmDevice> CmIdRef<D> {
         match iw.connect(params) {
             Ok(()) => {
                 tracing::debug!(%peer, "connecting");
+                let mut st = lock(&inner.st);
+                if st.qp.is_none() {
+                    st.user_qp = user_qp;
+                }
                 Ok(())
             }
             Err(e) => {
@@ -546,6 +623,22 @@ impl<D: CmDevice> CmIdRef<D> {
     /// CONNECT not accepted yet; [`CmError::NoQp`]; [`CmError::DeviceRemoved`];
     /// [`CmError::Iw`].
     pub fn accept(&self, param: &ConnParam) -> Result<(), CmError> {
+        self.accept_inner(param, None)
+    }
+
+    /// [`CmIdRef::accept`] with `qp`, a QP of the id's device that the id does not own
+    /// (librdmacm's `rdma_accept` with `conn_param->qp_num` on an id without a QP:
+    /// cma.c's `cma_accept_iw`). The id's own QP, if it has one, is used instead; the
+    /// id never destroys `qp` (see [`CmIdRef::connect_with_qp`]).
+    ///
+    /// # Errors
+    /// As [`CmIdRef::accept`] (never [`CmError::NoQp`]).
+    pub fn accept_with_qp(&self, param: &ConnParam, qp: QpOf<D>) -> Result<(), CmError> {
+        self.accept_inner(param, Some(qp))
+    }
+
+    /// `accept` with the id's own QP, else `user_qp`.
+    fn accept_inner(&self, param: &ConnParam, user_qp: Option<QpOf<D>>) -> Result<(), CmError> {
         param.check()?;
         let inner = &self.inner;
         let _span = inner.span.enter();
@@ -559,7 +652,11 @@ impl<D: CmDevice> CmIdRef<D> {
                     state: st.state.get(),
                 });
             }
-            let qp = st.qp.clone().ok_or(CmError::NoQp { op: "accept" })?;
+            let qp = st
+                .qp
+                .clone()
+                .or_else(|| user_qp.clone())
+                .ok_or(CmError::NoQp { op: "accept" })?;
             st.accepted = true;
             qp
         };
@@ -577,8 +674,11 @@ impl<D: CmDevice> CmIdRef<D> {
                 state: IdState::Connect,
             }),
         };
-        if result.is_err() {
-            lock(&inner.st).accepted = false;
+        let mut st = lock(&inner.st);
+        match &result {
+            Err(_) => st.accepted = false,
+            Ok(()) if st.qp.is_none() => st.user_qp = user_qp,
+            Ok(()) => {}
         }
         result
     }

@@ -81,6 +81,10 @@ pub(crate) trait ChannelQueue<D: CmDevice>: Send + Sync {
     /// Discard the queued events of id `serial` (destroyed): its own, and connect
     /// requests on it if it was a listener.
     fn purge(&self, serial: u64);
+    /// Take out, in order, the queued events counted against id `serial` (its own,
+    /// and connect requests on it if it is a listener): the id moves to another
+    /// channel.
+    fn take_owned(&self, serial: u64) -> Vec<Queued<D>>;
 }
 
 /// One queued event.
@@ -111,6 +115,10 @@ pub(crate) struct IdSt<D: CmDevice> {
     pub(crate) delivery: Delivery<D>,
     pub(crate) device: Option<Arc<DevEntry<D>>>,
     qp: Option<QpOf<D>>,
+    /// The QP that `connect_with_qp` / `accept_with_qp` named, the id having none of
+    /// its own (librdmacm's `conn_param->qp_num`): not the id's, so never destroyed
+    /// by it, only moved to ERROR on device removal as the id's own.
+    user_qp: Option<QpOf<D>>,
     local: Option<SocketAddrV4>,
     peer: Option<SocketAddrV4>,
     /// A port reservation (bound or listening ids).
@@ -210,6 +218,7 @@ impl<D: CmDevice> IdInner<D> {
                 delivery,
                 device: None,
                 qp: None,
+                user_qp: None,
                 local: None,
                 peer: None,
                 port: None,
@@ -398,6 +407,9 @@ impl<D: CmDevice> IdInner<D> {
     pub(crate) fn teardown(this: &Arc<Self>) {
         let (device, qp, internal, port, delivery, wildcard) = {
             let mut st = lock(&this.st);
+            // Not the id's to destroy: the reference goes (the iWARP CM's goes with
+            // its id below).
+            drop(st.user_qp.take());
             (
                 st.device.take(),
                 st.qp.take(),

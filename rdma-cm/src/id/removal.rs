@@ -52,9 +52,9 @@ impl<D: CmDevice> IdInner<D> {
                     return;
                 }
             }
-            (st.qp.clone(), st.delivery.clone())
+            ([st.qp.clone(), st.user_qp.clone()], st.delivery.clone())
         };
-        if let Some(qp) = &qp {
+        for qp in qp.iter().flatten() {
             entry.qp_to_error(qp);
         }
         let guard = if this.shared.breaks(RuleBreak::UnserializedRemoval) {
@@ -70,6 +70,12 @@ impl<D: CmDevice> IdInner<D> {
             return;
         }
         bump(&this.shared.counters.device_removals);
+        // Read again under the handler lock: a `migrate` may have moved the id.
+        let delivery = if guard.is_some() {
+            lock(&this.st).delivery.clone()
+        } else {
+            delivery
+        };
         Self::deliver(
             this,
             guard,
