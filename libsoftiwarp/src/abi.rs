@@ -15,12 +15,30 @@ pub const IBV_PORT_ACTIVE: c_int = 4;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 /// `IBV_QPS_RESET` .. `IBV_QPS_ERR` (`enum ibv_qp_state`).
 pub const IBV_QPS_INIT: c_int = 1;
+/// `IBV_QPS_RTR`.
+pub const IBV_QPS_RTR: c_int = 2;
 /// `IBV_QPS_RTS`.
 pub const IBV_QPS_RTS: c_int = 3;
 /// `IBV_QPS_ERR`.
 pub const IBV_QPS_ERR: c_int = 6;
 /// `IBV_QP_STATE` bit of `enum ibv_qp_attr_mask`.
 pub const IBV_QP_STATE: c_int = 1;
+/// `IBV_QP_ACCESS_FLAGS` bit.
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+/// `IBV_QP_PORT` bit.
+pub const IBV_QP_PORT: c_int = 1 << 5;
+/// `IBV_ACCESS_REMOTE_WRITE` (`enum ibv_access_flags`).
+pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
+/// `IBV_ACCESS_REMOTE_READ`.
+pub const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;
+/// `IBV_QPT_UC` (`enum ibv_qp_type`; `IBV_QPT_RC` is in `cxgb4::ffi::types`).
+pub const IBV_QPT_UC: c_int = 3;
+/// `IBV_QPT_UD`.
+pub const IBV_QPT_UD: c_int = 4;
+/// `IBV_QPT_XRC_SEND`.
+pub const IBV_QPT_XRC_SEND: c_int = 9;
+/// `IBV_QPT_XRC_RECV`.
+pub const IBV_QPT_XRC_RECV: c_int = 10;
 /// `IBV_SEND_FENCE` .. `IBV_SEND_INLINE` (`enum ibv_send_flags`).
 pub const IBV_SEND_FENCE: c_uint = 1;
 /// `IBV_SEND_SIGNALED`.
@@ -45,8 +63,14 @@ pub const IBV_WR_LOCAL_INV: c_uint = 7;
 pub const IBV_WR_SEND_WITH_INV: c_uint = 9;
 /// `IBV_ACCESS_OPTIONAL_RANGE`: access bits a provider may ignore (relaxed ordering ...).
 pub const IBV_ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
-/// `RDMA_PS_TCP`.
+/// `RDMA_PS_TCP` (`enum rdma_port_space`).
 pub const RDMA_PS_TCP: c_int = 0x0106;
+/// `RDMA_PS_IPOIB`.
+pub const RDMA_PS_IPOIB: c_int = 0x0002;
+/// `RDMA_PS_IB`.
+pub const RDMA_PS_IB: c_int = 0x013F;
+/// `RDMA_PS_UDP`.
+pub const RDMA_PS_UDP: c_int = 0x0111;
 /// `RAI_PASSIVE` (`rdma_getaddrinfo` hint flag).
 pub const RAI_PASSIVE: c_int = 1;
 /// `IBV_MTU_256` .. `IBV_MTU_4096` are 1 ..= 5 (`enum ibv_mtu`).

@@ -29,18 +29,19 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use cxgb4::ffi::types::{
-    IbvContext, IbvPd, IbvQp, IbvQpInitAttr, RdmaCmEvent, RdmaCmId, RdmaConnParam,
-    RdmaEventChannel, IBV_QPT_RC,
+    IbvCompChannel, IbvContext, IbvCq, IbvPd, IbvQp, IbvQpInitAttr, RdmaCmEvent, RdmaCmId,
+    RdmaConnParam, RdmaEventChannel, IBV_QPT_RC,
 };
 use rdma_cm::{ChannelEvent, CmIdRef, ConnParam};
 use sw::cm::rdmacm::SoftDevice;
 use verbs::provider::CmEventKind;
 
-use crate::abi::{RdmaAddrinfo, RAI_PASSIVE, RDMA_PS_TCP};
+use crate::abi::{RdmaAddrinfo, RAI_PASSIVE, RDMA_PS_IB, RDMA_PS_IPOIB, RDMA_PS_TCP, RDMA_PS_UDP};
 use crate::boundary::{
     c_fn, c_str, free_list, from_raw, guard, into_raw, into_raw_list, obj, obj_mut, read_sockaddr,
     set_errno, slice, sockaddr_in, sockaddr_storage, write_out, zeroed,
@@ -63,7 +64,7 @@ fn live_id(id: *mut RdmaCmId) -> bool {
 }
 
 /// The state of the live event channel `ch`.
-fn live_channel(ch: *mut RdmaEventChannel) -> Option<Arc<ChanShared>> {
+pub(crate) fn live_channel(ch: *mut RdmaEventChannel) -> Option<Arc<ChanShared>> {
     ChanObj::get(ch).and_then(|c| lock(&c.s.shared).clone())
 }
 
@@ -96,11 +97,20 @@ fn refresh(o: &IdObj) {
     let src = sockaddr_storage(r.local_addr());
     let dst = sockaddr_storage(r.peer_addr());
     let _c = lock(&o.s.c_lock);
+    // librdmacm gives an id its device's default PD when the id reaches the device
+    // (`ucma_get_device`: `id->pd = cma_dev->pd`), unless it has one.
+    let pd = match dev {
+        Some(s) if o.with_c(|c| c.pd.is_null()) => crate::ibv::default_pd(s).ok(),
+        _ => None,
+    };
     o.update_c(|c| {
         c.verbs = verbs;
         c.port_num = u8::from(bound);
         c.route.addr.src_addr = src;
         c.route.addr.dst_addr = dst;
+        if let Some(pd) = pd {
+            c.pd = pd;
+        }
     });
 }
 
@@ -123,6 +133,18 @@ fn id_call(
     }
 }
 
+/// [`id_call`], then for a synchronous id the wait for the call's event
+/// ([`complete`]).
+fn sync_call(
+    id: *mut RdmaCmId,
+    f: impl FnOnce(&CmIdRef<SoftDevice>) -> Result<(), rdma_cm::CmError>,
+) -> c_int {
+    match id_call(id, f) {
+        0 => IdObj::get(id).map_or_else(|| fail(libc::EINVAL), |o| complete(&o)),
+        r => r,
+    }
+}
+
 // ------------------------------------------------------------------ channels
 
 c_fn!("RDMACM_1.0";
@@ -141,7 +163,7 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
 });
 
 /// A new published event channel.
-fn new_channel() -> Result<Arc<ChanObj>, c_int> {
+pub(crate) fn new_channel() -> Result<Arc<ChanObj>, c_int> {
     let cm = crate::device::cm().ok_or(NO_DEVICE)?;
     let fd = crate::boundary::new_eventfd()?;
     let ch = cm.create_event_channel();
@@ -165,7 +187,7 @@ fn new_channel() -> Result<Arc<ChanObj>, c_int> {
 }
 
 /// Destroys the channel object `c` (taken out of the live handles).
-fn destroy_channel(c: Arc<ChanObj>) {
+pub(crate) fn destroy_channel(c: Arc<ChanObj>) {
     // The channel's state goes when its last id does (and a call blocked on it returns).
     drop(lock(&c.s.shared).take());
     ChanObj::bury(c);
@@ -185,42 +207,70 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChann
 // ------------------------------------------------------------------ ids
 
 c_fn!("RDMACM_1.0";
-/// `rdma_create_id(3)`: `RDMA_PS_TCP` only (`EPROTONOSUPPORT` otherwise); a NULL
-/// channel gives the id a channel of its own.
+/// `rdma_create_id(3)`: `RDMA_PS_TCP` only (the UD port spaces `RDMA_PS_UDP`,
+/// `RDMA_PS_IPOIB` and InfiniBand's `RDMA_PS_IB` fail with `EPROTONOSUPPORT` after one
+/// warning line: iWARP has no UD). A NULL channel makes the id synchronous, as
+/// librdmacm does: it gets a channel of its own, and each call that produces an event
+/// waits for it and leaves it in `id->event` (acked by the id's next such call or its
+/// destroy).
 pub unsafe extern "C" fn rdma_create_id(channel: *mut RdmaEventChannel, id: *mut *mut RdmaCmId, context: *mut c_void, ps: c_int) -> c_int {
     guard("rdma_create_id", -1, || {
         if id.is_null() {
             return fail(libc::EINVAL);
         }
-        if ps != RDMA_PS_TCP {
-            return fail(libc::EPROTONOSUPPORT);
+        match create_id(channel, context, ps, IBV_QPT_RC) {
+            Ok(o) => {
+                // SAFETY: contract 3.
+                unsafe { write_out(id, o.ptr()) };
+                0
+            }
+            Err(e) => fail(e),
         }
-        let (chan, sh, own) = if channel.is_null() {
-            match new_channel() {
-                Ok(c) => {
-                    let Some(sh) = lock(&c.s.shared).clone() else {
-                        return fail(libc::EINVAL);
-                    };
-                    (c.ptr(), sh, Some(c))
-                }
-                Err(e) => return fail(e),
-            }
-        } else {
-            match live_channel(channel) {
-                Some(sh) => (channel, sh, None),
-                None => return fail(libc::EINVAL),
-            }
-        };
-        let Some(cm) = crate::device::cm() else { return fail(NO_DEVICE) };
-        let cmid = cm.create_id_with_channel(&sh.ch);
-        let o = new_id_obj(cmid, chan, sh, own, context, ps, (0, 0));
-        // SAFETY: contract 3.
-        unsafe { write_out(id, o.ptr()) };
-        0
     })
 });
 
-/// A new published id of `cmid` on the channel `chan` (state `sh`).
+/// Refuses a port space other than `RDMA_PS_TCP` with `EPROTONOSUPPORT` (the port
+/// space is the protocol; socket(2)'s errno for one not supported), after one warning
+/// line per kind, so librdmacm's UD programs (udaddy, mckey) say why they stop; then
+/// the QP type as [`crate::ibv::refuse_qp_type`].
+pub(crate) fn refuse_non_rc(call: &'static str, ps: c_int, qp_type: c_int) -> Result<(), c_int> {
+    crate::ibv::refuse_qp_type(call, qp_type)?;
+    let what = match ps {
+        RDMA_PS_TCP => return Ok(()),
+        RDMA_PS_UDP | RDMA_PS_IPOIB => "iWARP has no UD",
+        RDMA_PS_IB => "iWARP has no InfiniBand port space",
+        _ => "iWARP has no such port space",
+    };
+    crate::stubs::warn_once(
+        what,
+        &format!("{call} refused: iWARP is reliable connected only (RDMA_PS_TCP)"),
+    );
+    Err(libc::EPROTONOSUPPORT)
+}
+
+/// A new published id (`rdma_create_id`, `rdma_create_ep`): on `channel`, or
+/// synchronous on a channel of its own for NULL; `Err(errno)`.
+pub(crate) fn create_id(
+    channel: *mut RdmaEventChannel,
+    context: *mut c_void,
+    ps: c_int,
+    qp_type: c_int,
+) -> Result<Arc<IdObj>, c_int> {
+    refuse_non_rc("rdma_create_id", ps, qp_type)?;
+    let (chan, sh, own) = if channel.is_null() {
+        let c = new_channel()?;
+        let sh = lock(&c.s.shared).clone().ok_or(libc::EINVAL)?;
+        (c.ptr(), sh, Some(c))
+    } else {
+        (channel, live_channel(channel).ok_or(libc::EINVAL)?, None)
+    };
+    let cm = crate::device::cm().ok_or(NO_DEVICE)?;
+    let cmid = cm.create_id_with_channel(&sh.ch);
+    Ok(new_id_obj(cmid, chan, sh, own, context, ps, (0, 0)))
+}
+
+/// A new published id of `cmid` on the channel `chan` (state `sh`); synchronous when
+/// the channel was made for it (`own_chan`).
 fn new_id_obj(
     cmid: rdma_cm::CmId<SoftDevice>,
     chan: *mut RdmaEventChannel,
@@ -231,6 +281,7 @@ fn new_id_obj(
     request: (u16, u16),
 ) -> Arc<IdObj> {
     let serial = cmid.serial();
+    let sync = own_chan.is_some();
     let mut c: RdmaCmId = zeroed();
     c.channel = chan;
     c.context = context;
@@ -242,7 +293,11 @@ fn new_id_obj(
             id: Mutex::new(Some(cmid)),
             serial,
             chan: Mutex::new(Some(sh)),
-            own_chan,
+            own_chan: Mutex::new(own_chan),
+            sync: AtomicBool::new(sync),
+            ep_qp_attr: Mutex::new(None),
+            disconnected: AtomicBool::new(false),
+            connect_data: Mutex::new(Vec::new()),
             request,
             c_lock: Mutex::new(()),
             held: Mutex::new(Vec::new()),
@@ -256,7 +311,8 @@ fn new_id_obj(
 }
 
 c_fn!("RDMACM_1.0";
-/// `rdma_destroy_id(3)`: waits until the id's events handed out to other threads are
+/// `rdma_destroy_id(3)`: acks the event a synchronous call left in `id->event` (as
+/// librdmacm), then waits until the id's events handed out to other threads are
 /// acknowledged; -1 with `EDEADLK` (the id left alive) while the calling thread holds
 /// one, where librdmacm would wait forever; -1 with `EINVAL` if not a live id.
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
@@ -264,8 +320,12 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
         let me = std::thread::current().id();
         match IdObj::get(id) {
             None => return fail(libc::EINVAL),
-            Some(o) if lock(&o.s.held).contains(&me) => return fail(libc::EDEADLK),
-            Some(_) => {}
+            Some(o) => {
+                ack_id_event(&o);
+                if lock(&o.s.held).contains(&me) {
+                    return fail(libc::EDEADLK);
+                }
+            }
         }
         let Some(o) = take_when_unheld(id) else {
             return fail(libc::EINVAL);
@@ -293,7 +353,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
             }
         }
         drop(chan);
-        if let Some(c) = o.s.own_chan.as_ref().and_then(|c| ChanObj::take(c.ptr())) {
+        let own = lock(&o.s.own_chan).take();
+        if let Some(c) = own.and_then(|c| ChanObj::take(c.ptr())) {
             destroy_channel(c);
         }
         IdObj::bury(o);
@@ -342,7 +403,7 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::sock
 });
 
 c_fn!("RDMACM_1.0";
-/// `rdma_resolve_addr(3)`.
+/// `rdma_resolve_addr(3)` (a synchronous id waits for `ADDR_RESOLVED`).
 pub unsafe extern "C" fn rdma_resolve_addr(id: *mut RdmaCmId, src_addr: *mut libc::sockaddr, dst_addr: *mut libc::sockaddr, timeout_ms: c_int) -> c_int {
     guard("rdma_resolve_addr", -1, || {
         // SAFETY: contract 3.
@@ -352,16 +413,16 @@ pub unsafe extern "C" fn rdma_resolve_addr(id: *mut RdmaCmId, src_addr: *mut lib
             (_, Ok(None)) => return fail(libc::EINVAL),
         };
         let t = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0).max(1));
-        id_call(id, |r| r.resolve_addr(src, dst, t))
+        sync_call(id, |r| r.resolve_addr(src, dst, t))
     })
 });
 
 c_fn!("RDMACM_1.0";
-/// `rdma_resolve_route(3)`.
+/// `rdma_resolve_route(3)` (a synchronous id waits for `ROUTE_RESOLVED`).
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut RdmaCmId, timeout_ms: c_int) -> c_int {
     guard("rdma_resolve_route", -1, || {
         let t = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0).max(1));
-        id_call(id, |r| r.resolve_route(t))
+        sync_call(id, |r| r.resolve_route(t))
     })
 });
 
@@ -374,51 +435,107 @@ pub unsafe extern "C" fn rdma_listen(id: *mut RdmaCmId, backlog: c_int) -> c_int
     })
 });
 
-/// The rdma-cm parameters of a C `struct rdma_conn_param` (`None`: `dflt`).
-fn conn_param(p: *const RdmaConnParam, dflt: (u16, u16)) -> Result<ConnParam, c_int> {
+/// The rdma-cm parameters of a C `struct rdma_conn_param` (`None`: `dflt`), and its
+/// `qp_num` (`None` for NULL).
+fn conn_param(
+    p: *const RdmaConnParam,
+    dflt: (u16, u16),
+) -> Result<(ConnParam, Option<u32>), c_int> {
     // SAFETY: contract 3.
     let Some(c) = (unsafe { obj(p) }) else {
-        return Ok(ConnParam::new(dflt.0, dflt.1));
+        return Ok((ConnParam::new(dflt.0, dflt.1), None));
     };
     // SAFETY: contract 3: `private_data_len` readable bytes.
     let pd = unsafe { slice(c.private_data.cast::<u8>(), usize::from(c.private_data_len)) }
         .ok_or(libc::EINVAL)?;
-    Ok(
+    Ok((
         ConnParam::new(c.responder_resources.into(), c.initiator_depth.into())
             .with_private_data(pd.to_vec())
             .with_retry_count(c.retry_count),
-    )
+        Some(c.qp_num),
+    ))
+}
+
+/// The QP a connect or accept of `o` names by `conn_param->qp_num` when the id has no
+/// QP of its own (a QP from `ibv_create_qp`, as rping `-q` makes): `Ok(None)` if the id
+/// has one (the number is ignored, as in cma.c); `EINVAL` without a `conn_param` (as
+/// librdmacm's `ucma_valid_param`), or for a number that is no live QP of the id's
+/// device (the kernel's `iw_cm_connect` finds no QP: `EINVAL`).
+fn named_qp(
+    o: &IdObj,
+    r: &CmIdRef<SoftDevice>,
+    qp_num: Option<u32>,
+) -> Result<Option<Arc<sw::Qp>>, c_int> {
+    if id_qp(o).is_some() {
+        return Ok(None);
+    }
+    let qpn = qp_num.ok_or(libc::EINVAL)?;
+    let dev = id_device(r).ok_or(libc::EINVAL)?;
+    let q = crate::ibv::qp_by_num(dev.index, qpn).ok_or(libc::EINVAL)?;
+    q.s.qp().map(Some).ok_or(libc::EINVAL)
 }
 
 c_fn!("RDMACM_1.0";
 /// `rdma_connect(3)`: a NULL `conn_param` asks for IRD and ORD 255 (clamped by the
-/// device), as librdmacm does.
+/// device), as librdmacm does. An id without a QP connects the QP `conn_param->qp_num`
+/// names (one from `ibv_create_qp` on the id's device; the id never destroys it).
+/// A synchronous id waits for `ESTABLISHED` (`ECONNREFUSED` if rejected).
 pub unsafe extern "C" fn rdma_connect(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard("rdma_connect", -1, || {
-        let p = match conn_param(param, (255, 255)) {
+        let (mut p, qp_num) = match conn_param(param, (255, 255)) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
-        id_call(id, |r| r.connect(&p))
+        let (Some(o), Ok(r)) = (IdObj::get(id), id_ref(id)) else {
+            return fail(libc::EINVAL);
+        };
+        let named = match named_qp(&o, &r, qp_num) {
+            Ok(q) => q,
+            Err(e) => return fail(e),
+        };
+        // `rdma_create_ep`'s `ai_connect` goes before the caller's private data.
+        let mut data = lock(&o.s.connect_data).clone();
+        if !data.is_empty() {
+            data.extend_from_slice(&p.private_data);
+            p.private_data = data;
+        }
+        sync_call(id, |r| match named {
+            Some(q) => r.connect_with_qp(&p, q),
+            None => r.connect(&p),
+        })
     })
 });
 
 c_fn!("RDMACM_1.0";
-/// `rdma_accept(3)`: a NULL `conn_param` mirrors the request's ORD and IRD.
+/// `rdma_accept(3)`: a NULL `conn_param` mirrors the request's ORD and IRD. An id
+/// without a QP accepts with the QP `conn_param->qp_num` names (as `rdma_connect`;
+/// `EINVAL` with a NULL `conn_param`, where librdmacm reads through it). Returns once
+/// the QP is ready to send; a synchronous id also waits for `ESTABLISHED`.
 pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard("rdma_accept", -1, || {
-        let Some(o) = IdObj::get(id) else {
+        let (Some(o), Ok(r)) = (IdObj::get(id), id_ref(id)) else {
             return fail(libc::EINVAL);
         };
-        let p = match conn_param(param, o.s.request) {
+        let (p, qp_num) = match conn_param(param, o.s.request) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
-        let r = id_call(id, |r| r.accept(&p));
-        if r == 0 {
-            wait_ready_to_send(&o);
+        let named = match named_qp(&o, &r, qp_num) {
+            Ok(q) => q,
+            Err(e) => return fail(e),
+        };
+        let qp = named.clone().or_else(|| id_qp(&o).and_then(|q| q.s.qp()));
+        let res = id_call(id, |r| match named {
+            Some(q) => r.accept_with_qp(&p, q),
+            None => r.accept(&p),
+        });
+        if res != 0 {
+            return res;
         }
-        r
+        if let Some(q) = qp {
+            wait_ready_to_send(&q);
+        }
+        complete(&o)
     })
 });
 
@@ -434,14 +551,11 @@ fn id_qp(o: &IdObj) -> Option<Arc<QpObj>> {
     QpObj::get(qp)
 }
 
-/// Waits (up to [`ACCEPT_RTS_WAIT`]) until the id's QP leaves Init/RTR: with kernel siw
-/// the passive side's QP is in RTS when `rdma_accept` returns, and programs post at once
-/// without waiting for ESTABLISHED (perftest's `ib_write_lat` server posts its first RDMA
-/// Write right after accepting).
-fn wait_ready_to_send(o: &IdObj) {
-    let Some(q) = id_qp(o).and_then(|q| q.s.qp()) else {
-        return;
-    };
+/// Waits (up to [`ACCEPT_RTS_WAIT`]) until the accepted QP `q` leaves Init/RTR: with
+/// kernel siw the passive side's QP is in RTS when `rdma_accept` returns, and programs
+/// post at once without waiting for ESTABLISHED (perftest's `ib_write_lat` server posts
+/// its first RDMA Write right after accepting).
+fn wait_ready_to_send(q: &sw::Qp) {
     let deadline = std::time::Instant::now() + ACCEPT_RTS_WAIT;
     while matches!(
         q.state(),
@@ -467,25 +581,40 @@ pub unsafe extern "C" fn rdma_reject(id: *mut RdmaCmId, private_data: *const c_v
 c_fn!("RDMACM_1.0";
 /// `rdma_disconnect(3)`. On an id already disconnected (the peer closed first, or a
 /// second call) it succeeds, as the kernel's `iw_cm_disconnect` does in CLOSING/IDLE;
-/// perftest disconnects twice and after its peer.
+/// perftest disconnects twice and after its peer. A synchronous id waits for
+/// `DISCONNECTED`, unless that event was already handed out (a second call, or one
+/// taken with `rdma_get_cm_event`), where librdmacm would wait forever.
 pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
     guard("rdma_disconnect", -1, || {
-        id_call(id, |r| match r.disconnect() {
+        let mut already = false;
+        let r = id_call(id, |r| match r.disconnect() {
             Err(rdma_cm::CmError::InvalidState { .. })
                 if r.state() == rdma_cm::IdState::Disconnect =>
             {
+                already = true;
                 Ok(())
             }
             other => other,
-        })
+        });
+        let Some(o) = IdObj::get(id) else { return r };
+        match (r, already) {
+            (0, true) if o.s.disconnected.load(Ordering::Acquire) => 0,
+            (0, _) => complete(&o),
+            (r, _) => r,
+        }
     })
 });
 
 // ------------------------------------------------------------------ QPs
 
 c_fn!("RDMACM_1.0";
-/// `rdma_create_qp(3)`: an RC QP of the id on `pd` (NULL: `id->pd`) with the CQs of
-/// `qp_init_attr`, ready for receives; the capabilities granted are written back.
+/// `rdma_create_qp(3)`: an RC QP of the id, ready for receives; the capabilities
+/// granted and the CQs used are written back into `qp_init_attr`. A NULL `pd` is the
+/// id's `pd`: its device's default PD, allocated once per device (librdmacm: one per
+/// device). A NULL `send_cq` / `recv_cq` is made by the CM with a completion channel
+/// of its own (`id->send_cq`, `id->send_cq_channel`, ...; CQ context: the id; sized
+/// `max_send_wr` / `max_recv_wr`) and destroyed by `rdma_destroy_qp`, as librdmacm
+/// does. UD, UC and XRC fail with `EOPNOTSUPP` after one warning line.
 pub unsafe extern "C" fn rdma_create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, qp_init_attr: *mut IbvQpInitAttr) -> c_int {
     guard("rdma_create_qp", -1, || create_qp(id, pd, qp_init_attr))
 });
@@ -518,54 +647,202 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void)
     })
 });
 
+/// The CQs and completion channels the CM made for an id (`id->send_cq`, ...), as
+/// addresses: librdmacm's `ucma_create_cqs` / `ucma_destroy_cqs`.
+#[derive(Default, Clone, Copy)]
+struct CmCqs {
+    send_chan: usize,
+    send_cq: usize,
+    recv_chan: usize,
+    recv_cq: usize,
+}
+
+impl CmCqs {
+    /// The ones in `id`'s C fields.
+    fn of(o: &IdObj) -> CmCqs {
+        let _c = lock(&o.s.c_lock);
+        o.with_c(|c| CmCqs {
+            send_chan: c.send_cq_channel as usize,
+            send_cq: c.send_cq as usize,
+            recv_chan: c.recv_cq_channel as usize,
+            recv_cq: c.recv_cq as usize,
+        })
+    }
+
+    /// Writes them into `id`'s C fields.
+    fn store(self, o: &IdObj) {
+        let _c = lock(&o.s.c_lock);
+        o.update_c(|c| {
+            c.send_cq_channel = self.send_chan as *mut IbvCompChannel;
+            c.send_cq = self.send_cq as *mut IbvCq;
+            c.recv_cq_channel = self.recv_chan as *mut IbvCompChannel;
+            c.recv_cq = self.recv_cq as *mut IbvCq;
+        });
+    }
+
+    /// Makes the missing ones of `id` on its context `ctx`: a receive CQ of `recv`
+    /// entries and a send CQ of `send` (0: none), each with its own channel, written
+    /// into the id's fields as they are made (so a failure leaves them to
+    /// [`CmCqs::destroy`]).
+    fn make(
+        mut self,
+        o: &IdObj,
+        ctx: *mut IbvContext,
+        send: u32,
+        recv: u32,
+    ) -> Result<CmCqs, c_int> {
+        if recv > 0 && self.recv_cq == 0 {
+            (self.recv_chan, self.recv_cq) = CmCqs::one(o, ctx, recv)?;
+            self.store(o);
+        }
+        if send > 0 && self.send_cq == 0 {
+            (self.send_chan, self.send_cq) = CmCqs::one(o, ctx, send)?;
+            self.store(o);
+        }
+        Ok(self)
+    }
+
+    /// A completion channel and a CQ of `n` entries on it (context: the id).
+    fn one(o: &IdObj, ctx: *mut IbvContext, n: u32) -> Result<(usize, usize), c_int> {
+        // SAFETY: `ctx` is the id's live context (ours).
+        let ch = unsafe { crate::ibv::ibv_create_comp_channel(ctx) };
+        if ch.is_null() {
+            return Err(crate::boundary::errno());
+        }
+        let cqe = c_int::try_from(n).unwrap_or(c_int::MAX);
+        // SAFETY: as above; `ch` was just made, the CQ context is the id's handle.
+        let cq = unsafe { crate::ibv::ibv_create_cq(ctx, cqe, o.ptr().cast::<c_void>(), ch, 0) };
+        if cq.is_null() {
+            let e = crate::boundary::errno();
+            // SAFETY: `ch` is ours, with no CQ.
+            unsafe { crate::ibv::ibv_destroy_comp_channel(ch) };
+            return Err(e);
+        }
+        Ok((ch as usize, cq as usize))
+    }
+
+    /// Destroys them (the QP on them is gone), leaving the id's fields NULL.
+    fn destroy(self, o: &IdObj) {
+        // SAFETY (each call): NULL or handles the CM made; the calls check them.
+        unsafe {
+            if self.recv_cq != 0 {
+                crate::ibv::ibv_destroy_cq(self.recv_cq as *mut IbvCq);
+            }
+            if self.send_cq != 0 && self.send_cq != self.recv_cq {
+                crate::ibv::ibv_destroy_cq(self.send_cq as *mut IbvCq);
+            }
+            if self.recv_chan != 0 {
+                crate::ibv::ibv_destroy_comp_channel(self.recv_chan as *mut IbvCompChannel);
+            }
+            if self.send_chan != 0 && self.send_chan != self.recv_chan {
+                crate::ibv::ibv_destroy_comp_channel(self.send_chan as *mut IbvCompChannel);
+            }
+        }
+        CmCqs::default().store(o);
+    }
+}
+
 /// `rdma_create_qp` on a checked `attr`.
-fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
+pub(crate) fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
     let Some(o) = IdObj::get(id) else {
         return fail(libc::EINVAL);
     };
     let Some(r) = o.s.id_ref() else {
         return fail(libc::EINVAL);
     };
-    let pd = if pd.is_null() {
-        let _c = lock(&o.s.c_lock);
-        o.with_c(|c| c.pd)
-    } else {
-        pd
-    };
     // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
-    let (Some(p), Some(a)) = (PdObj::get(pd), unsafe { obj_mut(attr) }) else {
+    let Some(a) = (unsafe { obj_mut(attr) }) else {
         return fail(libc::EINVAL);
     };
-    if a.qp_type != IBV_QPT_RC {
-        return fail(libc::EOPNOTSUPP);
+    if let Err(e) = crate::ibv::refuse_qp_type("rdma_create_qp", a.qp_type) {
+        return fail(e);
     }
+    let (id_pd, verbs, has_qp) = {
+        let _c = lock(&o.s.c_lock);
+        o.with_c(|c| (c.pd, c.verbs, !c.qp.is_null()))
+    };
+    if has_qp {
+        return fail(libc::EINVAL);
+    }
+    let pd = if pd.is_null() { id_pd } else { pd };
+    let Some(p) = PdObj::get(pd) else {
+        return fail(libc::EINVAL);
+    };
     // The PD must be of the id's device (librdmacm: of `id->verbs`); an id on no device
     // yet is the CM's error.
-    if r.device().is_some() && id_device(&r).map(|s| s.index) != Some(p.s.ctx.s.dev) {
+    let dev = id_device(&r);
+    if r.device().is_some() && dev.map(|s| s.index) != Some(p.s.ctx.s.dev) {
         return fail(libc::EINVAL);
     }
-    let Some((uses, soft_scq, soft_rcq)) = crate::ibv::cq_pair(a, &p) else {
+    // The CM's CQs, for the ones not given (librdmacm's `ucma_create_cqs`); a given CQ
+    // other than one the CM made is `EINVAL`.
+    let had = CmCqs::of(&o);
+    let clash =
+        |mine: usize, given: *mut IbvCq| mine != 0 && !given.is_null() && mine != given as usize;
+    if clash(had.recv_cq, a.recv_cq) || clash(had.send_cq, a.send_cq) {
         return fail(libc::EINVAL);
+    }
+    let want =
+        |given: *mut IbvCq, mine: usize, n: u32| if given.is_null() && mine == 0 { n } else { 0 };
+    let made = if verbs.is_null() {
+        Ok(had)
+    } else {
+        had.make(
+            &o,
+            verbs,
+            want(a.send_cq, had.send_cq, a.cap.max_send_wr),
+            want(a.recv_cq, had.recv_cq, a.cap.max_recv_wr),
+        )
     };
-    let init = sw::QpInitAttr {
-        send_cq: &soft_scq,
-        recv_cq: &soft_rcq,
-        cap: crate::ibv::cap_of(&a.cap),
-        sq_sig_all: a.sq_sig_all != 0,
+    let cqs = match made {
+        Ok(c) => c,
+        Err(e) => {
+            CmCqs::of(&o).destroy(&o);
+            return fail(e);
+        }
     };
-    match r.create_qp(&p.s.pd, init) {
-        Ok(qp) => {
-            let q = crate::ibv::qp_obj(qp, a, Some(r), uses);
+    cqs.store(&o);
+    if a.send_cq.is_null() {
+        a.send_cq = cqs.send_cq as *mut IbvCq;
+    }
+    if a.recv_cq.is_null() {
+        a.recv_cq = cqs.recv_cq as *mut IbvCq;
+    }
+    let made_qp = match crate::ibv::cq_pair(a, &p) {
+        None => Err(libc::EINVAL),
+        Some((uses, soft_scq, soft_rcq)) => {
+            let init = sw::QpInitAttr {
+                send_cq: &soft_scq,
+                recv_cq: &soft_rcq,
+                cap: crate::ibv::cap_of(&a.cap),
+                sq_sig_all: a.sq_sig_all != 0,
+            };
+            match r.create_qp(&p.s.pd, init) {
+                Ok(qp) => Ok(crate::ibv::qp_obj(qp, a, Some(r), uses)),
+                Err(e) => Err(e.errno()),
+            }
+        }
+    };
+    match made_qp {
+        Ok(q) => {
             let _c = lock(&o.s.c_lock);
-            o.update_c(|c| c.qp = q);
+            o.update_c(|c| {
+                c.qp = q;
+                c.pd = pd;
+            });
             0
         }
-        Err(e) => fail(e.errno()),
+        Err(e) => {
+            // librdmacm destroys the id's CQs when the QP cannot be made.
+            CmCqs::of(&o).destroy(&o);
+            fail(e)
+        }
     }
 }
 
 c_fn!("RDMACM_1.0";
-/// `rdma_destroy_qp(3)` (nothing for an id that is not live, or whose QP is gone).
+/// `rdma_destroy_qp(3)`: the id's QP, then the CQs and completion channels the CM
+/// made for it (nothing for an id that is not live, or whose QP is gone).
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
     guard("rdma_destroy_qp", (), || {
         let Some(o) = IdObj::get(id) else { return };
@@ -578,6 +855,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
         if let Some(q) = QpObj::take(qp) {
             crate::ibv::destroy_qp_obj(q);
         }
+        CmCqs::of(&o).destroy(&o);
     })
 });
 
@@ -596,39 +874,101 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event
         if event.is_null() {
             return fail(libc::EINVAL);
         }
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&sh.waker.fd);
-        loop {
-            if let Some(ev) = sh.take() {
-                if let Some(e) = make_event(ev) {
-                    // SAFETY: contract 3.
-                    unsafe { write_out(event, e) };
-                    return 0;
-                }
-                continue;
+        match get_event(channel, &sh) {
+            Ok(e) => {
+                // SAFETY: contract 3.
+                unsafe { write_out(event, e) };
+                0
             }
-            let nonblocking = crate::boundary::is_nonblocking(fd);
-            if ChanObj::get(channel).is_none() {
-                if nonblocking {
-                    // Never blocks: the channel is gone.
-                    return fail(libc::EINVAL);
-                }
-                // The channel was destroyed under this call: as a read blocked on
-                // librdmacm's closed fd, it never returns. rping destroys its channel
-                // at exit while its CM thread waits here; returning an error made that
-                // thread exit(255) before main returned 0.
-                loop {
-                    std::thread::sleep(Duration::from_secs(3600));
-                }
-            }
-            if nonblocking {
-                return fail(libc::EAGAIN);
-            }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return fail(e);
-            }
+            Err(e) => fail(e),
         }
     })
 });
+
+/// The next event of the channel `channel` (its state `sh`, which the caller holds),
+/// handed out to this thread: blocking until one comes, `Err(EAGAIN)` at once if the
+/// fd is `O_NONBLOCK`.
+pub(crate) fn get_event(
+    channel: *mut RdmaEventChannel,
+    sh: &ChanShared,
+) -> Result<*mut RdmaCmEvent, c_int> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sh.waker.fd);
+    loop {
+        if let Some(ev) = sh.take() {
+            if let Some(e) = make_event(ev) {
+                return Ok(e);
+            }
+            continue;
+        }
+        let nonblocking = crate::boundary::is_nonblocking(fd);
+        if ChanObj::get(channel).is_none() {
+            if nonblocking {
+                // Never blocks: the channel is gone.
+                return Err(libc::EINVAL);
+            }
+            // The channel was destroyed under this call: as a read blocked on
+            // librdmacm's closed fd, it never returns. rping destroys its channel
+            // at exit while its CM thread waits here; returning an error made that
+            // thread exit(255) before main returned 0.
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        if nonblocking {
+            return Err(libc::EAGAIN);
+        }
+        crate::boundary::wait_readable(fd)?;
+    }
+}
+
+/// librdmacm's `ucma_complete`, after a call of a synchronous id that produces an
+/// event (`rdma_resolve_addr`, `rdma_resolve_route`, `rdma_connect`, `rdma_accept`,
+/// `rdma_disconnect`): acks the event in `id->event`, waits for the next event of the
+/// id's own channel and leaves it in `id->event`; a non-zero status is the call's
+/// error (`REJECTED`: `ECONNREFUSED`; a negative status: its errno). 0 at once for an
+/// id with a channel of the program's.
+pub(crate) fn complete(o: &IdObj) -> c_int {
+    if !o.s.sync.load(Ordering::Acquire) {
+        return 0;
+    }
+    ack_id_event(o);
+    let chan = {
+        let _c = lock(&o.s.c_lock);
+        o.with_c(|c| c.channel)
+    };
+    let Some(sh) = o.s.chan() else {
+        return fail(libc::EINVAL);
+    };
+    let e = match get_event(chan, &sh) {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    {
+        let _c = lock(&o.s.c_lock);
+        o.update_c(|c| c.event = e);
+    }
+    let (kind, status) = EventObj::get(e).map_or((0, 0), |ev| ev.with_c(|c| (c.event, c.status)));
+    match status {
+        0 => 0,
+        _ if kind == CmEventKind::Rejected.to_raw() => fail(libc::ECONNREFUSED),
+        s if s < 0 => fail(-s),
+        s => fail(s),
+    }
+}
+
+/// Acks the event a synchronous call left in `id->event`, if any (librdmacm's
+/// `ucma_complete` and `rdma_destroy_id` do so first).
+pub(crate) fn ack_id_event(o: &IdObj) {
+    let ev = {
+        let _c = lock(&o.s.c_lock);
+        let ev = o.with_c(|c| c.event);
+        o.update_c(|c| c.event = std::ptr::null_mut());
+        ev
+    };
+    if !ev.is_null() {
+        ack_event(ev);
+    }
+}
 
 /// An event of `owner` counted as held by `holder` (`IdState::held`) until it is
 /// handed out; dropped before that (the event is dropped too), it is uncounted.
@@ -690,9 +1030,27 @@ fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
             lo.with_c(|c| (c.channel, c.context, c.ps))
         };
         let req = (ev.responder_resources, ev.initiator_depth);
-        let sh = lo.s.chan()?;
+        // librdmacm (`ucma_process_conn_req`): the new id of a synchronous listener is
+        // synchronous, moved to a channel of its own at once; when that fails the
+        // request is dropped (the new id destroyed: the request is rejected).
+        let sync = lo.s.sync.load(Ordering::Acquire);
+        let (chan, sh, own) = if sync {
+            let c = new_channel().ok()?;
+            let moved = lock(&c.s.shared)
+                .clone()
+                .filter(|sh| newid.migrate(&sh.ch).is_ok());
+            let Some(sh) = moved else {
+                if let Some(c) = ChanObj::take(c.ptr()) {
+                    destroy_channel(c);
+                }
+                return None;
+            };
+            (c.ptr(), sh, Some(c))
+        } else {
+            (chan, lo.s.chan()?, None)
+        };
         (
-            new_id_obj(newid, chan, sh, None, context, ps, req),
+            new_id_obj(newid, chan, sh, own, context, ps, req),
             Some(lo),
             hold,
         )
@@ -702,6 +1060,9 @@ fn make_event(mut ev: ChannelEvent<SoftDevice>) -> Option<*mut RdmaCmEvent> {
         refresh(&o);
         (o, None, hold)
     };
+    if kind == CmEventKind::Disconnected {
+        id.s.disconnected.store(true, Ordering::Release);
+    }
     let mut c: RdmaCmEvent = zeroed();
     c.id = id.ptr();
     c.listen_id = listen.as_ref().map_or(std::ptr::null_mut(), |l| l.ptr());
@@ -741,20 +1102,29 @@ c_fn!("RDMACM_1.0";
 /// acked.
 pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     guard("rdma_ack_cm_event", -1, || {
-        let Some(e) = EventObj::take(event) else {
-            return fail(libc::EINVAL);
-        };
-        // Acked for the rdma-cm crate; the private data goes with it.
-        drop(lock(&e.s.ev).take());
-        e.update_c(|c| {
-            c.param.conn.private_data = std::ptr::null();
-            c.param.conn.private_data_len = 0;
-        });
-        unhold(&e.s.owner, e.s.holder);
-        EventObj::bury(e);
-        0
+        if ack_event(event) {
+            0
+        } else {
+            fail(libc::EINVAL)
+        }
     })
 });
+
+/// Acks `event` if it is an event handed out and not yet acked (false otherwise).
+fn ack_event(event: *mut RdmaCmEvent) -> bool {
+    let Some(e) = EventObj::take(event) else {
+        return false;
+    };
+    // Acked for the rdma-cm crate; the private data goes with it.
+    drop(lock(&e.s.ev).take());
+    e.update_c(|c| {
+        c.param.conn.private_data = std::ptr::null();
+        c.param.conn.private_data_len = 0;
+    });
+    unhold(&e.s.owner, e.s.holder);
+    EventObj::bury(e);
+    true
+}
 
 static EVENT_STR: OnceLock<Vec<CString>> = OnceLock::new();
 
@@ -833,16 +1203,19 @@ pub unsafe extern "C" fn rdma_set_option(id: *mut RdmaCmId, level: c_int, _optna
     })
 });
 
-/// One `rdma_addrinfo` and the address it points to.
+/// One `rdma_addrinfo` and the addresses it points to.
 #[repr(C)]
 struct AddrInfoObj {
     c: RdmaAddrinfo,
     sa: libc::sockaddr_in,
+    src: libc::sockaddr_in,
 }
 
 c_fn!("RDMACM_1.0";
 /// `rdma_getaddrinfo(3)`: one IPv4 result (`RAI_PASSIVE`: the source address, else the
-/// destination), RC, `RDMA_PS_TCP`. Names are resolved by the system resolver.
+/// destination, with the hints' source address if they have one, as librdmacm), the
+/// hints' QP type and port space (RC, `RDMA_PS_TCP` where they have none; others are
+/// refused when an id is made of them). Names are resolved by the system resolver.
 pub unsafe extern "C" fn rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const RdmaAddrinfo, res: *mut *mut RdmaAddrinfo) -> c_int {
     guard("rdma_getaddrinfo", -1, || {
         if res.is_null() || (node.is_null() && service.is_null()) {
@@ -874,11 +1247,23 @@ pub unsafe extern "C" fn rdma_getaddrinfo(node: *const c_char, service: *const c
         let mut c: RdmaAddrinfo = zeroed();
         c.ai_flags = hints.map_or(0, |h| h.ai_flags);
         c.ai_family = libc::AF_INET;
-        c.ai_qp_type = IBV_QPT_RC;
-        c.ai_port_space = RDMA_PS_TCP;
+        let or = |v: c_int, dflt: c_int| if v != 0 { v } else { dflt };
+        c.ai_qp_type = or(hints.map_or(0, |h| h.ai_qp_type), IBV_QPT_RC);
+        c.ai_port_space = or(hints.map_or(0, |h| h.ai_port_space), RDMA_PS_TCP);
+        // An active result keeps the hints' source address (librdmacm; cmtime's and
+        // udaddy's `-b`).
+        let hint_src = match hints.filter(|h| !passive && h.ai_src_len > 0) {
+            // SAFETY: contract 3: the hints' address.
+            Some(h) => match unsafe { read_sockaddr(h.ai_src_addr) } {
+                Ok(Some(SocketAddr::V4(a))) => Some(a),
+                Ok(_) | Err(_) => return fail(libc::EINVAL),
+            },
+            None => None,
+        };
         let p = into_raw(AddrInfoObj {
             c,
             sa: sockaddr_in(SocketAddrV4::new(ip, port)),
+            src: sockaddr_in(hint_src.unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))),
         });
         let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         // SAFETY: `p` is ours and not yet handed out.
@@ -890,6 +1275,10 @@ pub unsafe extern "C" fn rdma_getaddrinfo(node: *const c_char, service: *const c
             } else {
                 (*p).c.ai_dst_addr = sa;
                 (*p).c.ai_dst_len = len;
+                if hint_src.is_some() {
+                    (*p).c.ai_src_addr = std::ptr::addr_of_mut!((*p).src).cast::<libc::sockaddr>();
+                    (*p).c.ai_src_len = len;
+                }
             }
             write_out(res, p.cast::<RdmaAddrinfo>());
         }

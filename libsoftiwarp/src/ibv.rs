@@ -342,21 +342,37 @@ c_fn!("IBVERBS_1.1";
 /// `ibv_alloc_pd(3)`.
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut IbvContext) -> *mut IbvPd {
     guard("ibv_alloc_pd", std::ptr::null_mut(), || {
-        let (ctx, s) = match ctx_obj(context) {
-            Ok(v) => v,
-            Err(e) => return null_err(e),
-        };
-        match s.device.alloc_pd() {
-            Ok(pd) => {
-                let mut c: IbvPd = zeroed();
-                c.context = context;
-                c.handle = next_handle();
-                PdObj::publish(&PdObj::new(c, PdState { pd, ctx }))
-            }
-            Err(e) => null_err(e.errno()),
-        }
+        alloc_pd(context).unwrap_or_else(null_err)
     })
 });
+
+/// A new published PD of the live `context`; `Err(errno)`.
+fn alloc_pd(context: *mut IbvContext) -> Result<*mut IbvPd, c_int> {
+    let (ctx, s) = ctx_obj(context)?;
+    let pd = s.device.alloc_pd().map_err(|e| e.errno())?;
+    let mut c: IbvPd = zeroed();
+    c.context = context;
+    c.handle = next_handle();
+    Ok(PdObj::publish(&PdObj::new(c, PdState { pd, ctx })))
+}
+
+/// The default PD of device `s` on its context of CM ids (librdmacm's
+/// `cma_dev->pd`, one per device, the `id->pd` of ids on it and the PD of
+/// `rdma_create_qp(id, NULL, ...)`): allocated on first use and kept for the process
+/// (librdmacm frees it with the device's last id); allocated again if the program
+/// deallocated it.
+pub(crate) fn default_pd(s: &Soft) -> Result<*mut IbvPd, c_int> {
+    static PDS: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    let mut pds = lock(PDS.get_or_init(Default::default));
+    if let Some(&pd) = pds.get(&s.index) {
+        if PdObj::get(pd as *const IbvPd).is_some() {
+            return Ok(pd as *mut IbvPd);
+        }
+    }
+    let pd = alloc_pd(s.cm_ctx())?;
+    pds.insert(s.index, pd as usize);
+    Ok(pd)
+}
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_dealloc_pd(3)`: `EBUSY` while MRs or QPs use it, `EINVAL` if not a live PD.
@@ -1000,17 +1016,23 @@ pub unsafe extern "C" fn post_recv(
 /// The smallest send and receive queue made, WRs.
 pub const MIN_QP_WR: u32 = 16;
 
+/// The least inline data a QP takes, bytes: kernel siw grants every QP
+/// `SIW_MAX_INLINE` (80) whatever was asked, and programs rely on it (librdmacm's
+/// `rdma_xclient` sends 16 bytes inline from a QP made with `max_inline_data` 0).
+pub const MIN_INLINE: u32 = 80;
+
 /// The soft capabilities of C ones, the queue depths at least [`MIN_QP_WR`]
 /// (ibv_create_qp(3): "the actual capacity may be greater"; providers round up, and
 /// programs sized for them rely on it: perftest's `-e` latency tests post their next
-/// Send on a one-WR queue before the previous completion was seen).
+/// Send on a one-WR queue before the previous completion was seen), the inline data at
+/// least [`MIN_INLINE`] bytes.
 pub fn cap_of(c: &IbvQpCap) -> QpCap {
     QpCap {
         max_send_wr: c.max_send_wr.max(MIN_QP_WR),
         max_recv_wr: c.max_recv_wr.max(MIN_QP_WR),
         max_send_sge: c.max_send_sge,
         max_recv_sge: c.max_recv_sge,
-        max_inline_data: c.max_inline_data,
+        max_inline_data: c.max_inline_data.max(MIN_INLINE),
     }
 }
 
@@ -1063,17 +1085,44 @@ pub(crate) fn qp_obj(
     QpObj::publish(&o)
 }
 
+/// The live QP number `qpn` of the `dev`th device (`rdma_connect` / `rdma_accept` name
+/// one by `conn_param->qp_num`, as the kernel's `iw_cm` looks it up on the device).
+pub(crate) fn qp_by_num(dev: usize, qpn: u32) -> Option<Arc<QpObj>> {
+    let addr = soft_objects(|m| m.get(&(dev, SoftKind::Qp, qpn)).copied())?;
+    QpObj::get(addr as *const IbvQp)
+}
+
+/// Refuses a QP type other than RC with `EOPNOTSUPP` (kernel siw's errno for any other
+/// type, and the verbs man pages' "not supported by the device"), after one warning
+/// line per kind (`libsoftiwarp: iWARP has no UD: ...`).
+pub(crate) fn refuse_qp_type(call: &'static str, qp_type: c_int) -> Result<(), c_int> {
+    let what = match qp_type {
+        cxgb4::ffi::types::IBV_QPT_RC => return Ok(()),
+        IBV_QPT_UD => "iWARP has no UD",
+        IBV_QPT_UC => "iWARP has no UC",
+        IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => "iWARP has no XRC",
+        _ => "iWARP has no such QP type",
+    };
+    crate::stubs::warn_once(
+        what,
+        &format!("{call} refused: iWARP QPs are reliable connected (IBV_QPT_RC) only"),
+    );
+    Err(libc::EOPNOTSUPP)
+}
+
 c_fn!("IBVERBS_1.1";
-/// `ibv_create_qp(3)`: an RC QP in Reset, not bound to a connection (an iWARP QP is
-/// connected by the RDMA CM: use `rdma_create_qp`).
+/// `ibv_create_qp(3)`: an RC QP in Init, as kernel siw's (receives can be posted at
+/// once), not bound to a connection: `rdma_connect` / `rdma_accept` connect it when
+/// they name it by `conn_param->qp_num`. Other QP types fail with `EOPNOTSUPP` after
+/// one warning line.
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
         // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
         let (Some(p), Some(a)) = (PdObj::get(pd), unsafe { obj_mut(attr) }) else {
             return null_err(libc::EINVAL);
         };
-        if a.qp_type != cxgb4::ffi::types::IBV_QPT_RC {
-            return null_err(libc::EOPNOTSUPP);
+        if let Err(e) = refuse_qp_type("ibv_create_qp", a.qp_type) {
+            return null_err(e);
         }
         let s = match dev_of(&p.s.ctx) {
             Ok(s) => s,
@@ -1088,11 +1137,16 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             cap: cap_of(&a.cap),
             sq_sig_all: a.sq_sig_all != 0,
         };
-        match s.device.create_qp(&p.s.pd, init) {
-            Ok(qp) => qp_obj(Arc::new(qp), a, None, uses),
+        let qp = match s.device.create_qp(&p.s.pd, init) {
+            Ok(qp) => qp,
             // `uses` dropped: the CQs are free of it again.
-            Err(e) => null_err(e.errno()),
+            Err(e) => return null_err(e.errno()),
+        };
+        if let Err(e) = qp.modify_state(QpState::Init) {
+            let _ = qp.destroy();
+            return null_err(e.errno());
         }
+        qp_obj(Arc::new(qp), a, None, uses)
     })
 });
 
@@ -1119,7 +1173,12 @@ fn qp_state(s: c_int) -> Option<QpState> {
 c_fn!("IBVERBS_1.1";
 /// `ibv_modify_qp(3)`: the state (`IBV_QP_STATE`); on a QP of the RDMA CM only the move
 /// to Error is honoured (the CM drives the others on iWARP); other attributes are
-/// accepted and ignored. `EINVAL` if not a live QP.
+/// accepted and ignored. A QP from `ibv_create_qp` follows kernel siw, whose QP states
+/// the CM drives too: to Init or RTR is a no-op from Init, RTR, RTS or SQD (an
+/// unconnected siw QP stays idle; a connected one ignores it), so librdmacm's
+/// `rdma_init_qp_attr` sequence (rping `-q`) works before and after the connect; to RTS
+/// without a connection is `EINVAL`; to Error flushes every WR and aborts the
+/// connection. `EINVAL` if not a live QP.
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
     guard("ibv_modify_qp", libc::EIO, || {
         // SAFETY: contract 3.
@@ -1136,6 +1195,14 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
             return err_ret(libc::EINVAL);
         };
         if lock(&q.s.id).is_some() && to != QpState::Error {
+            return 0;
+        }
+        if matches!(to, QpState::Init | QpState::Rtr)
+            && matches!(
+                soft_qp.state(),
+                QpState::Init | QpState::Rtr | QpState::Rts | QpState::Sqd
+            )
+        {
             return 0;
         }
         match soft_qp.modify_state(to) {

@@ -31,6 +31,7 @@
 //! | [`objects`] | the Rust objects behind the C pointers |
 //! | [`ibv`] | libibverbs entry points and the context's data-path ops |
 //! | [`cm`] | librdmacm entry points |
+//! | [`ep`] | librdmacm's synchronous endpoint API, `rdma_migrate_id`, and the calls for QPs made outside the CM (`rdma_init_qp_attr`, `rdma_establish`) |
 //! | [`stubs`] | entry points not implemented: one warning, the man page's error |
 //!
 //! Every exported function is `sw_<name>` aliased to `<name>@@<rdma-core version>` by
@@ -40,6 +41,7 @@ pub mod abi;
 pub mod boundary;
 pub mod cm;
 pub mod device;
+pub mod ep;
 pub mod handles;
 pub mod ibv;
 pub mod maps;

@@ -10,8 +10,8 @@ use std::task::Wake;
 use std::thread::ThreadId;
 
 use cxgb4::ffi::types::{
-    IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc, RdmaCmEvent, RdmaCmId,
-    RdmaEventChannel,
+    IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvQpCap, IbvQpInitAttr, IbvWc,
+    RdmaCmEvent, RdmaCmId, RdmaEventChannel,
 };
 use rdma_cm::{ChannelEvent, CmId, CmIdRef, EventChannel, EventStream};
 use sw::cm::rdmacm::SoftDevice;
@@ -399,8 +399,22 @@ pub struct IdState {
     /// The channel's state (taken when destroyed: it holds the channel's fd).
     pub chan: Mutex<Option<Arc<ChanShared>>>,
     /// The channel object, if it was made for this id (`rdma_create_id` with a NULL
-    /// channel): destroyed with the id.
-    pub own_chan: Option<Arc<ChanObj>>,
+    /// channel, `rdma_create_ep`, `rdma_migrate_id` to NULL, the new id of a request
+    /// on a synchronous listener): destroyed with the id, or when it migrates away.
+    pub own_chan: Mutex<Option<Arc<ChanObj>>>,
+    /// Synchronous (librdmacm's `id_priv->sync`: made without a channel): the calls
+    /// that produce an event wait for it and leave it in `id->event`.
+    pub sync: AtomicBool,
+    /// The QP attributes a passive `rdma_create_ep` saved (its `qp_type` that of the
+    /// `rdma_addrinfo`): `rdma_get_request` gives the new id a QP with them, on the
+    /// listener's `pd`.
+    pub ep_qp_attr: Mutex<Option<SavedQpAttr>>,
+    /// A `DISCONNECTED` event of the id was handed out (a synchronous
+    /// `rdma_disconnect` of an id already disconnected waits for it only if not).
+    pub disconnected: AtomicBool,
+    /// Private data an active `rdma_create_ep` took from `rdma_addrinfo.ai_connect`:
+    /// `rdma_connect` sends it before the caller's own (librdmacm's `connect`).
+    pub connect_data: Mutex<Vec<u8>>,
     /// For the new id of a request: the peer's ORD and IRD (what `rdma_accept` with a
     /// NULL `conn_param` mirrors).
     pub request: (u16, u16),
@@ -428,6 +442,54 @@ impl IdState {
 
 /// `struct rdma_cm_id`.
 pub type IdObj = Obj<RdmaCmId, IdState>;
+
+/// A copy of a `struct ibv_qp_init_attr` kept by the library (its pointers as
+/// addresses, so the copy can move between threads; they are the application's).
+#[derive(Debug, Clone, Copy)]
+pub struct SavedQpAttr {
+    /// `qp_context`.
+    pub qp_context: usize,
+    /// `send_cq`.
+    pub send_cq: usize,
+    /// `recv_cq`.
+    pub recv_cq: usize,
+    /// `srq`.
+    pub srq: usize,
+    /// `cap`.
+    pub cap: IbvQpCap,
+    /// `qp_type`.
+    pub qp_type: i32,
+    /// `sq_sig_all`.
+    pub sq_sig_all: i32,
+}
+
+impl SavedQpAttr {
+    /// The copy of `a`.
+    pub fn of(a: &IbvQpInitAttr) -> SavedQpAttr {
+        SavedQpAttr {
+            qp_context: a.qp_context as usize,
+            send_cq: a.send_cq as usize,
+            recv_cq: a.recv_cq as usize,
+            srq: a.srq as usize,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        }
+    }
+
+    /// The C struct again.
+    pub fn to_c(self) -> IbvQpInitAttr {
+        IbvQpInitAttr {
+            qp_context: self.qp_context as *mut std::ffi::c_void,
+            send_cq: self.send_cq as *mut IbvCq,
+            recv_cq: self.recv_cq as *mut IbvCq,
+            srq: self.srq as *mut std::ffi::c_void,
+            cap: self.cap,
+            qp_type: self.qp_type,
+            sq_sig_all: self.sq_sig_all,
+        }
+    }
+}
 
 /// Our side of `struct rdma_cm_event` (the event is acked when dropped).
 pub struct EventState {

@@ -128,15 +128,11 @@ stubs!("IBVERBS_1.13": ibv_import_dm => Null, ibv_unimport_dm => Zero);
 stubs!("IBVERBS_1.14": ibv_query_qp_data_in_order => Zero);
 
 stubs!("RDMACM_1.0":
-    rdma_create_ep => MinusOne,
-    rdma_destroy_ep => Zero,
     rdma_create_srq => MinusOne,
     rdma_create_srq_ex => MinusOne,
     rdma_destroy_srq => Zero,
-    rdma_get_request => MinusOne,
     rdma_join_multicast => MinusOne,
     rdma_leave_multicast => MinusOne,
-    rdma_migrate_id => MinusOne,
     rdma_notify => MinusOne,
     raccept => MinusOne,
     rbind => MinusOne,
@@ -167,7 +163,6 @@ stubs!("RDMACM_1.0":
     rwritev => MinusOne,
 );
 stubs!("RDMACM_1.1": rdma_join_multicast_ex => MinusOne);
-stubs!("RDMACM_1.2": rdma_establish => MinusOne, rdma_init_qp_attr => MinusOne);
 stubs!("RDMACM_1.3":
     rdma_get_remote_ece => MinusOne,
     rdma_reject_ece => MinusOne,
