@@ -12,61 +12,19 @@
 mod support;
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use support::{
-    assert_rping_client, check_pings, free_port, perftest_pair, require, spawn_with,
-    wait_listening, LibDir, Mode, Outcome, PerftestEnd, Proc,
+    build_c, c_toolchain, check_pings, free_port, host_rping, host_server as server, perftest_pair,
+    quiet, require, spawn_with, LibDir, Mode, Outcome, PerftestEnd, Proc,
 };
 
-/// How long a server may take to listen (the library opens a device per interface on
-/// first use).
-const LISTEN: Duration = Duration::from_secs(30);
-
-/// Starts a program that listens on `port` with no device line, as `nobody`, and waits
-/// until it does.
-fn server(lib: &LibDir, prog: &str, args: &[&str], port: u16) -> Proc {
-    let p = spawn_with(lib, Mode::Preload, None, prog, args);
-    assert!(
-        wait_listening(port, LISTEN),
-        "{prog} {args:?} is not listening on port {port}"
-    );
-    p
-}
-
-/// Asserts the library said nothing (no device was left out, no warning).
-fn quiet(o: &Outcome, who: &str) {
-    let all = format!("{}{}", o.stdout, o.stderr);
-    assert!(!all.contains("libsoftiwarp:"), "{who}: {all}");
-}
-
-/// `rping -s -a 0.0.0.0 -C count -V` and `rping -c -a dst -C count -V -v` on a free
-/// port, both with no device line: both end well, the client verified every byte
-/// (`-V`) and printed every ping.
+/// `rping -s -a 0.0.0.0 -C 100 -V` and `rping -c -a dst -C 100 -V -v` on a free port,
+/// both with no device line ([`host_rping`]).
 fn rping_to(dst: &str, tag: &str) {
-    let lib = LibDir::new(tag);
-    let port = free_port().to_string();
-    let srv = server(
-        &lib,
-        "rping",
-        &["-s", "-a", "0.0.0.0", "-p", &port, "-C", "100", "-V"],
-        port.parse().unwrap(),
-    );
-    let cli = spawn_with(
-        &lib,
-        Mode::Preload,
-        None,
-        "rping",
-        &["-c", "-a", dst, "-p", &port, "-C", "100", "-V", "-v"],
-    );
-    let c = cli.wait(Duration::from_secs(90));
-    let s = srv.wait(Duration::from_secs(20));
-    assert_rping_client(&c, Some(100), "client");
-    assert!(s.ok(), "server: {s:?}");
-    quiet(&c, "client");
-    quiet(&s, "server");
+    host_rping(tag, dst, 100, &[]);
 }
 
 #[test]
@@ -211,59 +169,11 @@ fn a_persistent_rping_server_serves_three_clients_at_once() {
     quiet(&s, "server");
 }
 
-/// The first C compiler found (`cc`, `gcc`, `gcc-12`), and rdma-core's headers: else a
-/// skip note (a failure under `CI`, which installs them).
-fn c_toolchain() -> Option<&'static str> {
-    let headers = [
-        "/usr/include/infiniband/verbs.h",
-        "/usr/include/rdma/rdma_cma.h",
-    ];
-    let cc = ["cc", "gcc", "gcc-12"].into_iter().find(|cc| {
-        Command::new(cc)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let missing = match cc {
-        None => Some("a C compiler (cc)".to_owned()),
-        Some(_) => headers
-            .iter()
-            .find(|h| !Path::new(h).exists())
-            .map(|h| format!("{h} (libibverbs-dev, librdmacm-dev)")),
-    };
-    if let Some(m) = missing {
-        assert!(std::env::var_os("CI").is_none(), "{m} is missing");
-        eprintln!("skipping: {m} is missing");
-        return None;
-    }
-    cc
-}
-
-/// Builds `tests/sidechannel.c` in `lib`'s directory, linked against rdma-core (the
-/// library comes in by LD_PRELOAD, as under rping).
-fn build_sidechannel(lib: &LibDir, cc: &str) -> PathBuf {
-    let bin = lib.dir.join("sidechannel");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sidechannel.c");
-    let out = Command::new(cc)
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .expect("the C compiler");
-    assert!(
-        out.status.success(),
-        "{cc} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
-}
-
 #[test]
 fn an_rdma_program_with_a_tcp_side_channel_to_the_address_it_resolves() {
     let Some(cc) = c_toolchain() else { return };
     let lib = LibDir::new("host-sidechannel");
-    let bin = build_sidechannel(&lib, cc);
+    let bin = build_c(&lib, cc, "sidechannel");
     let bin = bin.to_str().unwrap();
     let (rdma, tcp) = (free_port(), free_port());
     let (r, t) = (rdma.to_string(), tcp.to_string());

@@ -7,48 +7,11 @@
 mod support;
 
 use std::time::Duration;
-use support::{assert_rping_client, check_pings, link_pair, require, spawn, LibDir, Mode};
+use support::{link_pair, link_rping, require, spawn, LibDir, Mode};
 
-/// Server and client rping, 100 pings with `-V` (the client compares every byte it got
-/// back by RDMA Write with what the server read by RDMA Read).
+/// Server and client rping, 100 pings with `-V` ([`link_rping`]).
 fn rping_pair(mode: Mode, base: u16) {
-    if !require("rping") {
-        return;
-    }
-    let lib = LibDir::new(&format!("rping{base}"));
-    let (srv_dev, cli_dev, addr) = link_pair(base);
-    let server = spawn(
-        &lib,
-        mode,
-        &srv_dev,
-        "rping",
-        &["-s", "-a", &addr, "-v", "-C", "100"],
-    );
-    std::thread::sleep(Duration::from_millis(700));
-    let client = spawn(
-        &lib,
-        mode,
-        &cli_dev,
-        "rping",
-        &["-c", "-a", &addr, "-C", "100", "-v", "-V"],
-    );
-    let c = client.wait(Duration::from_secs(90));
-    let s = server.wait(Duration::from_secs(20));
-    assert!(s.ok(), "server: {s:?}");
-    // Every line of both is a ping line, all 100 in order (the client's exit may be
-    // rping's own teardown race).
-    assert_eq!(c.stdout.lines().count(), 100, "client output: {}", c.stdout);
-    assert_rping_client(&c, Some(100), "client");
-    assert_eq!(s.stdout.lines().count(), 100, "server output: {}", s.stdout);
-    check_pings(&s.stdout, "server ping data: ", 100, "server");
-    // (rping's "client DISCONNECT EVENT" line is not asserted: its CM thread prints it
-    // only if the event beats the process's exit, a race rping itself has; it lost once
-    // under CI's load.)
-    assert!(
-        !c.stderr.contains("libsoftiwarp"),
-        "no warning expected: {}",
-        c.stderr
-    );
+    link_rping(mode, base, 100, &[]);
 }
 
 #[test]
@@ -151,15 +114,14 @@ fn a_peer_killed_mid_run_ends_the_survivor_with_an_error_not_a_hang() {
 
 #[test]
 fn an_unimplemented_call_is_one_warning_and_the_man_page_error_not_a_crash() {
-    if !require("rdma_server") {
+    if !require("rstream") {
         return;
     }
     let lib = LibDir::new("unimpl");
     let (dev, _, addr) = link_pair(7350);
     for mode in [Mode::Preload, Mode::DropIn] {
-        // rdma_server's synchronous endpoint API (rdma_create_ep) is not implemented.
-        let o =
-            spawn(&lib, mode, &dev, "rdma_server", &["-s", &addr]).wait(Duration::from_secs(20));
+        // rstream's rsockets are not implemented.
+        let o = spawn(&lib, mode, &dev, "rstream", &["-b", &addr]).wait(Duration::from_secs(20));
         assert!(
             o.exited().is_some_and(|c| c != 0),
             "{mode:?}: a clean failure exit: {o:?}"
@@ -171,12 +133,13 @@ fn an_unimplemented_call_is_one_warning_and_the_man_page_error_not_a_crash() {
             .collect();
         assert_eq!(
             warnings,
-            ["libsoftiwarp: rdma_create_ep: not implemented by the soft device"],
+            ["libsoftiwarp: rsocket: not implemented by the soft device"],
             "{mode:?}: {}",
             o.stderr
         );
         assert!(
-            o.stdout.contains("rdma_create_ep") || o.stderr.contains("rdma_create_ep"),
+            o.stderr
+                .contains("rsocket failed: Function not implemented"),
             "{o:?}"
         );
     }

@@ -412,3 +412,145 @@ pub fn wait_listening(port: u16, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The first C compiler found (`cc`, `gcc`, `gcc-12`), and rdma-core's headers: else a
+/// skip note (a failure under `CI`, which installs them).
+pub fn c_toolchain() -> Option<&'static str> {
+    let headers = [
+        "/usr/include/infiniband/verbs.h",
+        "/usr/include/rdma/rdma_cma.h",
+    ];
+    let cc = ["cc", "gcc", "gcc-12"].into_iter().find(|cc| {
+        Command::new(cc)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let missing = match cc {
+        None => Some("a C compiler (cc)".to_owned()),
+        Some(_) => headers
+            .iter()
+            .find(|h| !Path::new(h).exists())
+            .map(|h| format!("{h} (libibverbs-dev, librdmacm-dev)")),
+    };
+    if let Some(m) = missing {
+        assert!(std::env::var_os("CI").is_none(), "{m} is missing");
+        eprintln!("skipping: {m} is missing");
+        return None;
+    }
+    cc
+}
+
+/// Builds `tests/NAME.c` into `lib`'s directory as `NAME`, linked against rdma-core (the
+/// library comes in by LD_PRELOAD, as under rping).
+pub fn build_c(lib: &LibDir, cc: &str, name: &str) -> PathBuf {
+    let bin = lib.dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{name}.c"));
+    let out = Command::new(cc)
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("the C compiler");
+    assert!(
+        out.status.success(),
+        "{cc} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// How long a server may take to listen (the library opens a device per interface on
+/// first use).
+pub const LISTEN: Duration = Duration::from_secs(30);
+
+/// Starts a program that listens on `port` with no device line, as `nobody`, and waits
+/// until it does.
+pub fn host_server(lib: &LibDir, prog: &str, args: &[&str], port: u16) -> Proc {
+    let p = spawn_with(lib, Mode::Preload, None, prog, args);
+    assert!(
+        wait_listening(port, LISTEN),
+        "{prog} {args:?} is not listening on port {port}"
+    );
+    p
+}
+
+/// Asserts the library said nothing (no device was left out, no warning).
+pub fn quiet(o: &Outcome, who: &str) {
+    let all = format!("{}{}", o.stdout, o.stderr);
+    assert!(!all.contains("libsoftiwarp:"), "{who}: {all}");
+}
+
+/// `rping -s -a 0.0.0.0 -C count -V` and `rping -c -a dst -C count -V -v`, each with
+/// `extra` (`-q`: the QP made outside the CM), on a free port, both with no device
+/// line: both end well, the client verified every byte (`-V`) and printed every ping,
+/// the library said nothing.
+pub fn host_rping(tag: &str, dst: &str, count: usize, extra: &[&str]) {
+    if !require("rping") {
+        return;
+    }
+    let lib = LibDir::new(tag);
+    let port = free_port();
+    let (p, n) = (port.to_string(), count.to_string());
+    let mut sargs = vec!["-s", "-a", "0.0.0.0", "-V", "-p", &p, "-C", &n];
+    sargs.extend(extra);
+    let mut cargs = vec!["-c", "-V", "-v", "-a", dst, "-p", &p, "-C", &n];
+    cargs.extend(extra);
+    let srv = host_server(&lib, "rping", &sargs, port);
+    let cli = spawn_with(&lib, Mode::Preload, None, "rping", &cargs);
+    let c = cli.wait(Duration::from_secs(90));
+    let s = srv.wait(Duration::from_secs(20));
+    assert_rping_client(&c, Some(count), "client");
+    assert!(s.ok(), "server: {s:?}");
+    quiet(&c, "client");
+    quiet(&s, "server");
+}
+
+/// Server and client rping on the two ends of a UDP link (ports `base`, `base + 1`),
+/// `count` pings with `-V` (the client compares every byte it got back by RDMA Write
+/// with what the server read by RDMA Read), each with `extra` (`-q`: the QP made
+/// outside the CM): every line of both is a ping line, all in order, and the client
+/// has no warning.
+pub fn link_rping(mode: Mode, base: u16, count: usize, extra: &[&str]) {
+    if !require("rping") {
+        return;
+    }
+    let lib = LibDir::new(&format!("rping{base}"));
+    let (srv_dev, cli_dev, addr) = link_pair(base);
+    let n = count.to_string();
+    let mut sargs = vec!["-s", "-a", &addr, "-v", "-C", &n];
+    sargs.extend(extra);
+    let server = spawn(&lib, mode, &srv_dev, "rping", &sargs);
+    std::thread::sleep(Duration::from_millis(700));
+    let mut cargs = vec!["-c", "-a", &addr, "-C", &n, "-v", "-V"];
+    cargs.extend(extra);
+    let client = spawn(&lib, mode, &cli_dev, "rping", &cargs);
+    let c = client.wait(Duration::from_secs(90));
+    let s = server.wait(Duration::from_secs(20));
+    assert!(s.ok(), "server: {s:?}");
+    // Every line of both is a ping line, all in order (the client's exit may be
+    // rping's own teardown race).
+    assert_eq!(
+        c.stdout.lines().count(),
+        count,
+        "client output: {}",
+        c.stdout
+    );
+    assert_rping_client(&c, Some(count), "client");
+    assert_eq!(
+        s.stdout.lines().count(),
+        count,
+        "server output: {}",
+        s.stdout
+    );
+    check_pings(&s.stdout, "server ping data: ", count, "server");
+    // (rping's "client DISCONNECT EVENT" line is not asserted: its CM thread prints it
+    // only if the event beats the process's exit, a race rping itself has; it lost once
+    // under CI's load.)
+    assert!(
+        !c.stderr.contains("libsoftiwarp"),
+        "no warning expected: {}",
+        c.stderr
+    );
+}
