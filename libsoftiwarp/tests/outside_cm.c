@@ -18,8 +18,10 @@
  *    3 receives still posted are flushed by the disconnect.
  * 2. rdma_create_qp with a NULL PD and no CQs: the id's default PD, CQs and completion
  *    channels made by the CM (context: the id), the <rdma/rdma_verbs.h> helpers
- *    (rdma_reg_msgs on id->pd, rdma_post_send/recv, rdma_get_send/recv_comp);
- *    rdma_destroy_qp destroys the CM's CQs.
+ *    (rdma_reg_msgs / rdma_reg_write / rdma_reg_read on id->pd, rdma_post_send / recv /
+ *    write / read, rdma_get_send/recv_comp): the client sends its buffers' keys, the
+ *    server Writes one, Reads the other and echoes the message; rdma_destroy_qp
+ *    destroys the CM's CQs.
  *
  * The client also checks the refusals of what iWARP has no (a UD QP, a UDP port space).
  * Each check prints "ok: ..." or "FAILED: ..." (then exits 1); "done" last.
@@ -56,6 +58,16 @@
 		MUST(cond, what);                                                       \
 		printf("ok: %s\n", what);                                               \
 	} while (0)
+
+/* The second connection's message: 16 bytes of text and the client's buffers for the
+ * server's RDMA Write (rdma_reg_write) and RDMA Read (rdma_reg_read). */
+struct keys {
+	char text[MSG];
+	uint64_t waddr;
+	uint64_t raddr;
+	uint32_t wkey;
+	uint32_t rkey;
+};
 
 static double now(void)
 {
@@ -262,20 +274,33 @@ static int server(const char *port)
 						.max_send_sge = 1, .max_recv_sge = 1 } };
 	CHECK(rdma_create_qp(id, NULL, &qa) == 0, "rdma_create_qp(id, NULL, no CQs)");
 	cm_qp_checks(id, &qa);
-	static char msg[MSG];
-	struct ibv_mr *m2 = rdma_reg_msgs(id, msg, MSG);
-	CHECK(m2 && m2->pd == id->pd, "rdma_reg_msgs on id->pd");
-	CHECK(rdma_post_recv(id, (void *)7, msg, MSG, m2) == 0, "rdma_post_recv");
+	static struct keys msg;
+	static char local[2][MSG];
+	struct ibv_mr *m2 = rdma_reg_msgs(id, &msg, sizeof msg), *ml = rdma_reg_msgs(id, local, sizeof local);
+	CHECK(m2 && ml && m2->pd == id->pd, "rdma_reg_msgs on id->pd");
+	CHECK(rdma_post_recv(id, (void *)7, &msg, sizeof msg, m2) == 0, "rdma_post_recv");
 	CHECK(rdma_accept(id, NULL) == 0, "rdma_accept(NULL)");
 	CHECK(rdma_get_recv_comp(id, wc) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 7 &&
-		      !memcmp(msg, "second connect.", MSG),
-	      "rdma_get_recv_comp: the client's message");
-	CHECK(rdma_post_send(id, NULL, msg, MSG, m2, IBV_SEND_SIGNALED) == 0, "rdma_post_send");
+		      wc[0].byte_len == sizeof msg && !memcmp(msg.text, "second connect.", MSG),
+	      "rdma_get_recv_comp: the client's message and keys");
+	memcpy(local[0], "written by srv.", MSG);
+	CHECK(rdma_post_write(id, NULL, local[0], MSG, ml, IBV_SEND_SIGNALED, msg.waddr, msg.wkey) == 0,
+	      "rdma_post_write to the client's rdma_reg_write buffer");
+	CHECK(rdma_get_send_comp(id, wc) == 1 && wc[0].status == IBV_WC_SUCCESS &&
+		      wc[0].opcode == IBV_WC_RDMA_WRITE,
+	      "rdma_get_send_comp: the Write");
+	CHECK(rdma_post_read(id, NULL, local[1], MSG, ml, IBV_SEND_SIGNALED, msg.raddr, msg.rkey) == 0,
+	      "rdma_post_read from the client's rdma_reg_read buffer");
+	CHECK(rdma_get_send_comp(id, wc) == 1 && wc[0].status == IBV_WC_SUCCESS &&
+		      wc[0].opcode == IBV_WC_RDMA_READ && !memcmp(local[1], "read by server.", MSG),
+	      "rdma_get_send_comp: the Read, and its bytes");
+	CHECK(rdma_post_send(id, NULL, &msg, sizeof msg, m2, IBV_SEND_SIGNALED) == 0, "rdma_post_send");
 	CHECK(rdma_get_send_comp(id, wc) == 1 && wc[0].status == IBV_WC_SUCCESS,
 	      "rdma_get_send_comp");
 	CHECK(rdma_disconnect(id) == 0, "synchronous rdma_disconnect");
 	CHECK(id->event && id->event->event == RDMA_CM_EVENT_DISCONNECTED, "DISCONNECTED in id->event");
 	rdma_dereg_mr(m2);
+	rdma_dereg_mr(ml);
 	cm_qp_destroyed(id);
 	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id (2)");
 	CHECK(rdma_destroy_id(listen) == 0, "rdma_destroy_id(listener)");
@@ -360,21 +385,30 @@ static int client(const char *ip, const char *port)
 						.max_send_sge = 1, .max_recv_sge = 1 } };
 	CHECK(rdma_create_qp(id, NULL, &qa) == 0, "rdma_create_qp(id, NULL, no CQs)");
 	cm_qp_checks(id, &qa);
-	static char msg[MSG], ans[MSG];
-	struct ibv_mr *m2 = rdma_reg_msgs(id, msg, MSG), *m3 = rdma_reg_msgs(id, ans, MSG);
-	CHECK(m2 && m3, "rdma_reg_msgs");
-	CHECK(rdma_post_recv(id, NULL, ans, MSG, m3) == 0, "rdma_post_recv");
+	static struct keys msg, ans;
+	static char wbuf[MSG], rbuf[MSG] = "read by server.";
+	struct ibv_mr *m2 = rdma_reg_msgs(id, &msg, sizeof msg), *m3 = rdma_reg_msgs(id, &ans, sizeof ans);
+	struct ibv_mr *mw = rdma_reg_write(id, wbuf, MSG), *mrd = rdma_reg_read(id, rbuf, MSG);
+	CHECK(m2 && m3 && mw && mrd, "rdma_reg_msgs, rdma_reg_write, rdma_reg_read");
+	CHECK(rdma_post_recv(id, NULL, &ans, sizeof ans, m3) == 0, "rdma_post_recv");
 	CHECK(rdma_connect(id, NULL) == 0, "rdma_connect(NULL) with the CM's QP");
-	memcpy(msg, "second connect.", MSG);
-	CHECK(rdma_post_send(id, (void *)9, msg, MSG, m2, IBV_SEND_SIGNALED) == 0, "rdma_post_send");
+	memcpy(msg.text, "second connect.", MSG);
+	msg.waddr = (uintptr_t)wbuf;
+	msg.wkey = mw->rkey;
+	msg.raddr = (uintptr_t)rbuf;
+	msg.rkey = mrd->rkey;
+	CHECK(rdma_post_send(id, (void *)9, &msg, sizeof msg, m2, IBV_SEND_SIGNALED) == 0, "rdma_post_send");
 	CHECK(rdma_get_send_comp(id, wc) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 9,
 	      "rdma_get_send_comp");
 	CHECK(rdma_get_recv_comp(id, wc) == 1 && wc[0].status == IBV_WC_SUCCESS &&
-		      !memcmp(ans, "second connect.", MSG),
+		      !memcmp(&ans, &msg, sizeof msg),
 	      "rdma_get_recv_comp: the echo");
+	CHECK(!memcmp(wbuf, "written by srv.", MSG), "the server's RDMA Write, placed before its echo");
 	CHECK(rdma_disconnect(id) == 0, "synchronous rdma_disconnect");
 	rdma_dereg_mr(m2);
 	rdma_dereg_mr(m3);
+	rdma_dereg_mr(mw);
+	rdma_dereg_mr(mrd);
 	cm_qp_destroyed(id);
 	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id (2)");
 	printf("done\n");
