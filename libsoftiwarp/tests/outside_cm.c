@@ -21,7 +21,9 @@
  *    (rdma_reg_msgs / rdma_reg_write / rdma_reg_read on id->pd, rdma_post_send / recv /
  *    write / read, rdma_get_send/recv_comp): the client sends its buffers' keys, the
  *    server Writes one, Reads the other and echoes the message; rdma_destroy_qp
- *    destroys the CM's CQs.
+ *    destroys the CM's CQs. The client's id is made on a channel and moved by
+ *    rdma_migrate_id: to NULL (synchronous), and back to the channel before its
+ *    disconnect, whose event then comes there.
  *
  * The client also checks the refusals of what iWARP has no (a UD QP, a UDP port space).
  * Each check prints "ok: ..." or "FAILED: ..." (then exits 1); "done" last.
@@ -376,8 +378,15 @@ static int client(const char *ip, const char *port)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 
-	/* 2. rdma_create_qp(NULL PD, no CQs) and the rdma_verbs.h helpers. */
-	CHECK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (2)");
+	/* 2. rdma_create_qp(NULL PD, no CQs) and the rdma_verbs.h helpers, on an id made on
+	 * a channel and made synchronous by rdma_migrate_id(NULL). */
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	CHECK(ch, "rdma_create_event_channel");
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (2)");
+	CHECK(rdma_migrate_id(id, NULL) == 0 && id->channel && id->channel != ch,
+	      "rdma_migrate_id(NULL): a channel of its own");
+	CHECK(rdma_migrate_id(id, NULL) == -1 && errno == EINVAL,
+	      "rdma_migrate_id(NULL) of a synchronous id: EINVAL");
 	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000) == 0, "rdma_resolve_addr (2)");
 	CHECK(rdma_resolve_route(id, 2000) == 0, "rdma_resolve_route (2)");
 	struct ibv_qp_init_attr qa = { .qp_type = IBV_QPT_RC,
@@ -404,13 +413,22 @@ static int client(const char *ip, const char *port)
 		      !memcmp(&ans, &msg, sizeof msg),
 	      "rdma_get_recv_comp: the echo");
 	CHECK(!memcmp(wbuf, "written by srv.", MSG), "the server's RDMA Write, placed before its echo");
-	CHECK(rdma_disconnect(id) == 0, "synchronous rdma_disconnect");
+	/* Back to a channel of the program's: the disconnect returns at once, and its
+	 * event comes on that channel. */
+	CHECK(rdma_migrate_id(id, ch) == 0 && id->channel == ch, "rdma_migrate_id(ch)");
+	CHECK(rdma_disconnect(id) == 0, "rdma_disconnect (asynchronous again)");
+	struct rdma_cm_event *ev;
+	CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_DISCONNECTED &&
+		      ev->id == id,
+	      "DISCONNECTED on the channel it moved to");
+	rdma_ack_cm_event(ev);
 	rdma_dereg_mr(m2);
 	rdma_dereg_mr(m3);
 	rdma_dereg_mr(mw);
 	rdma_dereg_mr(mrd);
 	cm_qp_destroyed(id);
 	CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id (2)");
+	rdma_destroy_event_channel(ch);
 	printf("done\n");
 	return 0;
 }
