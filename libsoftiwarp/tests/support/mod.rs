@@ -52,9 +52,14 @@ pub struct LibDir {
 }
 
 impl LibDir {
-    /// Makes one under /tmp named after `tag`.
+    /// Makes one under /tmp named after `tag`, the process and a count of the
+    /// process's directories (tests of one binary run at once: each gets its own, since
+    /// one's removal at its end must not take the library from under another).
     pub fn new(tag: &str) -> LibDir {
-        let dir = std::env::temp_dir().join(format!("libsoftiwarp-{tag}-{}", std::process::id()));
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("libsoftiwarp-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
