@@ -204,3 +204,60 @@ pub struct RdmaAddrinfo {
     /// `ai_next`.
     pub ai_next: *mut RdmaAddrinfo,
 }
+
+/// `struct ibv_srq` (`ibv_create_srq(3)`): the SRQ handle the application holds.
+#[repr(C)]
+pub struct IbvSrq {
+    /// `context`: whose `ops.post_srq_recv` serves this SRQ.
+    pub context: *mut cxgb4::ffi::types::IbvContext,
+    /// `srq_context`: the application's, as created.
+    pub srq_context: *mut c_void,
+    /// `pd`.
+    pub pd: *mut cxgb4::ffi::types::IbvPd,
+    /// `handle`: for logs only.
+    pub handle: u32,
+    /// `mutex` (libibverbs' own; unused here).
+    pub mutex: libc::pthread_mutex_t,
+    /// `cond` (unused here).
+    pub cond: libc::pthread_cond_t,
+    /// `events_completed`.
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`: `max_wr` (WRs), `max_sge`, `srq_limit` (WRs; 0 = not armed).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IbvSrqAttr {
+    /// `max_wr`.
+    pub max_wr: u32,
+    /// `max_sge`.
+    pub max_sge: u32,
+    /// `srq_limit`.
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct IbvSrqInitAttr {
+    /// `srq_context`.
+    pub srq_context: *mut c_void,
+    /// `attr`: requested on input, granted on output.
+    pub attr: IbvSrqAttr,
+}
+
+/// `IBV_SRQ_MAX_WR` (`enum ibv_srq_attr_mask`).
+pub const IBV_SRQ_MAX_WR: c_int = 1;
+/// `IBV_SRQ_LIMIT`.
+pub const IBV_SRQ_LIMIT: c_int = 2;
+
+/// `post_srq_recv` of `struct ibv_context_ops` (what the header inline
+/// `ibv_post_srq_recv` calls).
+pub type PostSrqRecvFn = unsafe extern "C" fn(
+    srq: *mut IbvSrq,
+    wr: *mut cxgb4::ffi::types::IbvRecvWr,
+    bad_wr: *mut *mut cxgb4::ffi::types::IbvRecvWr,
+) -> c_int;
+
+/// Slot of `post_srq_recv` in `struct ibv_context_ops` (index 20), as an index into
+/// `IbvContextOps::_slots_13_24` (which starts at slot 13).
+pub const POST_SRQ_RECV_SLOT: usize = 20 - 13;

@@ -351,6 +351,7 @@ zeroable!(
     cxgb4::ffi::types::RdmaCmEvent,
     cxgb4::ffi::types::RdmaEventChannel,
     crate::abi::IbvQpAttr,
+    crate::abi::IbvSrq,
     crate::abi::RdmaAddrinfo,
 );
 

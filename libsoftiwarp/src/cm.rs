@@ -544,18 +544,12 @@ fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_i
     if r.device().is_some() && id_device(&r).map(|s| s.index) != Some(p.s.ctx.s.dev) {
         return fail(libc::EINVAL);
     }
-    let Some((uses, soft_scq, soft_rcq)) = crate::ibv::cq_pair(a, &p) else {
+    let Some(parts) = crate::ibv::qp_parts(a, &p) else {
         return fail(libc::EINVAL);
     };
-    let init = sw::QpInitAttr {
-        send_cq: &soft_scq,
-        recv_cq: &soft_rcq,
-        cap: crate::ibv::cap_of(&a.cap),
-        sq_sig_all: a.sq_sig_all != 0,
-    };
-    match r.create_qp(&p.s.pd, init) {
+    match r.create_qp(&p.s.pd, parts.init()) {
         Ok(qp) => {
-            let q = crate::ibv::qp_obj(qp, a, Some(r), uses);
+            let q = crate::ibv::qp_obj(qp, a, Some(r), parts.uses);
             let _c = lock(&o.s.c_lock);
             o.update_c(|c| c.qp = q);
             0

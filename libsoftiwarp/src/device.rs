@@ -303,6 +303,8 @@ pub fn new_context(dev: *mut IbvDevice, index: usize, cm: bool) -> Result<Arc<Ct
     c.ops.req_notify_cq = Some(crate::ibv::req_notify_cq);
     c.ops.post_send = Some(crate::ibv::post_send);
     c.ops.post_recv = Some(crate::ibv::post_recv);
+    let post_srq_recv: crate::abi::PostSrqRecvFn = crate::ibv::post_srq_recv;
+    c.ops._slots_13_24[crate::abi::POST_SRQ_RECV_SLOT] = post_srq_recv as *mut std::ffi::c_void;
     c.cmd_fd = -1;
     let events = Arc::new(FdQueue::new(crate::boundary::new_eventfd()?));
     c.async_fd = events.raw_fd();

@@ -34,8 +34,8 @@ use crate::boundary::{
 use crate::device::{devices, of_ibdev, Soft, NO_DEVICE};
 use crate::objects::{
     lock, to_ibv_wc, AsyncItem, CompChanObj, CompChanState, CompShared, CqObj, CqState, CtxObj,
-    FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses,
-    POLL_CHUNK,
+    FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses, SrqObj,
+    SrqState, POLL_CHUNK,
 };
 
 /// Handles of PDs, MRs, CQs and QPs (`->handle`), for the application's logs only.
@@ -209,6 +209,11 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut I
         d.max_qp_init_rd_atom = d.max_qp_rd_atom;
         d.max_res_rd_atom = d.max_qp_rd_atom;
         d.atomic_cap = IBV_ATOMIC_NONE;
+        // max_srq, max_srq_wr, max_srq_sge (the last three of max_ee .. max_srq_sge).
+        let soft = sw::DeviceAttr::SOFT;
+        d._max_ee_to_max_srq_sge[11] = i32::try_from(soft.max_srq).unwrap_or(i32::MAX);
+        d._max_ee_to_max_srq_sge[12] = i32::try_from(soft.max_srq_wr).unwrap_or(i32::MAX);
+        d._max_ee_to_max_srq_sge[13] = i32::try_from(soft.max_srq_sge).unwrap_or(i32::MAX);
         d.max_pkeys = 1;
         d.phys_port_cnt = 1;
         // SAFETY: contract 3.
@@ -621,16 +626,7 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
     let Some(soft_cq) = c.s.cq() else {
         return Err(libc::EINVAL);
     };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match soft_cq.destroy() {
-            Ok(()) => break,
-            Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(e.errno()),
-        }
-    }
+    destroy_when_flushed(|| soft_cq.destroy())?;
     if let Some(n) = lock(&c.s.notify).take() {
         n.retire();
         n.chan.cqs.fetch_sub(1, Ordering::SeqCst);
@@ -639,6 +635,24 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
     forget_async_events(&c.s.ctx, c.addr());
     soft_objects(|m| m.remove(&(c.s.ctx.s.dev, SoftKind::Cq, soft_cq.handle())));
     Ok(())
+}
+
+/// Runs `destroy` (a soft CQ's or SRQ's) until it is not `InUse`, for up to 2 s: a QP
+/// destroyed just before still counts on it until the engine has flushed and removed
+/// it. Its errno otherwise.
+fn destroy_when_flushed(
+    mut destroy: impl FnMut() -> Result<(), verbs::VerbsError>,
+) -> Result<(), c_int> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match destroy() {
+            Ok(()) => return Ok(()),
+            Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e.errno()),
+        }
+    }
 }
 
 /// `ibv_req_notify_cq` (ops slot): arms the CQ's event; one event for the next
@@ -966,7 +980,8 @@ pub unsafe extern "C" fn post_send(
     })
 }
 
-/// `ibv_post_recv` (ops slot), as [`post_send`].
+/// `ibv_post_recv` (ops slot), as [`post_send`]; `EINVAL` on a QP that takes its
+/// receive WRs from an SRQ (`*bad_wr` is the first WR).
 ///
 /// # Safety
 ///
@@ -981,6 +996,12 @@ pub unsafe extern "C" fn post_recv(
             return err_ret(libc::EINVAL);
         };
         let cap = o.s.cap;
+        if cap.max_recv_wr == 0 {
+            // A QP on an SRQ has no receive queue of its own (siw: EINVAL).
+            // SAFETY: contract 3.
+            unsafe { write_out(bad_wr, wr) };
+            return err_ret(libc::EINVAL);
+        }
         post_c_list(
             wr,
             bad_wr,
@@ -1042,6 +1063,10 @@ pub(crate) fn qp_obj(
     c.pd = pd.ptr();
     c.send_cq = uses.cqs[0].ptr();
     c.recv_cq = uses.cqs[1].ptr();
+    c.srq = uses
+        .srq
+        .as_ref()
+        .map_or(std::ptr::null_mut(), |o| o.ptr().cast());
     c.handle = next_handle();
     c.qp_num = qp.qp_num();
     c.state = IBV_QPS_INIT;
@@ -1065,7 +1090,9 @@ pub(crate) fn qp_obj(
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_create_qp(3)`: an RC QP in Reset, not bound to a connection (an iWARP QP is
-/// connected by the RDMA CM: use `rdma_create_qp`).
+/// connected by the RDMA CM: use `rdma_create_qp`). With `init_attr.srq` it takes its
+/// receive WRs from that SRQ (its `max_recv_wr` / `max_recv_sge` are ignored and
+/// reported 0, and `ibv_post_recv` on it is `EINVAL`).
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
         // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
@@ -1079,36 +1106,81 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             Ok(s) => s,
             Err(e) => return null_err(e),
         };
-        let Some((uses, soft_scq, soft_rcq)) = cq_pair(a, &p) else {
+        let Some(parts) = qp_parts(a, &p) else {
             return null_err(libc::EINVAL);
         };
-        let init = sw::QpInitAttr {
-            send_cq: &soft_scq,
-            recv_cq: &soft_rcq,
-            cap: cap_of(&a.cap),
-            sq_sig_all: a.sq_sig_all != 0,
+        let init = parts.init();
+        let made = match init.srq {
+            Some(srq) => s.device.create_qp_with_srq(&p.s.pd, init.attr, srq),
+            None => s.device.create_qp(&p.s.pd, init.attr),
         };
-        match s.device.create_qp(&p.s.pd, init) {
-            Ok(qp) => qp_obj(Arc::new(qp), a, None, uses),
-            // `uses` dropped: the CQs are free of it again.
+        match made {
+            Ok(qp) => qp_obj(Arc::new(qp), a, None, parts.uses),
+            // `parts` dropped: the CQs are free of it again.
             Err(e) => null_err(e.errno()),
         }
     })
 });
 
-/// The live CQs of `attr`, counted as used by a QP about to be made on `pd`
-/// ([`QpUses::acquire`]: `None` if either is being destroyed, or is of another device
-/// than the PD), and their soft CQs.
-pub(crate) fn cq_pair(
-    attr: &IbvQpInitAttr,
-    pd: &Arc<PdObj>,
-) -> Option<(QpUses, Arc<sw::Cq>, Arc<sw::Cq>)> {
+/// What a QP is made of: its CQs, PD and SRQ counted as used ([`QpUses`]), their soft
+/// objects, and the soft attributes of the C ones.
+pub(crate) struct QpParts {
+    /// The C-level counts (dropped if the creation fails).
+    pub uses: QpUses,
+    scq: Arc<sw::Cq>,
+    rcq: Arc<sw::Cq>,
+    srq: Option<Arc<sw::Srq>>,
+    cap: QpCap,
+    sq_sig_all: bool,
+}
+
+impl QpParts {
+    /// The soft attributes (with the SRQ, if any) to create the QP with.
+    pub fn init(&self) -> sw::cm::rdmacm::CmQpInit<'_> {
+        sw::cm::rdmacm::CmQpInit {
+            attr: sw::QpInitAttr {
+                send_cq: &self.scq,
+                recv_cq: &self.rcq,
+                cap: self.cap,
+                sq_sig_all: self.sq_sig_all,
+            },
+            srq: self.srq.as_deref(),
+        }
+    }
+}
+
+/// The live CQs (and SRQ, if `attr.srq` is set) of `attr`, counted as used by a QP
+/// about to be made on `pd` ([`QpUses::acquire`]), with their soft objects; `None` if
+/// a CQ is being destroyed, or a CQ or the SRQ is not live or of another device than
+/// the PD (the soft device refuses a QP on a destroyed SRQ itself).
+pub(crate) fn qp_parts(attr: &IbvQpInitAttr, pd: &Arc<PdObj>) -> Option<QpParts> {
     let dev = pd.s.ctx.s.dev;
+    let srq_obj = if attr.srq.is_null() {
+        None
+    } else {
+        Some(SrqObj::get(attr.srq.cast::<IbvSrq>()).filter(|o| o.s.ctx.s.dev == dev)?)
+    };
+    let srq = match &srq_obj {
+        Some(o) => Some(o.s.srq()?),
+        None => None,
+    };
     let scq = CqObj::get(attr.send_cq).filter(|c| c.s.ctx.s.dev == dev)?;
     let rcq = CqObj::get(attr.recv_cq).filter(|c| c.s.ctx.s.dev == dev)?;
     let (s, r) = (scq.s.cq()?, rcq.s.cq()?);
-    let uses = QpUses::acquire(scq, rcq, pd.clone())?;
-    Some((uses, s, r))
+    let mut uses = QpUses::acquire(scq, rcq, pd.clone())?;
+    if let Some(o) = srq_obj {
+        if !uses.use_srq(o) {
+            return None;
+        }
+    }
+    Some(QpParts {
+        uses,
+        scq: s,
+        rcq: r,
+        srq,
+        cap: cap_of(&attr.cap),
+        sq_sig_all: attr.sq_sig_all != 0,
+    })
 }
 
 /// The soft state of a C `enum ibv_qp_state`.
@@ -1171,6 +1243,7 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _att
             i.qp_context = c.qp_context;
             i.send_cq = c.send_cq;
             i.recv_cq = c.recv_cq;
+            i.srq = c.srq;
         });
         i.cap = a.cap;
         i.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
@@ -1243,6 +1316,186 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     })
 });
 
+// ------------------------------------------------------------------ SRQ
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_create_srq(3)`: a shared receive queue on `pd`. The granted `max_wr` (the
+/// request rounded up to a power of two, as siw) and `max_sge` are written back into
+/// `srq_init_attr->attr`; a non-zero `srq_limit` arms the limit. NULL with `EINVAL`
+/// for a dead PD or `max_wr` / `max_sge` beyond the device's (`max_srq_wr`,
+/// `max_srq_sge`) or `srq_limit` above `max_wr`, `ENOMEM` beyond `max_srq` SRQs.
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut IbvPd, srq_init_attr: *mut IbvSrqInitAttr) -> *mut IbvSrq {
+    guard("ibv_create_srq", std::ptr::null_mut(), || {
+        // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
+        let (Some(p), Some(a)) = (PdObj::get(pd), unsafe { obj_mut(srq_init_attr) }) else {
+            return null_err(libc::EINVAL);
+        };
+        let s = match dev_of(&p.s.ctx) {
+            Ok(s) => s,
+            Err(e) => return null_err(e),
+        };
+        let want = verbs::SrqInitAttr {
+            max_wr: a.attr.max_wr,
+            max_sge: a.attr.max_sge,
+            srq_limit: a.attr.srq_limit,
+        };
+        let srq = match s.device.create_srq(&p.s.pd, want) {
+            Ok(srq) => srq,
+            Err(e) => return null_err(e.errno()),
+        };
+        let got = match srq.query() {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = srq.destroy();
+                return null_err(e.errno());
+            }
+        };
+        a.attr = srq_attr_to_c(&got);
+        let mut c: IbvSrq = zeroed();
+        c.context = p.s.ctx.ptr();
+        c.srq_context = a.srq_context;
+        c.pd = pd;
+        c.handle = next_handle();
+        let soft_handle = srq.handle();
+        let o = SrqObj::new(
+            c,
+            SrqState {
+                srq: Mutex::new(Some(Arc::new(srq))),
+                max_sge: got.max_sge,
+                max_wr: got.max_wr,
+                qps: AtomicUsize::new(0),
+                pd: p.clone(),
+                ctx: p.s.ctx.clone(),
+            },
+        );
+        let dev = o.s.ctx.s.dev;
+        soft_objects(|m| m.insert((dev, SoftKind::Srq, soft_handle), o.addr()));
+        SrqObj::publish(&o)
+    })
+});
+
+/// The C attributes of soft ones.
+fn srq_attr_to_c(a: &verbs::SrqAttr) -> IbvSrqAttr {
+    IbvSrqAttr {
+        max_wr: a.max_wr,
+        max_sge: a.max_sge,
+        srq_limit: a.srq_limit,
+    }
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_modify_srq(3)`: `IBV_SRQ_LIMIT` arms the limit with `srq_limit` (0 disarms;
+/// `SRQ_LIMIT_REACHED` comes once, then the limit reads 0 until armed again);
+/// `IBV_SRQ_MAX_WR` is `EOPNOTSUPP` (no resize, as siw); `EINVAL` for a dead SRQ,
+/// a limit above `max_wr`, or other mask bits. Returns the errno.
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut IbvSrq, srq_attr: *mut IbvSrqAttr, srq_attr_mask: c_int) -> c_int {
+    guard("ibv_modify_srq", libc::EIO, || {
+        // SAFETY: contract 3.
+        let (Some(o), Some(a)) = (SrqObj::get(srq), unsafe { obj(srq_attr) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        let Some(soft) = o.s.srq() else {
+            return err_ret(libc::EINVAL);
+        };
+        if srq_attr_mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return err_ret(libc::EINVAL);
+        }
+        let mut mask = verbs::SrqAttrMask::empty();
+        if srq_attr_mask & IBV_SRQ_MAX_WR != 0 {
+            mask |= verbs::SrqAttrMask::MAX_WR;
+        }
+        if srq_attr_mask & IBV_SRQ_LIMIT != 0 {
+            mask |= verbs::SrqAttrMask::LIMIT;
+        }
+        let attr = verbs::SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        };
+        match soft.modify(&attr, mask) {
+            Ok(()) => 0,
+            Err(e) => err_ret(e.errno()),
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_srq(3)`: the granted `max_wr`, `max_sge` and the limit (0: not, or no
+/// longer, armed). Returns the errno (`EINVAL` for a dead SRQ).
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut IbvSrq, srq_attr: *mut IbvSrqAttr) -> c_int {
+    guard("ibv_query_srq", libc::EIO, || {
+        let Some(soft) = SrqObj::get(srq).and_then(|o| o.s.srq()) else {
+            return err_ret(libc::EINVAL);
+        };
+        match soft.query() {
+            // SAFETY: contract 3.
+            Ok(a) if unsafe { write_out(srq_attr, srq_attr_to_c(&a)) } => 0,
+            Ok(_) => err_ret(libc::EINVAL),
+            Err(e) => err_ret(e.errno()),
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_destroy_srq(3)`: `EBUSY` while a QP uses it (the kernel's rule; the flush of
+/// a QP destroyed just before is waited for, up to 2 s), `EINVAL` if not a live SRQ. The WRs still in it are discarded, never completed (as rdma-core's
+/// providers do). Returns the errno.
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    guard("ibv_destroy_srq", libc::EIO, || {
+        // Marked dying first, the QP count checked after (the other half is
+        // `QpUses::use_srq`).
+        let r = SrqObj::destroy_with(srq, |o| {
+            if o.s.qps.load(Ordering::SeqCst) > 0 {
+                return Err(libc::EBUSY);
+            }
+            let soft = o.s.srq().ok_or(libc::EINVAL)?;
+            destroy_when_flushed(|| soft.destroy())?;
+            drop(lock(&o.s.srq).take());
+            forget_async_events(&o.s.ctx, o.addr());
+            soft_objects(|m| m.remove(&(o.s.ctx.s.dev, SoftKind::Srq, soft.handle())));
+            Ok(())
+        });
+        match r {
+            Ok(()) => 0,
+            Err(e) => err_ret(e),
+        }
+    })
+});
+
+/// `ibv_post_srq_recv` (ops slot): the WR list in order, at most the SRQ's `max_wr`;
+/// on a refused WR, `*bad_recv_wr` names it (the ones before it are posted) and its
+/// errno is returned (`ENOMEM` when the SRQ is full, `EINVAL` for more SGEs than its
+/// `max_sge`); `EINVAL` if not a live SRQ.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut IbvSrq,
+    wr: *mut IbvRecvWr,
+    bad_wr: *mut *mut IbvRecvWr,
+) -> c_int {
+    guard("ibv_post_srq_recv", libc::EIO, || {
+        let Some((o, soft)) = SrqObj::get(srq).and_then(|o| o.s.srq().map(|q| (o, q))) else {
+            return err_ret(libc::EINVAL);
+        };
+        let max_sge = o.s.max_sge;
+        post_c_list(
+            wr,
+            bad_wr,
+            o.s.max_wr as usize,
+            |w| {
+                let list = sge_list(w.sg_list, w.num_sge, max_sge)?;
+                Ok(RecvWr::new(w.wr_id, sges(list)))
+            },
+            |wrs| {
+                soft.post_recv_list(wrs)
+                    .map_err(|e| (e.index, e.error.errno()))
+            },
+        )
+    })
+}
+
 // ------------------------------------------------------------------ async events
 
 /// The kinds of soft objects an asynchronous event names.
@@ -1252,6 +1505,8 @@ enum SoftKind {
     Cq,
     /// A QP, by its number.
     Qp,
+    /// An SRQ, by its soft handle.
+    Srq,
 }
 
 /// A soft object: its device's index, its kind, its handle or number on the device.
@@ -1303,6 +1558,9 @@ fn deliver_async_event(dev: usize, ev: AsyncEvent) {
         AsyncEvent::CqErr { cq } => named(SoftKind::Cq, cq)
             .and_then(|a| CqObj::get(a as *const IbvCq))
             .map(|c| (c.s.ctx.clone(), c.addr())),
+        AsyncEvent::SrqLimitReached { srq } => named(SoftKind::Srq, srq)
+            .and_then(|a| SrqObj::get(a as *const IbvSrq))
+            .map(|o| (o.s.ctx.clone(), o.addr())),
         AsyncEvent::QpFatal { qp_num }
         | AsyncEvent::QpReqErr { qp_num }
         | AsyncEvent::QpAccessErr { qp_num }
@@ -1443,6 +1701,8 @@ fn count_async_event(item: &AsyncItem, delta: isize) {
         None
     } else if item.event_type == verbs::AsyncEventType::CqErr.to_ibv() {
         CqObj::get(item.element as *const IbvCq).map(|c| c.s.ctx.clone())
+    } else if item.event_type == verbs::AsyncEventType::SrqLimitReached.to_ibv() {
+        SrqObj::get(item.element as *const IbvSrq).map(|o| o.s.ctx.clone())
     } else {
         QpObj::get(item.element as *const IbvQp).map(|q| q.s.ctx.clone())
     };

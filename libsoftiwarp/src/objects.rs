@@ -15,7 +15,7 @@ use cxgb4::ffi::types::{
 };
 use rdma_cm::{ChannelEvent, CmId, CmIdRef, EventChannel, EventStream};
 use sw::cm::rdmacm::SoftDevice;
-use sw::{Cq, Mr, Pd, Qp};
+use sw::{Cq, Mr, Pd, Qp, Srq};
 use verbs::{QpCap, WorkCompletion};
 
 pub use crate::handles::Obj;
@@ -237,6 +237,34 @@ impl CqState {
 /// `struct ibv_cq`.
 pub type CqObj = Obj<IbvCq, CqState>;
 
+/// Our side of `struct ibv_srq`.
+pub struct SrqState {
+    /// The soft SRQ (taken when destroyed).
+    pub srq: Mutex<Option<Arc<Srq>>>,
+    /// `max_sge` granted: a posted WR's `num_sge` is checked against it before its
+    /// SGE array is read.
+    pub max_sge: u32,
+    /// `max_wr` granted: a posted WR list is followed for at most this many WRs.
+    pub max_wr: u32,
+    /// QPs (of ours, not destroyed) that take their receive WRs from it:
+    /// `ibv_destroy_srq` is `EBUSY` at once while any remain.
+    pub qps: AtomicUsize,
+    /// Its PD (the `pd` of the C struct, kept readable).
+    pub pd: Arc<PdObj>,
+    /// Its context.
+    pub ctx: Arc<CtxObj>,
+}
+
+impl SrqState {
+    /// The soft SRQ, unless destroyed.
+    pub fn srq(&self) -> Option<Arc<Srq>> {
+        lock(&self.srq).clone()
+    }
+}
+
+/// `struct ibv_srq`.
+pub type SrqObj = Obj<crate::abi::IbvSrq, SrqState>;
+
 /// One QP's use of its CQs and PD (the C-level counts); dropped when the QP is
 /// destroyed, or when its creation fails.
 pub struct QpUses {
@@ -244,6 +272,9 @@ pub struct QpUses {
     pub cqs: [Arc<CqObj>; 2],
     /// The PD.
     pub pd: Arc<PdObj>,
+    /// The SRQ the QP takes its receive WRs from, if any (kept readable as the QP's
+    /// `srq`), counted in its `qps` ([`QpUses::use_srq`]).
+    pub srq: Option<Arc<SrqObj>>,
 }
 
 impl QpUses {
@@ -259,6 +290,7 @@ impl QpUses {
         let uses = QpUses {
             cqs: [send_cq, recv_cq],
             pd,
+            srq: None,
         };
         if uses.cqs.iter().any(|c| c.is_dying() || c.s.cq().is_none()) {
             return None;
@@ -267,10 +299,28 @@ impl QpUses {
     }
 }
 
+impl QpUses {
+    /// Counts the QP about to be created on `srq` too: `false` (nothing counted) if the
+    /// SRQ is being destroyed or is destroyed. Counted first, checked after, as
+    /// [`QpUses::acquire`] does for CQs (`ibv_destroy_srq` marks first, checks after).
+    pub fn use_srq(&mut self, srq: Arc<SrqObj>) -> bool {
+        srq.s.qps.fetch_add(1, Ordering::SeqCst);
+        if srq.is_dying() || srq.s.srq().is_none() {
+            srq.s.qps.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        self.srq = Some(srq);
+        true
+    }
+}
+
 impl Drop for QpUses {
     fn drop(&mut self) {
         for c in &self.cqs {
             c.s.qps.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(srq) = &self.srq {
+            srq.s.qps.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

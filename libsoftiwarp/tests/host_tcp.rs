@@ -12,13 +12,13 @@
 mod support;
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use support::{
-    assert_rping_client, check_pings, free_port, perftest_pair, require, spawn_with,
-    wait_listening, LibDir, Mode, Outcome, PerftestEnd, Proc,
+    assert_rping_client, build_c, c_toolchain, check_pings, free_port, perftest_pair, require,
+    spawn_with, wait_listening, LibDir, Mode, Outcome, PerftestEnd, Proc,
 };
 
 /// How long a server may take to listen (the library opens a device per interface on
@@ -129,7 +129,7 @@ fn perftest_rdma_cm_with_no_device_line_on_127_0_0_1() {
                 device: None,
                 args: &["-p", &port, "127.0.0.1"],
             };
-            if perftest_pair(&lib, prog, server, client, (size, iters), attempt < 3) {
+            if perftest_pair(&lib, prog, server, client, (size, iters), attempt < 3).is_some() {
                 break;
             }
         }
@@ -211,59 +211,11 @@ fn a_persistent_rping_server_serves_three_clients_at_once() {
     quiet(&s, "server");
 }
 
-/// The first C compiler found (`cc`, `gcc`, `gcc-12`), and rdma-core's headers: else a
-/// skip note (a failure under `CI`, which installs them).
-fn c_toolchain() -> Option<&'static str> {
-    let headers = [
-        "/usr/include/infiniband/verbs.h",
-        "/usr/include/rdma/rdma_cma.h",
-    ];
-    let cc = ["cc", "gcc", "gcc-12"].into_iter().find(|cc| {
-        Command::new(cc)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let missing = match cc {
-        None => Some("a C compiler (cc)".to_owned()),
-        Some(_) => headers
-            .iter()
-            .find(|h| !Path::new(h).exists())
-            .map(|h| format!("{h} (libibverbs-dev, librdmacm-dev)")),
-    };
-    if let Some(m) = missing {
-        assert!(std::env::var_os("CI").is_none(), "{m} is missing");
-        eprintln!("skipping: {m} is missing");
-        return None;
-    }
-    cc
-}
-
-/// Builds `tests/sidechannel.c` in `lib`'s directory, linked against rdma-core (the
-/// library comes in by LD_PRELOAD, as under rping).
-fn build_sidechannel(lib: &LibDir, cc: &str) -> PathBuf {
-    let bin = lib.dir.join("sidechannel");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sidechannel.c");
-    let out = Command::new(cc)
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .expect("the C compiler");
-    assert!(
-        out.status.success(),
-        "{cc} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
-}
-
 #[test]
 fn an_rdma_program_with_a_tcp_side_channel_to_the_address_it_resolves() {
     let Some(cc) = c_toolchain() else { return };
     let lib = LibDir::new("host-sidechannel");
-    let bin = build_sidechannel(&lib, cc);
+    let bin = build_c(&lib, cc, "sidechannel", &[]);
     let bin = bin.to_str().unwrap();
     let (rdma, tcp) = (free_port(), free_port());
     let (r, t) = (rdma.to_string(), tcp.to_string());

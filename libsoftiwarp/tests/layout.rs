@@ -97,6 +97,33 @@ fn abi_layouts_match_rdma_core_headers() {
             "offsetof(struct ibv_port_attr, flags) + 1",
             offset_of!(cxgb4::ffi::types::IbvPortAttr, flags) + 1,
         ),
+        ("sizeof(struct ibv_srq)", size_of::<IbvSrq>()),
+        (
+            "offsetof(struct ibv_srq, handle)",
+            offset_of!(IbvSrq, handle),
+        ),
+        (
+            "offsetof(struct ibv_srq, events_completed)",
+            offset_of!(IbvSrq, events_completed),
+        ),
+        ("sizeof(struct ibv_srq_attr)", size_of::<IbvSrqAttr>()),
+        (
+            "sizeof(struct ibv_srq_init_attr)",
+            size_of::<IbvSrqInitAttr>(),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr, attr)",
+            offset_of!(IbvSrqInitAttr, attr),
+        ),
+        ("IBV_SRQ_MAX_WR", IBV_SRQ_MAX_WR as usize),
+        ("IBV_SRQ_LIMIT", IBV_SRQ_LIMIT as usize),
+        // The header inline ibv_post_srq_recv calls this slot.
+        (
+            "offsetof(struct ibv_context, ops.post_srq_recv)",
+            offset_of!(cxgb4::ffi::types::IbvContext, ops)
+                + offset_of!(cxgb4::ffi::types::IbvContextOps, _slots_13_24)
+                + POST_SRQ_RECV_SLOT * size_of::<usize>(),
+        ),
         ("IBV_NODE_RNIC", IBV_NODE_RNIC as usize),
         ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
         ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as usize),
@@ -152,6 +179,7 @@ fn a_handle_is_the_address_of_its_object() {
     check::<IbvCq>(zeroed());
     check::<IbvQp>(zeroed());
     check::<IbvCompChannel>(zeroed());
+    check::<IbvSrq>(zeroed());
     check::<RdmaEventChannel>(zeroed());
     check::<RdmaCmId>(zeroed());
     check::<RdmaCmEvent>(zeroed());

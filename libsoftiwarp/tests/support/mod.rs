@@ -327,9 +327,9 @@ pub struct PerftestEnd<'a> {
 /// Runs perftest's `prog -R` as server and client in drop-in mode (perftest's
 /// libmlx5/libefa need rdma-core's provider symbols at load time); both must exit 0,
 /// say nothing of failures or of the library, and the client must print its result
-/// row for `size` bytes with `iters` iterations. Returns false, with nothing asserted,
-/// if the client connected before the server listened and `may_retry` (the caller runs
-/// it again on new ports).
+/// row for `size` bytes with `iters` iterations. Returns the client's stdout; `None`,
+/// with nothing asserted, if the client connected before the server listened and
+/// `may_retry` (the caller runs it again on new ports).
 ///
 /// perftest's server creates its data listener only after a handshake on the control
 /// connection, and its client connects right after that handshake: a client that wins
@@ -342,7 +342,7 @@ pub fn perftest_pair<'a>(
     client: PerftestEnd<'a>,
     (size, iters): (u64, u64),
     may_retry: bool,
-) -> bool {
+) -> Option<String> {
     let with_r = |args: &[&'a str]| -> Vec<&'a str> {
         std::iter::once("-R").chain(args.iter().copied()).collect()
     };
@@ -356,7 +356,7 @@ pub fn perftest_pair<'a>(
     let what = format!("{prog} {:?}", client.args);
     if raced && may_retry {
         eprintln!("{what}: the client connected before the server listened; again");
-        return false;
+        return None;
     }
     assert!(c.ok(), "{what} client: {c:?}");
     assert!(s.ok(), "{what} server: {s:?}");
@@ -375,7 +375,7 @@ pub fn perftest_pair<'a>(
         .unwrap_or_else(|| panic!("{what}: no result row: {}", c.stdout));
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols[1], iters.to_string(), "{row}");
-    true
+    Some(c.stdout)
 }
 
 /// A kernel TCP port free on every address right now (for the host-TCP devices, whose
@@ -411,4 +411,54 @@ pub fn wait_listening(port: u16, limit: Duration) -> bool {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The first C compiler found (`cc`, `gcc`, `gcc-12`), and rdma-core's headers: else a
+/// skip note (a failure under `CI`, which installs them).
+pub fn c_toolchain() -> Option<&'static str> {
+    let headers = [
+        "/usr/include/infiniband/verbs.h",
+        "/usr/include/rdma/rdma_cma.h",
+    ];
+    let cc = ["cc", "gcc", "gcc-12"].into_iter().find(|cc| {
+        Command::new(cc)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let missing = match cc {
+        None => Some("a C compiler (cc)".to_owned()),
+        Some(_) => headers
+            .iter()
+            .find(|h| !Path::new(h).exists())
+            .map(|h| format!("{h} (libibverbs-dev, librdmacm-dev)")),
+    };
+    if let Some(m) = missing {
+        assert!(std::env::var_os("CI").is_none(), "{m} is missing");
+        eprintln!("skipping: {m} is missing");
+        return None;
+    }
+    cc
+}
+
+/// Builds `tests/NAME.c` into `lib`'s directory as `NAME`, linked against rdma-core
+/// (`-lrdmacm -libverbs`: the library comes in by LD_PRELOAD, as under rping) and
+/// `extra` (such as `-lpthread`); asserts that it compiles with `-Wall -Werror`.
+pub fn build_c(lib: &LibDir, cc: &str, name: &str, extra: &[&str]) -> PathBuf {
+    let bin = lib.dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{name}.c"));
+    let out = Command::new(cc)
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .args(extra)
+        .output()
+        .expect("the C compiler");
+    assert!(
+        out.status.success(),
+        "{cc} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
 }
