@@ -26,6 +26,7 @@
 
 #![allow(unsafe_code)]
 
+pub use crate::blocking::rdma_get_cm_event;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
@@ -577,52 +578,59 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
 
 // ------------------------------------------------------------------ events
 
-c_fn!("RDMACM_1.0";
-/// `rdma_get_cm_event(3)`: blocks until an event (`EAGAIN` at once if the channel's fd
-/// is `O_NONBLOCK`); acknowledge it with `rdma_ack_cm_event`. -1 with `EINVAL` if not a
-/// live channel.
-pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event: *mut *mut RdmaCmEvent) -> c_int {
+/// The non-blocking step of `rdma_get_cm_event(3)` (`src/blocking.c`;
+/// [`crate::blocking`]): 0 with `*event` written (acknowledge it with
+/// `rdma_ack_cm_event`); -1 with `EINVAL` if not a live channel, `EAGAIN` if none and
+/// the channel's fd is `O_NONBLOCK`; otherwise [`crate::blocking::WAIT`] with `*fd` to
+/// block on. `retry` is non-zero after a wait of the same call: a channel destroyed
+/// meanwhile is then waited on for ever (as a read of librdmacm's closed fd), not
+/// `EINVAL`.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+#[no_mangle]
+pub unsafe extern "C" fn swi_get_cm_event_try(
+    channel: *mut RdmaEventChannel,
+    event: *mut *mut RdmaCmEvent,
+    retry: c_int,
+    fd: *mut c_int,
+) -> c_int {
     guard("rdma_get_cm_event", -1, || {
-        // Our own reference: the channel may be destroyed while this call blocks.
+        // Our own reference while this step runs; the wait is on a dup of the fd.
         let Some(sh) = live_channel(channel) else {
+            if retry != 0 {
+                // Destroyed while this call waited (see below).
+                return crate::blocking::wait_forever(fd);
+            }
             return fail(libc::EINVAL);
         };
         if event.is_null() {
             return fail(libc::EINVAL);
         }
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&sh.waker.fd);
-        loop {
-            if let Some(ev) = sh.take() {
-                if let Some(e) = make_event(ev) {
-                    // SAFETY: contract 3.
-                    unsafe { write_out(event, e) };
-                    return 0;
-                }
-                continue;
-            }
-            let nonblocking = crate::boundary::is_nonblocking(fd);
-            if ChanObj::get(channel).is_none() {
-                if nonblocking {
-                    // Never blocks: the channel is gone.
-                    return fail(libc::EINVAL);
-                }
-                // The channel was destroyed under this call: as a read blocked on
-                // librdmacm's closed fd, it never returns. rping destroys its channel
-                // at exit while its CM thread waits here; returning an error made that
-                // thread exit(255) before main returned 0.
-                loop {
-                    std::thread::sleep(Duration::from_secs(3600));
-                }
-            }
-            if nonblocking {
-                return fail(libc::EAGAIN);
-            }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return fail(e);
+        while let Some(ev) = sh.take() {
+            if let Some(e) = make_event(ev) {
+                // SAFETY: contract 3.
+                unsafe { write_out(event, e) };
+                return 0;
             }
         }
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&sh.waker.fd);
+        if ChanObj::get(channel).is_none() {
+            if crate::boundary::is_nonblocking(raw) {
+                // Never blocks: the channel is gone.
+                return fail(libc::EINVAL);
+            }
+            // The channel was destroyed under this call: as a read blocked on
+            // librdmacm's closed fd, it never returns (a signal or a cancellation
+            // still ends it). rping destroys its channel at exit while its CM thread
+            // waits here; returning an error made that thread exit(255) before main
+            // returned 0.
+            return crate::blocking::wait_forever(fd);
+        }
+        crate::blocking::wait_on(raw, fd)
     })
-});
+}
 
 /// An event of `owner` counted as held by `holder` (`IdState::held`) until it is
 /// handed out; dropped before that (the event is dropped too), it is uncounted.

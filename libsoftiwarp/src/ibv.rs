@@ -27,6 +27,7 @@ use verbs::{
 };
 
 use crate::abi::*;
+pub use crate::blocking::{ibv_get_async_event, ibv_get_cq_event};
 use crate::boundary::{
     c_fn, free_list, guard, into_raw_list, obj, obj_mut, set_errno, slice, slice_mut, write_out,
     zeroed,
@@ -686,41 +687,45 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -
     })
 }
 
-c_fn!("IBVERBS_1.1";
-/// `ibv_get_cq_event(3)`: blocks until an armed CQ of the channel has a completion
-/// (`EAGAIN` at once if the fd is `O_NONBLOCK`); -1 with `EINVAL` if not a live channel.
-pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut IbvCompChannel, cq: *mut *mut IbvCq, cq_context: *mut *mut c_void) -> c_int {
+/// The non-blocking step of `ibv_get_cq_event(3)` (`src/blocking.c` loops on it;
+/// [`crate::blocking`] has the contract): 0 with `*cq` and `*cq_context` written when
+/// an armed CQ of the channel had a completion; -1 with `EINVAL` if not a live channel,
+/// `EAGAIN` if none and the fd is `O_NONBLOCK`; otherwise [`crate::blocking::WAIT`]
+/// with `*fd` an fd for the caller to block on and close.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+#[no_mangle]
+pub unsafe extern "C" fn swi_get_cq_event_try(
+    channel: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+    fd: *mut c_int,
+) -> c_int {
     guard("ibv_get_cq_event", -1, || {
-        // Our own reference: the channel may be destroyed while this call blocks.
-        let Some(sh) = CompChanObj::get(channel).and_then(|ch| lock(&ch.s.shared).clone())
-        else {
+        // Our own reference while this step runs; the wait is on a dup of the fd, so
+        // a destroy of the channel meanwhile closes nothing under the caller.
+        let Some(sh) = CompChanObj::get(channel).and_then(|ch| lock(&ch.s.shared).clone()) else {
             return minus_one(libc::EINVAL);
         };
-        let fd = sh.q.raw_fd();
-        loop {
-            if let Some(p) = sh.q.pop() {
-                // A CQ destroyed meanwhile has no event (destroy removes them; this
-                // is the race with that removal).
-                let Some(co) = CqObj::get(p as *const IbvCq) else {
-                    continue;
-                };
-                co.s.events.fetch_add(1, Ordering::Relaxed);
-                // SAFETY: contract 3.
-                unsafe {
-                    write_out(cq, co.ptr());
-                    write_out(cq_context, co.s.cq_context as *mut c_void);
-                }
-                return 0;
+        while let Some(p) = sh.q.pop() {
+            // A CQ destroyed meanwhile has no event (destroy removes them; this is
+            // the race with that removal).
+            let Some(co) = CqObj::get(p as *const IbvCq) else {
+                continue;
+            };
+            co.s.events.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: contract 3.
+            unsafe {
+                write_out(cq, co.ptr());
+                write_out(cq_context, co.s.cq_context as *mut c_void);
             }
-            if crate::boundary::is_nonblocking(fd) {
-                return minus_one(libc::EAGAIN);
-            }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return minus_one(e);
-            }
+            return 0;
         }
+        crate::blocking::wait_on(sh.q.raw_fd(), fd)
     })
-});
+}
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_ack_cq_events(3)` (nothing for a handle that is not a live CQ).
@@ -1658,13 +1663,23 @@ fn names_object(event_type: u32) -> bool {
     )
 }
 
-c_fn!("IBVERBS_1.1";
-/// `ibv_get_async_event(3)`: the next asynchronous event of the context's objects (a CQ
-/// overrun `IBV_EVENT_CQ_ERR` with `element.cq`, a QP that went to Error
-/// `IBV_EVENT_QP_FATAL` / `_REQ_ERR` / `_ACCESS_ERR` with `element.qp`, ...), blocking
-/// until one comes (`EAGAIN` at once if `async_fd` is `O_NONBLOCK`); -1 with `EINVAL`
-/// for a context that is not open. `async_fd` is readable exactly while an event waits.
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, event: *mut IbvAsyncEvent) -> c_int {
+/// The non-blocking step of `ibv_get_async_event(3)` (`src/blocking.c`;
+/// [`crate::blocking`]): 0 with `*event` written (the next asynchronous event of the
+/// context's objects: a CQ overrun `IBV_EVENT_CQ_ERR` with `element.cq`, a QP that went
+/// to Error `IBV_EVENT_QP_FATAL` / `_REQ_ERR` / `_ACCESS_ERR` with `element.qp`, ...);
+/// -1 with `EINVAL` for a context that is not open or a NULL `event`, `EAGAIN` if none
+/// and `async_fd` is `O_NONBLOCK`; otherwise [`crate::blocking::WAIT`] with `*fd` to
+/// block on. `async_fd` is readable exactly while an event waits.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+#[no_mangle]
+pub unsafe extern "C" fn swi_get_async_event_try(
+    context: *mut IbvContext,
+    event: *mut IbvAsyncEvent,
+    fd: *mut c_int,
+) -> c_int {
     guard("ibv_get_async_event", -1, || {
         let Some(q) = CtxObj::get(context).and_then(|c| lock(&c.s.events).clone()) else {
             return minus_one(libc::EINVAL);
@@ -1672,27 +1687,19 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, event: *m
         if event.is_null() {
             return minus_one(libc::EINVAL);
         }
-        let fd = q.raw_fd();
-        loop {
-            if let Some(item) = q.pop() {
-                let e = IbvAsyncEvent {
-                    element: item.element as *mut c_void,
-                    event_type: item.event_type,
-                };
-                count_async_event(&item, 1);
-                // SAFETY: contract 3.
-                unsafe { write_out(event, e) };
-                return 0;
-            }
-            if crate::boundary::is_nonblocking(fd) {
-                return minus_one(libc::EAGAIN);
-            }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return minus_one(e);
-            }
+        if let Some(item) = q.pop() {
+            let e = IbvAsyncEvent {
+                element: item.element as *mut c_void,
+                event_type: item.event_type,
+            };
+            count_async_event(&item, 1);
+            // SAFETY: contract 3.
+            unsafe { write_out(event, e) };
+            return 0;
         }
+        crate::blocking::wait_on(q.raw_fd(), fd)
     })
-});
+}
 
 /// Adds `delta` to the count of unacknowledged asynchronous events of the context of
 /// the object `item` names (nothing for port and device events, or a destroyed object).

@@ -24,7 +24,8 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno` |
+//! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno`, cancellation off |
+//! | [`blocking`] | the three blocking calls: waiting in C's `read(2)` (signals, `pthread_cancel`) |
 //! | [`abi`] | C layouts beyond `cxgb4::ffi::types`, enum values |
 //! | [`device`] | the process's soft devices (one per host interface, or `SOFTIWARP_DEVICE`'s), the one RDMA CM over them |
 //! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
@@ -37,6 +38,7 @@
 //! `.symver` (the version nodes come from `libsoftiwarp.map`, see build.rs).
 
 pub mod abi;
+pub mod blocking;
 pub mod boundary;
 pub mod cm;
 pub mod device;

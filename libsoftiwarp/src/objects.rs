@@ -78,6 +78,10 @@ impl<T> FdQueue<T> {
             // blocking read here would hold the lock that `push_locked`'s callers
             // need to signal it again).
             drain_eventfd(self.fd.as_raw_fd());
+        } else {
+            // A blocking call's read (`crate::blocking`), or the application's, may
+            // have taken the counter while items remain: readable again.
+            signal_eventfd(self.fd.as_raw_fd());
         }
         Some(item)
     }

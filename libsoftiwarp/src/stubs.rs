@@ -44,6 +44,8 @@ pub fn warn_once(name: &'static str, what: &str) {
 
 /// Prints the warning once per entry point and returns the failure value.
 fn fail(name: &'static str, how: Fail) -> i64 {
+    // The warning's write(2) is a cancellation point: none acts inside Rust code.
+    let _no_cancel = crate::boundary::NoCancel::new();
     if !matches!(how, Fail::Zero | Fail::Quiet) {
         warn_once(name, "not implemented by the soft device");
     }

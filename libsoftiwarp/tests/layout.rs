@@ -124,6 +124,10 @@ fn abi_layouts_match_rdma_core_headers() {
                 + offset_of!(cxgb4::ffi::types::IbvContextOps, _slots_13_24)
                 + POST_SRQ_RECV_SLOT * size_of::<usize>(),
         ),
+        (
+            "PTHREAD_CANCEL_DISABLE",
+            softiwarp::boundary::PTHREAD_CANCEL_DISABLE as usize,
+        ),
         ("IBV_NODE_RNIC", IBV_NODE_RNIC as usize),
         ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
         ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as usize),

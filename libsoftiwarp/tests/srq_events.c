@@ -15,25 +15,12 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include "check.h"
+
 #define MSGS 4
 #define SRQ_WRS 8
 #define LIMIT 6
 #define LEN 8
-
-static int failed(const char *what, long got, long want)
-{
-	printf("FAIL %s: got %ld, want %ld (errno %d %s)\n", what, got, want, errno,
-	       strerror(errno));
-	exit(1);
-}
-
-#define CHECK(what, got, want)                                              \
-	do {                                                                \
-		long g_ = (long)(got), w_ = (long)(want);                   \
-		if (g_ != w_)                                               \
-			failed(what, g_, w_);                               \
-		printf("%s: %ld\n", what, g_);                              \
-	} while (0)
 
 static struct rdma_cm_event *next_event(struct rdma_event_channel *ch,
 					enum rdma_cm_event_type want)
