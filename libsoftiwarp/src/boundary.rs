@@ -397,6 +397,10 @@ zeroable!(
     cxgb4::ffi::types::RdmaEventChannel,
     crate::abi::IbvQpAttr,
     crate::abi::IbvSrq,
+    crate::abi::IbvCqEx,
+    crate::abi::IbvQpEx,
+    crate::abi::IbvDeviceAttrEx,
+    crate::abi::VerbsContextPrefix,
     crate::abi::RdmaAddrinfo,
 );
 

@@ -432,7 +432,7 @@ fn id_qp(o: &IdObj) -> Option<Arc<QpObj>> {
         let _c = lock(&o.s.c_lock);
         o.with_c(|c| c.qp)
     };
-    QpObj::get(qp)
+    QpObj::get(qp.cast())
 }
 
 /// Waits (up to [`ACCEPT_RTS_WAIT`]) until the id's QP leaves Init/RTR: with kernel siw
@@ -488,13 +488,14 @@ c_fn!("RDMACM_1.0";
 /// `rdma_create_qp(3)`: an RC QP of the id on `pd` (NULL: `id->pd`) with the CQs of
 /// `qp_init_attr`, ready for receives; the capabilities granted are written back.
 pub unsafe extern "C" fn rdma_create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, qp_init_attr: *mut IbvQpInitAttr) -> c_int {
-    guard("rdma_create_qp", -1, || create_qp(id, pd, qp_init_attr))
+    guard("rdma_create_qp", -1, || create_qp(id, pd, qp_init_attr, 0))
 });
 
 c_fn!("RDMACM_1.0";
 /// `rdma_create_qp_ex(3)`: as `rdma_create_qp` with the PD of the extended attributes
-/// (`IBV_QP_INIT_ATTR_PD`); any other `comp_mask` bit (send ops, create flags, ...) is
-/// `EOPNOTSUPP`.
+/// (`IBV_QP_INIT_ATTR_PD`) and the `ibv_wr_*` API for `send_ops_flags`
+/// (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, as `ibv_create_qp_ex`); any other `comp_mask`
+/// bit (create flags, ...) is `EOPNOTSUPP`.
 pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void) -> c_int {
     guard("rdma_create_qp_ex", -1, || {
         if attr.is_null() {
@@ -503,24 +504,30 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void)
         // `struct ibv_qp_init_attr_ex` starts as `struct ibv_qp_init_attr` (up to
         // `sq_sig_all`), then `comp_mask` (u32, offset 60) and `pd` (offset 64).
         // SAFETY: contract 3: `attr` is a readable `struct ibv_qp_init_attr_ex`.
-        let (mask, pd) = unsafe {
+        let (mask, pd, ops) = unsafe {
             let b = attr.cast::<u8>();
             (
                 std::ptr::read_unaligned(b.add(60).cast::<u32>()),
                 std::ptr::read_unaligned(b.add(64).cast::<*mut IbvPd>()),
+                std::ptr::read_unaligned(b.add(128).cast::<u64>()),
             )
         };
-        const IBV_QP_INIT_ATTR_PD: u32 = 1;
-        if mask & !IBV_QP_INIT_ATTR_PD != 0 {
+        use crate::abi::{IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS};
+        if mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
             return fail(libc::EOPNOTSUPP);
         }
         let pd = if mask & IBV_QP_INIT_ATTR_PD != 0 { pd } else { std::ptr::null_mut() };
-        create_qp(id, pd, attr.cast())
+        let ops = if mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 { ops } else { 0 };
+        create_qp(id, pd, attr.cast(), ops)
     })
 });
 
-/// `rdma_create_qp` on a checked `attr`.
-fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
+/// `rdma_create_qp` on a checked `attr`, with the `ibv_wr_*` API for `ops` (its
+/// `send_ops_flags`; `EOPNOTSUPP` beyond `crate::ex::SUPPORTED_SEND_OPS`).
+fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr, ops: u64) -> c_int {
+    if ops & !crate::ex::SUPPORTED_SEND_OPS != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
     let Some(o) = IdObj::get(id) else {
         return fail(libc::EINVAL);
     };
@@ -550,7 +557,9 @@ fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_i
     };
     match r.create_qp(&p.s.pd, parts.init()) {
         Ok(qp) => {
-            let q = crate::ibv::qp_obj(qp, a, Some(r), parts.uses);
+            let q = crate::ibv::qp_obj_ex(qp, a, Some(r), parts.uses, ops, |x| {
+                crate::ex::set_wr_ops(x, ops)
+            });
             let _c = lock(&o.s.c_lock);
             o.update_c(|c| c.qp = q);
             0
@@ -570,7 +579,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
             o.update_c(|c| c.qp = std::ptr::null_mut());
             qp
         };
-        if let Some(q) = QpObj::take(qp) {
+        if let Some(q) = QpObj::take(qp.cast()) {
             crate::ibv::destroy_qp_obj(q);
         }
     })

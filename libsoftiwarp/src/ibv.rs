@@ -42,18 +42,18 @@ use crate::objects::{
 /// Handles of PDs, MRs, CQs and QPs (`->handle`), for the application's logs only.
 static HANDLES: AtomicU32 = AtomicU32::new(1);
 
-fn next_handle() -> u32 {
+pub(crate) fn next_handle() -> u32 {
     HANDLES.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Returns NULL with `errno` = `e`.
-fn null_err<T>(e: c_int) -> *mut T {
+pub(crate) fn null_err<T>(e: c_int) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
 }
 
 /// Returns `e` (the errno-returning calls) and sets `errno` to it too.
-fn err_ret(e: c_int) -> c_int {
+pub(crate) fn err_ret(e: c_int) -> c_int {
     set_errno(e);
     e
 }
@@ -165,7 +165,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
 
 /// The device of the context `c` (`ENODEV` if there is none: never for a context
 /// made by this library).
-fn dev_of(c: &CtxObj) -> Result<&'static Soft, c_int> {
+pub(crate) fn dev_of(c: &CtxObj) -> Result<&'static Soft, c_int> {
     crate::device::get(c.s.dev).ok_or(NO_DEVICE)
 }
 
@@ -175,7 +175,7 @@ fn ctx_soft(context: *const IbvContext) -> Result<&'static Soft, c_int> {
 }
 
 /// The live context at `context` and its device (errors as [`ctx_soft`]).
-fn ctx_obj(context: *const IbvContext) -> Result<(Arc<CtxObj>, &'static Soft), c_int> {
+pub(crate) fn ctx_obj(context: *const IbvContext) -> Result<(Arc<CtxObj>, &'static Soft), c_int> {
     let c = CtxObj::get(context).ok_or(libc::EINVAL)?;
     let s = dev_of(&c)?;
     Ok((c, s))
@@ -189,34 +189,7 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut I
             Ok(s) => s,
             Err(e) => return err_ret(e),
         };
-        let a = s.device.query_device();
-        let mut d: IbvDeviceAttr = zeroed();
-        crate::boundary::copy_cstr(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
-        d.node_guid = s.guid();
-        d.sys_image_guid = s.guid();
-        d.max_mr_size = a.max_mr_size;
-        d.page_size_cap = 4096;
-        d.vendor_id = 0x626d74; // siw's vendor id ("bmt")
-        d.vendor_part_id = 0;
-        d.max_qp = 1 << 16;
-        d.max_qp_wr = i32::try_from(a.max_qp_wr).unwrap_or(i32::MAX);
-        d.max_sge = i32::try_from(a.max_sge).unwrap_or(i32::MAX);
-        d.max_sge_rd = d.max_sge;
-        d.max_cq = 1 << 16;
-        d.max_cqe = i32::try_from(a.max_cqe).unwrap_or(i32::MAX);
-        d.max_mr = 1 << 20;
-        d.max_pd = 1 << 16;
-        d.max_qp_rd_atom = i32::try_from(a.max_ord_ird).unwrap_or(i32::MAX);
-        d.max_qp_init_rd_atom = d.max_qp_rd_atom;
-        d.max_res_rd_atom = d.max_qp_rd_atom;
-        d.atomic_cap = IBV_ATOMIC_NONE;
-        // max_srq, max_srq_wr, max_srq_sge (the last three of max_ee .. max_srq_sge).
-        let soft = sw::DeviceAttr::SOFT;
-        d._max_ee_to_max_srq_sge[11] = i32::try_from(soft.max_srq).unwrap_or(i32::MAX);
-        d._max_ee_to_max_srq_sge[12] = i32::try_from(soft.max_srq_wr).unwrap_or(i32::MAX);
-        d._max_ee_to_max_srq_sge[13] = i32::try_from(soft.max_srq_sge).unwrap_or(i32::MAX);
-        d.max_pkeys = 1;
-        d.phys_port_cnt = 1;
+        let d = device_attr(s);
         // SAFETY: contract 3.
         if !unsafe { write_out(attr, d) } {
             return err_ret(libc::EINVAL);
@@ -225,8 +198,42 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut I
     })
 });
 
+/// The device attributes of `s` (`ibv_query_device`, and `orig_attr` of
+/// `ibv_query_device_ex`): the soft device's limits (`DeviceAttr::SOFT`).
+pub(crate) fn device_attr(s: &Soft) -> IbvDeviceAttr {
+    let a = s.device.query_device();
+    let mut d: IbvDeviceAttr = zeroed();
+    crate::boundary::copy_cstr(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
+    d.node_guid = s.guid();
+    d.sys_image_guid = s.guid();
+    d.max_mr_size = a.max_mr_size;
+    d.page_size_cap = 4096;
+    d.vendor_id = 0x626d74; // siw's vendor id ("bmt")
+    d.vendor_part_id = 0;
+    d.max_qp = 1 << 16;
+    d.max_qp_wr = i32::try_from(a.max_qp_wr).unwrap_or(i32::MAX);
+    d.max_sge = i32::try_from(a.max_sge).unwrap_or(i32::MAX);
+    d.max_sge_rd = d.max_sge;
+    d.max_cq = 1 << 16;
+    d.max_cqe = i32::try_from(a.max_cqe).unwrap_or(i32::MAX);
+    d.max_mr = 1 << 20;
+    d.max_pd = 1 << 16;
+    d.max_qp_rd_atom = i32::try_from(a.max_ord_ird).unwrap_or(i32::MAX);
+    d.max_qp_init_rd_atom = d.max_qp_rd_atom;
+    d.max_res_rd_atom = d.max_qp_rd_atom;
+    d.atomic_cap = IBV_ATOMIC_NONE;
+    // max_srq, max_srq_wr, max_srq_sge (the last three of max_ee .. max_srq_sge).
+    let soft = sw::DeviceAttr::SOFT;
+    d._max_ee_to_max_srq_sge[11] = i32::try_from(soft.max_srq).unwrap_or(i32::MAX);
+    d._max_ee_to_max_srq_sge[12] = i32::try_from(soft.max_srq_wr).unwrap_or(i32::MAX);
+    d._max_ee_to_max_srq_sge[13] = i32::try_from(soft.max_srq_sge).unwrap_or(i32::MAX);
+    d.max_pkeys = 1;
+    d.phys_port_cnt = 1;
+    d
+}
+
 /// The port attributes of the device's one port.
-fn port_attr(s: &Soft) -> IbvPortAttr {
+pub(crate) fn port_attr(s: &Soft) -> IbvPortAttr {
     let mut p: IbvPortAttr = zeroed();
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = ibv_mtu(s.mtu);
@@ -263,7 +270,7 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut IbvContext, port_num: u8, 
 });
 
 /// The GID of index 0: the MAC in the first six bytes (siw's rule).
-fn gid(s: &Soft) -> IbvGid {
+pub(crate) fn gid(s: &Soft) -> IbvGid {
     let mut g = IbvGid { raw: [0; 16] };
     g.raw[..6].copy_from_slice(&s.mac);
     g
@@ -300,13 +307,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(context: *mut IbvContext, port_num: u
         if port_num != 1 || gid_index != 0 || entry_size < std::mem::size_of::<IbvGidEntry>() {
             return err_ret(libc::EINVAL);
         }
-        let e = IbvGidEntry {
-            gid: gid(s),
-            gid_index: 0,
-            port_num: 1,
-            gid_type: 0,
-            ndev_ifindex: 0,
-        };
+        let e = gid_entry(s);
         // SAFETY: contract 3.
         if !unsafe { write_out(entry, e) } {
             return err_ret(libc::EINVAL);
@@ -314,6 +315,17 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(context: *mut IbvContext, port_num: u
         0
     })
 });
+
+/// The GID table's one entry: index 0 of port 1, type IB (0).
+pub(crate) fn gid_entry(s: &Soft) -> IbvGidEntry {
+    IbvGidEntry {
+        gid: gid(s),
+        gid_index: 0,
+        port_num: 1,
+        gid_type: 0,
+        ndev_ifindex: 0,
+    }
+}
 
 c_fn!("IBVERBS_PRIVATE_34";
 /// `ibv_query_gid_type` (private to rdma-core's tools; `ibv_devinfo` calls it): type
@@ -514,61 +526,84 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_create_cq(3)`.
-pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_context: *mut c_void, channel: *mut IbvCompChannel, _comp_vector: c_int) -> *mut IbvCq {
+/// `ibv_create_cq(3)`: NULL with `EINVAL` for `cqe` below 1 or above the device's
+/// `max_cqe`, a `comp_vector` outside `0..num_comp_vectors` (the context has 1), or a
+/// channel that is not live.
+pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_context: *mut c_void, channel: *mut IbvCompChannel, comp_vector: c_int) -> *mut IbvCq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
-        let (ctx, s) = match ctx_obj(context) {
-            Ok(v) => v,
-            Err(e) => return null_err(e),
-        };
-        let n = match usize::try_from(cqe) {
-            Ok(n) if n > 0 => n,
-            _ => return null_err(libc::EINVAL),
-        };
-        let chan = if channel.is_null() {
-            None
-        } else {
-            match CompChanObj::get(channel).and_then(|c| chan_use(&c)) {
-                Some(sh) => Some(sh),
-                None => return null_err(libc::EINVAL),
-            }
-        };
-        let cq = match s.device.create_cq(cq_capacity(n)) {
-            Ok(cq) => cq,
-            Err(e) => {
-                if let Some(chan) = chan {
-                    chan.cqs.fetch_sub(1, Ordering::SeqCst);
-                }
-                return null_err(e.errno());
-            }
-        };
-        let mut c: IbvCq = zeroed();
-        c.context = context;
-        c.channel = channel;
-        c.cq_context = cq_context;
-        c.handle = next_handle();
-        c.cqe = i32::try_from(cq.capacity()).unwrap_or(cqe);
-        let soft_handle = cq.handle();
-        let o = CqObj::new_cyclic(c, |addr| CqState {
-            cq: Mutex::new(Some(Arc::new(cq))),
-            notify: Mutex::new(chan.map(|chan| {
-                Arc::new(Notify {
-                    armed: AtomicBool::new(false),
-                    chan,
-                    cq: addr,
-                })
-            })),
-            events: AtomicU32::new(0),
-            acked: AtomicU32::new(0),
-            qps: AtomicUsize::new(0),
-            cq_context: cq_context as usize,
-            ctx,
-        });
-        let dev = o.s.ctx.s.dev;
-        soft_objects(|m| m.insert((dev, SoftKind::Cq, soft_handle), o.addr()));
-        CqObj::publish(&o)
+        match new_cq(context, cqe, cq_context, channel, comp_vector, |_| {}) {
+            Ok(p) => p.cast(),
+            Err(e) => null_err(e),
+        }
     })
 });
+
+/// Makes and publishes a CQ (`ibv_create_cq`, `ibv_create_cq_ex`): checks as
+/// [`ibv_create_cq`]; `ex` fills the extended part of its C view before it is
+/// published. `Err(errno)`.
+pub(crate) fn new_cq(
+    context: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+    ex: impl FnOnce(&mut IbvCqEx),
+) -> Result<*mut IbvCqEx, c_int> {
+    let (ctx, s) = ctx_obj(context)?;
+    let n = match usize::try_from(cqe) {
+        Ok(n) if n > 0 && n <= sw::DeviceAttr::SOFT.max_cqe => n,
+        _ => return Err(libc::EINVAL),
+    };
+    let vectors = ctx.with_c(|c| c.num_comp_vectors);
+    if !(0..vectors).contains(&comp_vector) {
+        return Err(libc::EINVAL);
+    }
+    let chan = if channel.is_null() {
+        None
+    } else {
+        Some(
+            CompChanObj::get(channel)
+                .and_then(|c| chan_use(&c))
+                .ok_or(libc::EINVAL)?,
+        )
+    };
+    let cq = match s.device.create_cq(cq_capacity(n)) {
+        Ok(cq) => cq,
+        Err(e) => {
+            if let Some(chan) = chan {
+                chan.cqs.fetch_sub(1, Ordering::SeqCst);
+            }
+            return Err(e.errno());
+        }
+    };
+    let mut c: IbvCqEx = zeroed();
+    c.cq.context = context;
+    c.cq.channel = channel;
+    c.cq.cq_context = cq_context;
+    c.cq.handle = next_handle();
+    c.cq.cqe = i32::try_from(cq.capacity()).unwrap_or(cqe);
+    ex(&mut c);
+    let soft_handle = cq.handle();
+    let o = CqObj::new_cyclic(c, |addr| CqState {
+        cq: Mutex::new(Some(Arc::new(cq))),
+        notify: Mutex::new(chan.map(|chan| {
+            Arc::new(Notify {
+                armed: AtomicBool::new(false),
+                chan,
+                cq: addr,
+            })
+        })),
+        events: AtomicU32::new(0),
+        acked: AtomicU32::new(0),
+        qps: AtomicUsize::new(0),
+        cq_context: cq_context as usize,
+        current: Mutex::new(None),
+        ctx,
+    });
+    let dev = o.s.ctx.s.dev;
+    soft_objects(|m| m.insert((dev, SoftKind::Cq, soft_handle), o.addr()));
+    Ok(CqObj::publish(&o))
+}
 
 /// Counts a CQ about to be created on the channel `c`, before the CQ is made: its
 /// shared state, or `None` (the count undone) if the channel is being destroyed or is
@@ -610,7 +645,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
         // Marked dying first, the QP count checked after (`crate::handles`; the
         // other half is `QpUses::acquire`).
-        match CqObj::destroy_with(cq, destroy_cq_obj) {
+        match CqObj::destroy_with(cq.cast(), destroy_cq_obj) {
             Ok(()) => 0,
             Err(e) => err_ret(e),
         }
@@ -666,7 +701,7 @@ fn destroy_when_flushed(
 /// The pointer contract of [`crate::boundary`].
 pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
     guard("ibv_req_notify_cq", libc::EIO, || {
-        let Some(c) = CqObj::get(cq) else {
+        let Some(c) = CqObj::get(cq.cast()) else {
             return err_ret(libc::EINVAL);
         };
         let Some(soft_cq) = c.s.cq() else {
@@ -712,13 +747,13 @@ pub unsafe extern "C" fn swi_get_cq_event_try(
         while let Some(p) = sh.q.pop() {
             // A CQ destroyed meanwhile has no event (destroy removes them; this is
             // the race with that removal).
-            let Some(co) = CqObj::get(p as *const IbvCq) else {
+            let Some(co) = CqObj::get(p as *const IbvCqEx) else {
                 continue;
             };
             co.s.events.fetch_add(1, Ordering::Relaxed);
             // SAFETY: contract 3.
             unsafe {
-                write_out(cq, co.ptr());
+                write_out(cq, co.ptr().cast());
                 write_out(cq_context, co.s.cq_context as *mut c_void);
             }
             return 0;
@@ -731,7 +766,7 @@ c_fn!("IBVERBS_1.1";
 /// `ibv_ack_cq_events(3)` (nothing for a handle that is not a live CQ).
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
     guard("ibv_ack_cq_events", (), || {
-        if let Some(c) = CqObj::get(cq) {
+        if let Some(c) = CqObj::get(cq.cast()) {
             c.s.acked.fetch_add(nevents, Ordering::Relaxed);
         }
     })
@@ -745,7 +780,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
 /// The pointer contract of [`crate::boundary`].
 pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc) -> c_int {
     guard("ibv_poll_cq", -1, || {
-        let Some(c) = CqObj::get(cq).and_then(|c| c.s.cq()) else {
+        let Some(c) = CqObj::get(cq.cast()).and_then(|c| c.s.cq()) else {
             return minus_one(libc::EINVAL);
         };
         let Ok(n) = usize::try_from(num_entries) else {
@@ -787,7 +822,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut Ib
 // ------------------------------------------------------------------ QP
 
 /// The soft SGE list of a C one.
-fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
+pub(crate) fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
     list.iter()
         .map(|s| Sge::new(s.addr, s.length, Stag::from_raw(s.lkey)))
         .collect()
@@ -820,17 +855,7 @@ fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
         cap.max_send_sge
     };
     let list = sge_list(wr.sg_list, wr.num_sge, max_sge)?;
-    let mut flags = SendFlags::empty();
-    for (bit, f) in [
-        (IBV_SEND_FENCE, SendFlags::FENCE),
-        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
-        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
-        (IBV_SEND_INLINE, SendFlags::INLINE),
-    ] {
-        if wr.send_flags & bit != 0 {
-            flags |= f;
-        }
-    }
+    let flags = send_flags(wr.send_flags);
     let rdma = wr.rdma();
     let rkey = Stag::from_raw(rdma.rkey);
     let op = match wr.opcode {
@@ -874,6 +899,22 @@ fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
         flags,
         payload,
     })
+}
+
+/// The soft send flags of C ones (`enum ibv_send_flags`; other bits are ignored).
+pub(crate) fn send_flags(bits: c_uint) -> SendFlags {
+    let mut flags = SendFlags::empty();
+    for (bit, f) in [
+        (IBV_SEND_FENCE, SendFlags::FENCE),
+        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
+        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
+        (IBV_SEND_INLINE, SendFlags::INLINE),
+    ] {
+        if bits & bit != 0 {
+            flags |= f;
+        }
+    }
+    flags
 }
 
 /// A C work request list (`struct ibv_send_wr` or `struct ibv_recv_wr`).
@@ -966,7 +1007,7 @@ pub unsafe extern "C" fn post_send(
     bad_wr: *mut *mut IbvSendWr,
 ) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
-        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
+        let Some((o, q)) = QpObj::get(qp.cast()).and_then(|o| o.s.qp().map(|q| (o, q))) else {
             return err_ret(libc::EINVAL);
         };
         let cap = o.s.cap;
@@ -997,7 +1038,7 @@ pub unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut IbvRecvWr,
 ) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
-        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
+        let Some((o, q)) = QpObj::get(qp.cast()).and_then(|o| o.s.qp().map(|q| (o, q))) else {
             return err_ret(libc::EINVAL);
         };
         let cap = o.s.cap;
@@ -1059,42 +1100,67 @@ pub(crate) fn qp_obj(
     id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
     uses: QpUses,
 ) -> *mut IbvQp {
+    qp_obj_ex(qp, attr, id, uses, 0, |_| {})
+}
+
+/// [`qp_obj`] for a QP of `ibv_create_qp_ex` with `send_ops` (its `send_ops_flags`):
+/// `ex` fills the extended part of its C view (the `wr_*` pointers) before it is
+/// published. The C view's `state` is Init for a QP of the RDMA CM (librdmacm moves it
+/// there) and Reset otherwise, as libibverbs writes it at creation, whatever the soft
+/// QP's own state (siw's: Init; `ibv_query_qp` reports that one).
+pub(crate) fn qp_obj_ex(
+    qp: Arc<sw::Qp>,
+    attr: &mut IbvQpInitAttr,
+    id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
+    uses: QpUses,
+    send_ops: u64,
+    ex: impl FnOnce(&mut IbvQpEx),
+) -> *mut IbvQp {
     let cap = qp.query_qp().cap;
     attr.cap = cap_to_c(&cap);
     let pd = &uses.pd;
-    let mut c: IbvQp = zeroed();
+    let mut x: IbvQpEx = zeroed();
+    let c = &mut x.qp_base;
     c.context = pd.s.ctx.ptr();
     c.qp_context = attr.qp_context;
     c.pd = pd.ptr();
-    c.send_cq = uses.cqs[0].ptr();
-    c.recv_cq = uses.cqs[1].ptr();
+    c.send_cq = uses.cqs[0].ptr().cast();
+    c.recv_cq = uses.cqs[1].ptr().cast();
     c.srq = uses
         .srq
         .as_ref()
         .map_or(std::ptr::null_mut(), |o| o.ptr().cast());
     c.handle = next_handle();
     c.qp_num = qp.qp_num();
-    c.state = IBV_QPS_INIT;
+    c.state = if id.is_some() {
+        IBV_QPS_INIT
+    } else {
+        IBV_QPS_RESET
+    };
     c.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
+    ex(&mut x);
     let qpn = qp.qp_num();
     let ctx = pd.s.ctx.clone();
     let dev = ctx.s.dev;
     let o = QpObj::new(
-        c,
+        x,
         QpObjState {
             qp: Mutex::new(Some(qp)),
             id: Mutex::new(id),
             cap,
             uses: Mutex::new(Some(uses)),
+            batch: Mutex::new(None),
+            send_ops,
             ctx,
         },
     );
     soft_objects(|m| m.insert((dev, SoftKind::Qp, qpn), o.addr()));
-    QpObj::publish(&o)
+    QpObj::publish(&o).cast()
 }
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_create_qp(3)`: an RC QP in Reset, not bound to a connection (an iWARP QP is
+/// `ibv_create_qp(3)`: an RC QP in Init (as siw's; its C view's `state` says Reset, as
+/// libibverbs writes it), not bound to a connection (an iWARP QP is
 /// connected by the RDMA CM: use `rdma_create_qp`). With `init_attr.srq` it takes its
 /// receive WRs from that SRQ (its `max_recv_wr` / `max_recv_sge` are ignored and
 /// reported 0, and `ibv_post_recv` on it is `EINVAL`).
@@ -1111,21 +1177,35 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             Ok(s) => s,
             Err(e) => return null_err(e),
         };
-        let Some(parts) = qp_parts(a, &p) else {
-            return null_err(libc::EINVAL);
-        };
-        let init = parts.init();
-        let made = match init.srq {
-            Some(srq) => s.device.create_qp_with_srq(&p.s.pd, init.attr, srq),
-            None => s.device.create_qp(&p.s.pd, init.attr),
-        };
-        match made {
-            Ok(qp) => qp_obj(Arc::new(qp), a, None, parts.uses),
-            // `parts` dropped: the CQs are free of it again.
-            Err(e) => null_err(e.errno()),
+        match new_soft_qp(s, &p, a) {
+            Ok((qp, uses)) => qp_obj(qp, a, None, uses),
+            Err(e) => null_err(e),
         }
     })
 });
+
+/// A soft QP of `attr` on the PD `p` of device `s`, not bound to a connection, moved to
+/// Init as siw's QPs start (`ibv_query_qp` then says Init, rdma-core commit 698f2ae80),
+/// and its uses; `Err(errno)` (`EINVAL` for dead or foreign CQs or SRQ).
+pub(crate) fn new_soft_qp(
+    s: &Soft,
+    p: &Arc<PdObj>,
+    attr: &IbvQpInitAttr,
+) -> Result<(Arc<sw::Qp>, QpUses), c_int> {
+    let parts = qp_parts(attr, p).ok_or(libc::EINVAL)?;
+    let init = parts.init();
+    let made = match init.srq {
+        Some(srq) => s.device.create_qp_with_srq(&p.s.pd, init.attr, srq),
+        None => s.device.create_qp(&p.s.pd, init.attr),
+    };
+    // On error `parts` is dropped: the CQs are free of it again.
+    let qp = made.map_err(|e| e.errno())?;
+    if let Err(e) = qp.modify_state(QpState::Init) {
+        let _ = qp.destroy();
+        return Err(e.errno());
+    }
+    Ok((Arc::new(qp), parts.uses))
+}
 
 /// What a QP is made of: its CQs, PD and SRQ counted as used ([`QpUses`]), their soft
 /// objects, and the soft attributes of the C ones.
@@ -1169,8 +1249,8 @@ pub(crate) fn qp_parts(attr: &IbvQpInitAttr, pd: &Arc<PdObj>) -> Option<QpParts>
         Some(o) => Some(o.s.srq()?),
         None => None,
     };
-    let scq = CqObj::get(attr.send_cq).filter(|c| c.s.ctx.s.dev == dev)?;
-    let rcq = CqObj::get(attr.recv_cq).filter(|c| c.s.ctx.s.dev == dev)?;
+    let scq = CqObj::get(attr.send_cq.cast()).filter(|c| c.s.ctx.s.dev == dev)?;
+    let rcq = CqObj::get(attr.recv_cq.cast()).filter(|c| c.s.ctx.s.dev == dev)?;
     let (s, r) = (scq.s.cq()?, rcq.s.cq()?);
     let mut uses = QpUses::acquire(scq, rcq, pd.clone())?;
     if let Some(o) = srq_obj {
@@ -1200,7 +1280,7 @@ c_fn!("IBVERBS_1.1";
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
     guard("ibv_modify_qp", libc::EIO, || {
         // SAFETY: contract 3.
-        let (Some(q), Some(a)) = (QpObj::get(qp), unsafe { obj(attr) }) else {
+        let (Some(q), Some(a)) = (QpObj::get(qp.cast()), unsafe { obj(attr) }) else {
             return err_ret(libc::EINVAL);
         };
         let Some(soft_qp) = q.s.qp() else {
@@ -1212,13 +1292,16 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
         let Some(to) = qp_state(a.qp_state) else {
             return err_ret(libc::EINVAL);
         };
-        if lock(&q.s.id).is_some() && to != QpState::Error {
-            return 0;
+        if lock(&q.s.id).is_none() || to == QpState::Error {
+            if let Err(e) = soft_qp.modify_state(to) {
+                return err_ret(e.errno());
+            }
         }
-        match soft_qp.modify_state(to) {
-            Ok(()) => 0,
-            Err(e) => err_ret(e.errno()),
-        }
+        // libibverbs' `ibv_modify_qp` records the new state in the C view (pyverbs
+        // reads it there).
+        let _c = lock(&q.s.batch);
+        q.update_c(|c| c.qp_base.state = a.qp_state);
+        0
     })
 });
 
@@ -1227,7 +1310,7 @@ c_fn!("IBVERBS_1.1";
 /// live QP.
 pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _attr_mask: c_int, init_attr: *mut IbvQpInitAttr) -> c_int {
     guard("ibv_query_qp", libc::EIO, || {
-        let Some(q) = QpObj::get(qp) else {
+        let Some(q) = QpObj::get(qp.cast()) else {
             return err_ret(libc::EINVAL);
         };
         let Some(soft_qp) = q.s.qp() else {
@@ -1244,12 +1327,15 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _att
         a.max_dest_rd_atomic = u8::try_from(qa.ird).unwrap_or(u8::MAX);
         a.port_num = 1;
         let mut i: IbvQpInitAttr = zeroed_init();
-        q.with_c(|c| {
-            i.qp_context = c.qp_context;
-            i.send_cq = c.send_cq;
-            i.recv_cq = c.recv_cq;
-            i.srq = c.srq;
-        });
+        {
+            let _c = lock(&q.s.batch);
+            q.with_c(|c| {
+                i.qp_context = c.qp_base.qp_context;
+                i.send_cq = c.qp_base.send_cq;
+                i.recv_cq = c.qp_base.recv_cq;
+                i.srq = c.qp_base.srq;
+            });
+        }
         i.cap = a.cap;
         i.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
         i.sq_sig_all = c_int::from(qa.sq_sig_all);
@@ -1310,7 +1396,7 @@ c_fn!("IBVERBS_1.1";
 /// `EINVAL` if not a live QP.
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
-        let Some(q) = QpObj::take(qp) else {
+        let Some(q) = QpObj::take(qp.cast()) else {
             return err_ret(libc::EINVAL);
         };
         let r = destroy_qp_obj(q);
@@ -1561,7 +1647,7 @@ fn deliver_async_event(dev: usize, ev: AsyncEvent) {
     let named = |kind, n| soft_objects(|m| m.get(&(dev, kind, n)).copied());
     let target = match ev {
         AsyncEvent::CqErr { cq } => named(SoftKind::Cq, cq)
-            .and_then(|a| CqObj::get(a as *const IbvCq))
+            .and_then(|a| CqObj::get(a as *const IbvCqEx))
             .map(|c| (c.s.ctx.clone(), c.addr())),
         AsyncEvent::SrqLimitReached { srq } => named(SoftKind::Srq, srq)
             .and_then(|a| SrqObj::get(a as *const IbvSrq))
@@ -1572,7 +1658,7 @@ fn deliver_async_event(dev: usize, ev: AsyncEvent) {
         | AsyncEvent::CommEst { qp_num }
         | AsyncEvent::SqDrained { qp_num }
         | AsyncEvent::QpLastWqeReached { qp_num } => named(SoftKind::Qp, qp_num)
-            .and_then(|a| QpObj::get(a as *const IbvQp))
+            .and_then(|a| QpObj::get(a as *const IbvQpEx))
             .map(|q| (q.s.ctx.clone(), q.addr())),
         AsyncEvent::PortActive { port } | AsyncEvent::PortErr { port } => {
             return to_every_context(
@@ -1707,11 +1793,11 @@ fn count_async_event(item: &AsyncItem, delta: isize) {
     let ctx = if !names_object(item.event_type) {
         None
     } else if item.event_type == verbs::AsyncEventType::CqErr.to_ibv() {
-        CqObj::get(item.element as *const IbvCq).map(|c| c.s.ctx.clone())
+        CqObj::get(item.element as *const IbvCqEx).map(|c| c.s.ctx.clone())
     } else if item.event_type == verbs::AsyncEventType::SrqLimitReached.to_ibv() {
         SrqObj::get(item.element as *const IbvSrq).map(|o| o.s.ctx.clone())
     } else {
-        QpObj::get(item.element as *const IbvQp).map(|q| q.s.ctx.clone())
+        QpObj::get(item.element as *const IbvQpEx).map(|q| q.s.ctx.clone())
     };
     if let Some(ctx) = ctx {
         let u = &ctx.s.unacked;

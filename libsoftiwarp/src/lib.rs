@@ -31,6 +31,7 @@
 //! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
 //! | [`objects`] | the Rust objects behind the C pointers |
 //! | [`ibv`] | libibverbs entry points and the context's data-path ops |
+//! | [`ex`] | the extended verbs: the `verbs_context` operations, `ibv_create_cq_ex` / `ibv_create_qp_ex` and their poll and `ibv_wr_*` APIs |
 //! | [`cm`] | librdmacm entry points |
 //! | [`stubs`] | entry points not implemented: one warning, the man page's error |
 //!
@@ -42,6 +43,7 @@ pub mod blocking;
 pub mod boundary;
 pub mod cm;
 pub mod device;
+pub mod ex;
 pub mod handles;
 pub mod ibv;
 pub mod maps;

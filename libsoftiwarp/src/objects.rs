@@ -10,8 +10,7 @@ use std::task::Wake;
 use std::thread::ThreadId;
 
 use cxgb4::ffi::types::{
-    IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvWc, RdmaCmEvent, RdmaCmId,
-    RdmaEventChannel,
+    IbvCompChannel, IbvContext, IbvMr, IbvPd, IbvWc, RdmaCmEvent, RdmaCmId, RdmaEventChannel,
 };
 use rdma_cm::{ChannelEvent, CmId, CmIdRef, EventChannel, EventStream};
 use sw::cm::rdmacm::SoftDevice;
@@ -123,8 +122,9 @@ pub struct CtxState {
     pub unacked: AtomicUsize,
 }
 
-/// `struct ibv_context`.
-pub type CtxObj = Obj<IbvContext, CtxState>;
+/// `struct ibv_context`, with the head of `struct verbs_context` right before it (the
+/// extended verbs' operations; `abi_compat` says it is there).
+pub type CtxObj = Obj<IbvContext, CtxState, crate::abi::VerbsContextPrefix>;
 
 /// Our side of `struct ibv_pd`.
 pub struct PdState {
@@ -227,6 +227,10 @@ pub struct CqState {
     pub qps: AtomicUsize,
     /// `cq_context` as created (returned by `ibv_get_cq_event`).
     pub cq_context: usize,
+    /// The completion `start_poll` / `next_poll` made current (an extended CQ's poll
+    /// API; the lock also serializes the writes of `status` and `wr_id` into its C
+    /// view).
+    pub current: Mutex<Option<IbvWc>>,
     /// Its context.
     pub ctx: Arc<CtxObj>,
 }
@@ -238,8 +242,8 @@ impl CqState {
     }
 }
 
-/// `struct ibv_cq`.
-pub type CqObj = Obj<IbvCq, CqState>;
+/// `struct ibv_cq`, as `struct ibv_cq_ex` (whose head it is) for every CQ.
+pub type CqObj = Obj<crate::abi::IbvCqEx, CqState>;
 
 /// Our side of `struct ibv_srq`.
 pub struct SrqState {
@@ -339,8 +343,25 @@ pub struct QpState {
     pub cap: QpCap,
     /// Its CQs and PD, until destroyed.
     pub uses: Mutex<Option<QpUses>>,
+    /// The WRs built by the `ibv_wr_*` API since `wr_start` (`None` outside a batch);
+    /// the lock also serializes the Rust side's reads and writes of the QP's C view
+    /// after publication (`state`, `wr_id`, `wr_flags`).
+    pub batch: Mutex<Option<WrBatch>>,
+    /// The `send_ops_flags` the QP was created with (`ibv_create_qp_ex`; 0 otherwise).
+    pub send_ops: u64,
     /// Its context.
     pub ctx: Arc<CtxObj>,
+}
+
+/// The send WRs an `ibv_wr_*` batch built (`wr_start` .. `wr_complete`), and the first
+/// error met while building it (`wr_complete` returns it and posts nothing, as
+/// rdma-core's providers do).
+#[derive(Debug, Default)]
+pub struct WrBatch {
+    /// The WRs, in order; the last one is the one `wr_set_*` completes.
+    pub wrs: Vec<verbs::SendWr>,
+    /// The first error (an errno).
+    pub err: Option<i32>,
 }
 
 impl QpState {
@@ -350,8 +371,8 @@ impl QpState {
     }
 }
 
-/// `struct ibv_qp`.
-pub type QpObj = Obj<IbvQp, QpState>;
+/// `struct ibv_qp`, as `struct ibv_qp_ex` (whose head it is) for every QP.
+pub type QpObj = Obj<crate::abi::IbvQpEx, QpState>;
 
 /// What a CQ poll fills per call before copying out, WCs.
 pub const POLL_CHUNK: usize = 32;

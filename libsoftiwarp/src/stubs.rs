@@ -110,7 +110,6 @@ stubs!("IBVERBS_1.1":
 );
 
 stubs!("IBVERBS_1.5": ibv_get_pkey_index => MinusOne);
-stubs!("IBVERBS_1.6": ibv_qp_to_qp_ex => Null);
 stubs!("IBVERBS_1.10":
     ibv_import_device => Null,
     ibv_import_mr => Null,
@@ -120,7 +119,6 @@ stubs!("IBVERBS_1.10":
     ibv_query_ece => Errno,
     ibv_set_ece => Errno,
 );
-stubs!("IBVERBS_1.11": _ibv_query_gid_table => MinusOne);
 stubs!("IBVERBS_1.12": ibv_reg_dmabuf_mr => Null);
 stubs!("IBVERBS_1.13": ibv_import_dm => Null, ibv_unimport_dm => Zero);
 stubs!("IBVERBS_1.14": ibv_query_qp_data_in_order => Zero);

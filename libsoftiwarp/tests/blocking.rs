@@ -9,23 +9,13 @@
 
 mod support;
 
-use std::time::Duration;
-
-use support::{build_c, c_toolchain, spawn_with, LibDir, Mode};
+use support::run_c_program;
 
 #[test]
 fn signals_end_blocking_calls_with_eintr_and_cancellation_ends_their_threads() {
-    let Some(cc) = c_toolchain() else { return };
-    let lib = LibDir::new("blocking");
-    let bin = build_c(&lib, cc, "blocking_calls", &["-lpthread"]);
-    let o = spawn_with(
-        &lib,
-        Mode::Preload,
-        Some("netdev=lo"),
-        bin.to_str().unwrap(),
-        &[],
-    )
-    .wait(Duration::from_secs(60));
+    let Some(o) = run_c_program("blocking_calls", &["-lpthread"], &[]) else {
+        return;
+    };
     assert_eq!(o.exited(), Some(0), "{o:?}");
     let lines: Vec<&str> = o.stdout.lines().collect();
     for want in [

@@ -462,3 +462,17 @@ pub fn build_c(lib: &LibDir, cc: &str, name: &str, extra: &[&str]) -> PathBuf {
     );
     bin
 }
+
+/// Builds `tests/NAME.c` ([`build_c`], with `extra` libraries) and runs it with `args`
+/// over the library (LD_PRELOAD, `SOFTIWARP_DEVICE=netdev=lo`, as `nobody` when root)
+/// for up to 60 s; `None` (a skip note) without a C toolchain or rdma-core's headers.
+pub fn run_c_program(name: &str, extra: &[&str], args: &[&str]) -> Option<Outcome> {
+    let cc = c_toolchain()?;
+    let lib = LibDir::new(name);
+    let bin = build_c(&lib, cc, name, extra);
+    let prog = bin.to_str().expect("a UTF-8 temp path");
+    Some(
+        spawn_with(&lib, Mode::Preload, Some("netdev=lo"), prog, args)
+            .wait(Duration::from_secs(60)),
+    )
+}
