@@ -3,14 +3,14 @@
 this directory after adding an entry point)."""
 import re
 nodes = {}
-for f in ['src/ibv.rs', 'src/cm.rs', 'src/ep.rs']:
+for f in ['src/ibv.rs', 'src/cm.rs', 'src/ep.rs', 'src/ex.rs']:
     s = open(f).read()
     for m in re.finditer(r'c_fn!\("([A-Z0-9_.]+)";.*?pub unsafe extern "C" fn (\w+)', s, re.S):
         nodes.setdefault(m.group(1), []).append(m.group(2))
 s = open('src/stubs.rs').read()
 for m in re.finditer(r'stubs!\("([A-Z0-9_.]+)":(.*?)\);', s, re.S):
     nodes.setdefault(m.group(1), []).extend(re.findall(r'(\w+) =>', m.group(2)))
-for m in re.finditer(r'\.symver sw_\w+, (\w+)@@([A-Z0-9_.]+)', s):
+for m in re.finditer(r'\.symver sw_\w+, (\w+)@@([A-Z0-9_.]+)', s + open('src/blocking.c').read()):
     nodes.setdefault(m.group(2), []).append(m.group(1))
 order = ['IBVERBS_1.0', 'IBVERBS_1.1', 'IBVERBS_1.5', 'IBVERBS_1.6', 'IBVERBS_1.7', 'IBVERBS_1.8',
          'IBVERBS_1.9', 'IBVERBS_1.10', 'IBVERBS_1.11', 'IBVERBS_1.12', 'IBVERBS_1.13',

@@ -43,6 +43,9 @@
 //!
 //! No panic crosses the boundary: every entry point runs in [`guard`], which turns a
 //! panic into the call's error value with `EIO` in `errno` and one line on stderr.
+//! No cancellation crosses Rust code either: [`guard`] disables the thread's
+//! cancellation while it runs, and the three blocking calls wait in C, outside any
+//! Rust frame (the contract is in [`crate::blocking`]).
 
 #![allow(unsafe_code)]
 
@@ -51,8 +54,11 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs `f`, returning `on_panic` (after setting `errno` to `EIO` and printing one line)
-/// if it panics. `call` names the entry point in that line.
+/// if it panics. `call` names the entry point in that line. `f` runs with the thread's
+/// cancellation disabled ([`NoCancel`]): no cancellation request is acted on inside Rust
+/// code (see [`crate::blocking`] for where the blocking calls are cancellation points).
 pub fn guard<R>(call: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
+    let _no_cancel = NoCancel::new();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(_) => {
@@ -60,6 +66,45 @@ pub fn guard<R>(call: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
             set_errno(libc::EIO);
             on_panic
         }
+    }
+}
+
+extern "C" {
+    /// glibc's `pthread_setcancelstate(3)` (not in the `libc` crate).
+    fn pthread_setcancelstate(state: c_int, oldstate: *mut c_int) -> c_int;
+}
+
+/// `PTHREAD_CANCEL_DISABLE` (glibc's `<pthread.h>`).
+pub const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
+/// The calling thread's cancellation disabled while this lives (the state before it is
+/// restored when it drops): a `pthread_cancel` meanwhile stays pending until the
+/// application's next cancellation point. glibc cancels by a forced unwind that must
+/// not pass Rust frames ([`crate::blocking`]), and the library's code calls
+/// cancellation points (`write(2)`, `poll(2)` on eventfds, `eprintln!`).
+pub struct NoCancel(c_int);
+
+impl NoCancel {
+    /// Disables cancellation for the calling thread.
+    pub fn new() -> NoCancel {
+        let mut old = 0;
+        // SAFETY: `old` is writable; the call has no other pointer and cannot fail
+        // with a valid state.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        NoCancel(old)
+    }
+}
+
+impl Default for NoCancel {
+    fn default() -> Self {
+        NoCancel::new()
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        // SAFETY: the state saved by `new`; glibc accepts a NULL `oldstate`.
+        unsafe { pthread_setcancelstate(self.0, std::ptr::null_mut()) };
     }
 }
 
@@ -351,6 +396,11 @@ zeroable!(
     cxgb4::ffi::types::RdmaCmEvent,
     cxgb4::ffi::types::RdmaEventChannel,
     crate::abi::IbvQpAttr,
+    crate::abi::IbvSrq,
+    crate::abi::IbvCqEx,
+    crate::abi::IbvQpEx,
+    crate::abi::IbvDeviceAttrEx,
+    crate::abi::VerbsContextPrefix,
     crate::abi::RdmaAddrinfo,
 );
 

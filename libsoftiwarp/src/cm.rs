@@ -26,6 +26,7 @@
 
 #![allow(unsafe_code)]
 
+pub use crate::blocking::rdma_get_cm_event;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
@@ -548,7 +549,7 @@ fn id_qp(o: &IdObj) -> Option<Arc<QpObj>> {
         let _c = lock(&o.s.c_lock);
         o.with_c(|c| c.qp)
     };
-    QpObj::get(qp)
+    QpObj::get(qp.cast())
 }
 
 /// Waits (up to [`ACCEPT_RTS_WAIT`]) until the accepted QP `q` leaves Init/RTR: with
@@ -616,13 +617,14 @@ c_fn!("RDMACM_1.0";
 /// `max_send_wr` / `max_recv_wr`) and destroyed by `rdma_destroy_qp`, as librdmacm
 /// does. UD, UC and XRC fail with `EOPNOTSUPP` after one warning line.
 pub unsafe extern "C" fn rdma_create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, qp_init_attr: *mut IbvQpInitAttr) -> c_int {
-    guard("rdma_create_qp", -1, || create_qp(id, pd, qp_init_attr))
+    guard("rdma_create_qp", -1, || create_qp(id, pd, qp_init_attr, 0))
 });
 
 c_fn!("RDMACM_1.0";
 /// `rdma_create_qp_ex(3)`: as `rdma_create_qp` with the PD of the extended attributes
-/// (`IBV_QP_INIT_ATTR_PD`); any other `comp_mask` bit (send ops, create flags, ...) is
-/// `EOPNOTSUPP`.
+/// (`IBV_QP_INIT_ATTR_PD`) and the `ibv_wr_*` API for `send_ops_flags`
+/// (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, as `ibv_create_qp_ex`); any other `comp_mask`
+/// bit (create flags, ...) is `EOPNOTSUPP`.
 pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void) -> c_int {
     guard("rdma_create_qp_ex", -1, || {
         if attr.is_null() {
@@ -631,19 +633,21 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut RdmaCmId, attr: *mut c_void)
         // `struct ibv_qp_init_attr_ex` starts as `struct ibv_qp_init_attr` (up to
         // `sq_sig_all`), then `comp_mask` (u32, offset 60) and `pd` (offset 64).
         // SAFETY: contract 3: `attr` is a readable `struct ibv_qp_init_attr_ex`.
-        let (mask, pd) = unsafe {
+        let (mask, pd, ops) = unsafe {
             let b = attr.cast::<u8>();
             (
                 std::ptr::read_unaligned(b.add(60).cast::<u32>()),
                 std::ptr::read_unaligned(b.add(64).cast::<*mut IbvPd>()),
+                std::ptr::read_unaligned(b.add(128).cast::<u64>()),
             )
         };
-        const IBV_QP_INIT_ATTR_PD: u32 = 1;
-        if mask & !IBV_QP_INIT_ATTR_PD != 0 {
+        use crate::abi::{IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS};
+        if mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
             return fail(libc::EOPNOTSUPP);
         }
         let pd = if mask & IBV_QP_INIT_ATTR_PD != 0 { pd } else { std::ptr::null_mut() };
-        create_qp(id, pd, attr.cast())
+        let ops = if mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 { ops } else { 0 };
+        create_qp(id, pd, attr.cast(), ops)
     })
 });
 
@@ -742,8 +746,17 @@ impl CmCqs {
     }
 }
 
-/// `rdma_create_qp` on a checked `attr`.
-pub(crate) fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
+/// `rdma_create_qp` on a checked `attr`, with the `ibv_wr_*` API for `ops` (its
+/// `send_ops_flags`; `EOPNOTSUPP` beyond `crate::ex::SUPPORTED_SEND_OPS`).
+pub(crate) fn create_qp(
+    id: *mut RdmaCmId,
+    pd: *mut IbvPd,
+    attr: *mut IbvQpInitAttr,
+    ops: u64,
+) -> c_int {
+    if ops & !crate::ex::SUPPORTED_SEND_OPS != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
     let Some(o) = IdObj::get(id) else {
         return fail(libc::EINVAL);
     };
@@ -808,20 +821,19 @@ pub(crate) fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitA
     if a.recv_cq.is_null() {
         a.recv_cq = cqs.recv_cq as *mut IbvCq;
     }
-    let made_qp = match crate::ibv::cq_pair(a, &p) {
+    let made_qp = match crate::ibv::qp_parts(a, &p) {
         None => Err(libc::EINVAL),
-        Some((uses, soft_scq, soft_rcq)) => {
-            let init = sw::QpInitAttr {
-                send_cq: &soft_scq,
-                recv_cq: &soft_rcq,
-                cap: crate::ibv::cap_of(&a.cap),
-                sq_sig_all: a.sq_sig_all != 0,
-            };
-            match r.create_qp(&p.s.pd, init) {
-                Ok(qp) => Ok(crate::ibv::qp_obj(qp, a, Some(r), uses)),
-                Err(e) => Err(e.errno()),
-            }
-        }
+        Some(parts) => match r.create_qp(&p.s.pd, parts.init()) {
+            Ok(qp) => Ok(crate::ibv::qp_obj_ex(
+                qp,
+                a,
+                Some(r),
+                parts.uses,
+                ops,
+                |x| crate::ex::set_wr_ops(x, ops),
+            )),
+            Err(e) => Err(e.errno()),
+        },
     };
     match made_qp {
         Ok(q) => {
@@ -852,7 +864,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
             o.update_c(|c| c.qp = std::ptr::null_mut());
             qp
         };
-        if let Some(q) = QpObj::take(qp) {
+        if let Some(q) = QpObj::take(qp.cast()) {
             crate::ibv::destroy_qp_obj(q);
         }
         CmCqs::of(&o).destroy(&o);
@@ -861,29 +873,59 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
 
 // ------------------------------------------------------------------ events
 
-c_fn!("RDMACM_1.0";
-/// `rdma_get_cm_event(3)`: blocks until an event (`EAGAIN` at once if the channel's fd
-/// is `O_NONBLOCK`); acknowledge it with `rdma_ack_cm_event`. -1 with `EINVAL` if not a
-/// live channel.
-pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut RdmaEventChannel, event: *mut *mut RdmaCmEvent) -> c_int {
+/// The non-blocking step of `rdma_get_cm_event(3)` (`src/blocking.c`;
+/// [`crate::blocking`]): 0 with `*event` written (acknowledge it with
+/// `rdma_ack_cm_event`); -1 with `EINVAL` if not a live channel, `EAGAIN` if none and
+/// the channel's fd is `O_NONBLOCK`; otherwise [`crate::blocking::WAIT`] with `*fd` to
+/// block on. `retry` is non-zero after a wait of the same call: a channel destroyed
+/// meanwhile is then waited on for ever (as a read of librdmacm's closed fd), not
+/// `EINVAL`.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+#[no_mangle]
+pub unsafe extern "C" fn swi_get_cm_event_try(
+    channel: *mut RdmaEventChannel,
+    event: *mut *mut RdmaCmEvent,
+    retry: c_int,
+    fd: *mut c_int,
+) -> c_int {
     guard("rdma_get_cm_event", -1, || {
-        // Our own reference: the channel may be destroyed while this call blocks.
+        // Our own reference while this step runs; the wait is on a dup of the fd.
         let Some(sh) = live_channel(channel) else {
+            if retry != 0 {
+                // Destroyed while this call waited (see below).
+                return crate::blocking::wait_forever(fd);
+            }
             return fail(libc::EINVAL);
         };
         if event.is_null() {
             return fail(libc::EINVAL);
         }
-        match get_event(channel, &sh) {
-            Ok(e) => {
+        while let Some(ev) = sh.take() {
+            if let Some(e) = make_event(ev) {
                 // SAFETY: contract 3.
                 unsafe { write_out(event, e) };
-                0
+                return 0;
             }
-            Err(e) => fail(e),
         }
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&sh.waker.fd);
+        if ChanObj::get(channel).is_none() {
+            if crate::boundary::is_nonblocking(raw) {
+                // Never blocks: the channel is gone.
+                return fail(libc::EINVAL);
+            }
+            // The channel was destroyed under this call: as a read blocked on
+            // librdmacm's closed fd, it never returns (a signal or a cancellation
+            // still ends it). rping destroys its channel at exit while its CM thread
+            // waits here; returning an error made that thread exit(255) before main
+            // returned 0.
+            return crate::blocking::wait_forever(fd);
+        }
+        crate::blocking::wait_on(raw, fd)
     })
-});
+}
 
 /// The next event of the channel `channel` (its state `sh`, which the caller holds),
 /// handed out to this thread: blocking until one comes, `Err(EAGAIN)` at once if the

@@ -64,7 +64,8 @@ pub struct Soft {
     pub mtu: usize,
     /// Its MAC (the GID, as siw reports it).
     pub mac: [u8; 6],
-    /// `struct ibv_device *` (leaked: lives as long as the process).
+    /// `struct ibv_device *` (leaked: lives as long as the process), followed by a
+    /// zeroed `struct verbs_device` tail (`crate::abi::IbvDeviceWithTail`).
     ibdev: usize,
     /// The context librdmacm's ids on this device point at (`id->verbs`), never closed.
     cm_ctx: Arc<CtxObj>,
@@ -237,7 +238,8 @@ fn open_one(cm: &SoftRdmaCm, spec: &DeviceSpec, index: usize) -> Result<Soft, St
         &mut dev.ibdev_path,
         &format!("/sys/class/infiniband/{}", spec.name),
     );
-    let ibdev = into_raw(dev);
+    let ibdev: *mut IbvDevice =
+        into_raw(crate::abi::IbvDeviceWithTail { dev, tail: [0; 8] }).cast();
     let cm_ctx = new_context(ibdev, index, true).map_err(|e| {
         let e = std::io::Error::from_raw_os_error(e);
         format!("cannot make the RDMA CM's device context: {e}")
@@ -303,11 +305,15 @@ pub fn new_context(dev: *mut IbvDevice, index: usize, cm: bool) -> Result<Arc<Ct
     c.ops.req_notify_cq = Some(crate::ibv::req_notify_cq);
     c.ops.post_send = Some(crate::ibv::post_send);
     c.ops.post_recv = Some(crate::ibv::post_recv);
+    let post_srq_recv: crate::abi::PostSrqRecvFn = crate::ibv::post_srq_recv;
+    c.ops._slots_13_24[crate::abi::POST_SRQ_RECV_SLOT] = post_srq_recv as *mut std::ffi::c_void;
     c.cmd_fd = -1;
     let events = Arc::new(FdQueue::new(crate::boundary::new_eventfd()?));
     c.async_fd = events.raw_fd();
     c.num_comp_vectors = 1;
-    let ctx = CtxObj::new(
+    c.abi_compat = crate::abi::VERBS_ABI_IS_EXTENDED;
+    let ctx = CtxObj::with_prefix(
+        crate::ex::verbs_context_prefix(),
         c,
         CtxState {
             events: Mutex::new(Some(events)),

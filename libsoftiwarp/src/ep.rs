@@ -122,7 +122,7 @@ unsafe fn setup_ep(
     // SAFETY: contract 3: NULL or the caller's attributes.
     if let Some(a) = unsafe { obj_mut(qp_init_attr) } {
         a.qp_type = res.ai_qp_type;
-        let r = create_qp(id, pd, qp_init_attr);
+        let r = create_qp(id, pd, qp_init_attr, 0);
         if r != 0 {
             return r;
         }
@@ -206,7 +206,7 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut RdmaCmId, id: *mut *mut R
                 let _c = lock(&l.s.c_lock);
                 l.with_c(|c| c.pd)
             };
-            if create_qp(new_id, pd, &mut attr) != 0 {
+            if create_qp(new_id, pd, &mut attr, 0) != 0 {
                 let e = crate::boundary::errno();
                 return keep_on_listener(e);
             }

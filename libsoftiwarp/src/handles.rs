@@ -67,9 +67,13 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 /// How many destroyed handles stay readable (see the [module docs](self)).
 pub const GRAVEYARD: usize = 2048;
 
-/// An object handed to C: the C view first (its address is the handle), then ours.
+/// An object handed to C: the C view (its address is the handle), then ours. `P` is
+/// a C prefix that must lie right before the C view in memory (a context's `struct
+/// verbs_context` head, which rdma-core's `verbs_get_ctx` finds there); `()` for every
+/// other kind, whose C view is then the first byte of the object.
 #[repr(C)]
-pub struct Obj<C, S> {
+pub struct Obj<C, S, P = ()> {
+    pre: UnsafeCell<P>,
     c: UnsafeCell<C>,
     /// Our side of the object.
     pub s: S,
@@ -78,14 +82,15 @@ pub struct Obj<C, S> {
     dying: AtomicBool,
 }
 
-// SAFETY: `C` is one of rdma-core's plain C structs (integers, arrays, raw pointers
-// that this library never dereferences through the struct); it is only read and written
-// through `with_c` / `update_c` under the rules of the module docs (written before
-// publication, or under the object's own lock), so sharing the `Obj` across threads
-// shares no Rust reference to it. `S` brings its own `Send`/`Sync`.
-unsafe impl<C, S: Send> Send for Obj<C, S> {}
+// SAFETY: `C` and `P` are rdma-core's plain C structs (integers, arrays, raw pointers
+// that this library never dereferences through the struct); `C` is only read and
+// written through `with_c` / `update_c` under the rules of the module docs (written
+// before publication, or under the object's own lock), `P` only before publication, so
+// sharing the `Obj` across threads shares no Rust reference to them. `S` brings its
+// own `Send`/`Sync`.
+unsafe impl<C, S: Send, P> Send for Obj<C, S, P> {}
 // SAFETY: as for `Send`.
-unsafe impl<C, S: Sync> Sync for Obj<C, S> {}
+unsafe impl<C, S: Sync, P> Sync for Obj<C, S, P> {}
 
 type AnyObj = Arc<dyn Any + Send + Sync>;
 
@@ -105,18 +110,28 @@ fn registry() -> &'static Registry {
 impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
     /// A new object, not yet published (see [`Obj::publish`]).
     pub fn new(c: C, s: S) -> Arc<Self> {
-        Arc::new(Obj {
-            c: UnsafeCell::new(c),
-            s,
-            dying: AtomicBool::new(false),
-        })
+        Obj::with_prefix((), c, s)
     }
 
     /// A new object whose state knows its own handle (`f` gets the address).
     pub fn new_cyclic(c: C, f: impl FnOnce(usize) -> S) -> Arc<Self> {
-        Arc::new_cyclic(|w| Obj {
+        Arc::new_cyclic(|w: &std::sync::Weak<Self>| Obj {
+            pre: UnsafeCell::new(()),
             c: UnsafeCell::new(c),
+            // `()` is zero-sized: the C view is the object's first byte.
             s: f(w.as_ptr() as usize),
+            dying: AtomicBool::new(false),
+        })
+    }
+}
+
+impl<C: 'static, S: Send + Sync + 'static, P: 'static> Obj<C, S, P> {
+    /// A new object with the C prefix `pre` right before its C view, not yet published.
+    pub fn with_prefix(pre: P, c: C, s: S) -> Arc<Self> {
+        Arc::new(Obj {
+            pre: UnsafeCell::new(pre),
+            c: UnsafeCell::new(c),
+            s,
             dying: AtomicBool::new(false),
         })
     }
@@ -168,7 +183,7 @@ impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
     /// [`Destroying::finish`]; dropping the [`Destroying`] instead (the destroy was
     /// refused) makes it an ordinary live object again. `Err(EINVAL)` if not live,
     /// `Err(EBUSY)` while another destroy of it runs.
-    pub fn begin_destroy(p: *const C) -> Result<Destroying<C, S>, i32> {
+    pub fn begin_destroy(p: *const C) -> Result<Destroying<C, S, P>, i32> {
         let o = Self::get(p).ok_or(libc::EINVAL)?;
         if o.dying
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -242,14 +257,14 @@ impl<C: 'static, S: Send + Sync + 'static> Obj<C, S> {
 }
 
 /// A destroy in progress ([`Obj::begin_destroy`]): the object is live and dying.
-pub struct Destroying<C: 'static, S: Send + Sync + 'static> {
-    obj: Arc<Obj<C, S>>,
+pub struct Destroying<C: 'static, S: Send + Sync + 'static, P: 'static = ()> {
+    obj: Arc<Obj<C, S, P>>,
     finished: bool,
 }
 
-impl<C: 'static, S: Send + Sync + 'static> Destroying<C, S> {
+impl<C: 'static, S: Send + Sync + 'static, P: 'static> Destroying<C, S, P> {
     /// The object being destroyed.
-    pub fn obj(&self) -> &Arc<Obj<C, S>> {
+    pub fn obj(&self) -> &Arc<Obj<C, S, P>> {
         &self.obj
     }
 
@@ -263,7 +278,7 @@ impl<C: 'static, S: Send + Sync + 'static> Destroying<C, S> {
     }
 }
 
-impl<C: 'static, S: Send + Sync + 'static> Drop for Destroying<C, S> {
+impl<C: 'static, S: Send + Sync + 'static, P: 'static> Drop for Destroying<C, S, P> {
     /// Not finished: the destroy was refused, and the object is an ordinary live one.
     fn drop(&mut self) {
         if !self.finished {

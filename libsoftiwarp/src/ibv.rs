@@ -27,6 +27,7 @@ use verbs::{
 };
 
 use crate::abi::*;
+pub use crate::blocking::{ibv_get_async_event, ibv_get_cq_event};
 use crate::boundary::{
     c_fn, free_list, guard, into_raw_list, obj, obj_mut, set_errno, slice, slice_mut, write_out,
     zeroed,
@@ -34,25 +35,25 @@ use crate::boundary::{
 use crate::device::{devices, of_ibdev, Soft, NO_DEVICE};
 use crate::objects::{
     lock, to_ibv_wc, AsyncItem, CompChanObj, CompChanState, CompShared, CqObj, CqState, CtxObj,
-    FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses,
-    POLL_CHUNK,
+    FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses, SrqObj,
+    SrqState, POLL_CHUNK,
 };
 
 /// Handles of PDs, MRs, CQs and QPs (`->handle`), for the application's logs only.
 static HANDLES: AtomicU32 = AtomicU32::new(1);
 
-fn next_handle() -> u32 {
+pub(crate) fn next_handle() -> u32 {
     HANDLES.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Returns NULL with `errno` = `e`.
-fn null_err<T>(e: c_int) -> *mut T {
+pub(crate) fn null_err<T>(e: c_int) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
 }
 
 /// Returns `e` (the errno-returning calls) and sets `errno` to it too.
-fn err_ret(e: c_int) -> c_int {
+pub(crate) fn err_ret(e: c_int) -> c_int {
     set_errno(e);
     e
 }
@@ -164,7 +165,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
 
 /// The device of the context `c` (`ENODEV` if there is none: never for a context
 /// made by this library).
-fn dev_of(c: &CtxObj) -> Result<&'static Soft, c_int> {
+pub(crate) fn dev_of(c: &CtxObj) -> Result<&'static Soft, c_int> {
     crate::device::get(c.s.dev).ok_or(NO_DEVICE)
 }
 
@@ -174,7 +175,7 @@ fn ctx_soft(context: *const IbvContext) -> Result<&'static Soft, c_int> {
 }
 
 /// The live context at `context` and its device (errors as [`ctx_soft`]).
-fn ctx_obj(context: *const IbvContext) -> Result<(Arc<CtxObj>, &'static Soft), c_int> {
+pub(crate) fn ctx_obj(context: *const IbvContext) -> Result<(Arc<CtxObj>, &'static Soft), c_int> {
     let c = CtxObj::get(context).ok_or(libc::EINVAL)?;
     let s = dev_of(&c)?;
     Ok((c, s))
@@ -188,29 +189,7 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut I
             Ok(s) => s,
             Err(e) => return err_ret(e),
         };
-        let a = s.device.query_device();
-        let mut d: IbvDeviceAttr = zeroed();
-        crate::boundary::copy_cstr(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
-        d.node_guid = s.guid();
-        d.sys_image_guid = s.guid();
-        d.max_mr_size = a.max_mr_size;
-        d.page_size_cap = 4096;
-        d.vendor_id = 0x626d74; // siw's vendor id ("bmt")
-        d.vendor_part_id = 0;
-        d.max_qp = 1 << 16;
-        d.max_qp_wr = i32::try_from(a.max_qp_wr).unwrap_or(i32::MAX);
-        d.max_sge = i32::try_from(a.max_sge).unwrap_or(i32::MAX);
-        d.max_sge_rd = d.max_sge;
-        d.max_cq = 1 << 16;
-        d.max_cqe = i32::try_from(a.max_cqe).unwrap_or(i32::MAX);
-        d.max_mr = 1 << 20;
-        d.max_pd = 1 << 16;
-        d.max_qp_rd_atom = i32::try_from(a.max_ord_ird).unwrap_or(i32::MAX);
-        d.max_qp_init_rd_atom = d.max_qp_rd_atom;
-        d.max_res_rd_atom = d.max_qp_rd_atom;
-        d.atomic_cap = IBV_ATOMIC_NONE;
-        d.max_pkeys = 1;
-        d.phys_port_cnt = 1;
+        let d = device_attr(s);
         // SAFETY: contract 3.
         if !unsafe { write_out(attr, d) } {
             return err_ret(libc::EINVAL);
@@ -219,8 +198,42 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut IbvContext, attr: *mut I
     })
 });
 
+/// The device attributes of `s` (`ibv_query_device`, and `orig_attr` of
+/// `ibv_query_device_ex`): the soft device's limits (`DeviceAttr::SOFT`).
+pub(crate) fn device_attr(s: &Soft) -> IbvDeviceAttr {
+    let a = s.device.query_device();
+    let mut d: IbvDeviceAttr = zeroed();
+    crate::boundary::copy_cstr(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
+    d.node_guid = s.guid();
+    d.sys_image_guid = s.guid();
+    d.max_mr_size = a.max_mr_size;
+    d.page_size_cap = 4096;
+    d.vendor_id = 0x626d74; // siw's vendor id ("bmt")
+    d.vendor_part_id = 0;
+    d.max_qp = 1 << 16;
+    d.max_qp_wr = i32::try_from(a.max_qp_wr).unwrap_or(i32::MAX);
+    d.max_sge = i32::try_from(a.max_sge).unwrap_or(i32::MAX);
+    d.max_sge_rd = d.max_sge;
+    d.max_cq = 1 << 16;
+    d.max_cqe = i32::try_from(a.max_cqe).unwrap_or(i32::MAX);
+    d.max_mr = 1 << 20;
+    d.max_pd = 1 << 16;
+    d.max_qp_rd_atom = i32::try_from(a.max_ord_ird).unwrap_or(i32::MAX);
+    d.max_qp_init_rd_atom = d.max_qp_rd_atom;
+    d.max_res_rd_atom = d.max_qp_rd_atom;
+    d.atomic_cap = IBV_ATOMIC_NONE;
+    // max_srq, max_srq_wr, max_srq_sge (the last three of max_ee .. max_srq_sge).
+    let soft = sw::DeviceAttr::SOFT;
+    d._max_ee_to_max_srq_sge[11] = i32::try_from(soft.max_srq).unwrap_or(i32::MAX);
+    d._max_ee_to_max_srq_sge[12] = i32::try_from(soft.max_srq_wr).unwrap_or(i32::MAX);
+    d._max_ee_to_max_srq_sge[13] = i32::try_from(soft.max_srq_sge).unwrap_or(i32::MAX);
+    d.max_pkeys = 1;
+    d.phys_port_cnt = 1;
+    d
+}
+
 /// The port attributes of the device's one port.
-fn port_attr(s: &Soft) -> IbvPortAttr {
+pub(crate) fn port_attr(s: &Soft) -> IbvPortAttr {
     let mut p: IbvPortAttr = zeroed();
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = ibv_mtu(s.mtu);
@@ -257,7 +270,7 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut IbvContext, port_num: u8, 
 });
 
 /// The GID of index 0: the MAC in the first six bytes (siw's rule).
-fn gid(s: &Soft) -> IbvGid {
+pub(crate) fn gid(s: &Soft) -> IbvGid {
     let mut g = IbvGid { raw: [0; 16] };
     g.raw[..6].copy_from_slice(&s.mac);
     g
@@ -294,13 +307,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(context: *mut IbvContext, port_num: u
         if port_num != 1 || gid_index != 0 || entry_size < std::mem::size_of::<IbvGidEntry>() {
             return err_ret(libc::EINVAL);
         }
-        let e = IbvGidEntry {
-            gid: gid(s),
-            gid_index: 0,
-            port_num: 1,
-            gid_type: 0,
-            ndev_ifindex: 0,
-        };
+        let e = gid_entry(s);
         // SAFETY: contract 3.
         if !unsafe { write_out(entry, e) } {
             return err_ret(libc::EINVAL);
@@ -308,6 +315,17 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(context: *mut IbvContext, port_num: u
         0
     })
 });
+
+/// The GID table's one entry: index 0 of port 1, type IB (0).
+pub(crate) fn gid_entry(s: &Soft) -> IbvGidEntry {
+    IbvGidEntry {
+        gid: gid(s),
+        gid_index: 0,
+        port_num: 1,
+        gid_type: 0,
+        ndev_ifindex: 0,
+    }
+}
 
 c_fn!("IBVERBS_PRIVATE_34";
 /// `ibv_query_gid_type` (private to rdma-core's tools; `ibv_devinfo` calls it): type
@@ -524,61 +542,84 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
 });
 
 c_fn!("IBVERBS_1.1";
-/// `ibv_create_cq(3)`.
-pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_context: *mut c_void, channel: *mut IbvCompChannel, _comp_vector: c_int) -> *mut IbvCq {
+/// `ibv_create_cq(3)`: NULL with `EINVAL` for `cqe` below 1 or above the device's
+/// `max_cqe`, a `comp_vector` outside `0..num_comp_vectors` (the context has 1), or a
+/// channel that is not live.
+pub unsafe extern "C" fn ibv_create_cq(context: *mut IbvContext, cqe: c_int, cq_context: *mut c_void, channel: *mut IbvCompChannel, comp_vector: c_int) -> *mut IbvCq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
-        let (ctx, s) = match ctx_obj(context) {
-            Ok(v) => v,
-            Err(e) => return null_err(e),
-        };
-        let n = match usize::try_from(cqe) {
-            Ok(n) if n > 0 => n,
-            _ => return null_err(libc::EINVAL),
-        };
-        let chan = if channel.is_null() {
-            None
-        } else {
-            match CompChanObj::get(channel).and_then(|c| chan_use(&c)) {
-                Some(sh) => Some(sh),
-                None => return null_err(libc::EINVAL),
-            }
-        };
-        let cq = match s.device.create_cq(cq_capacity(n)) {
-            Ok(cq) => cq,
-            Err(e) => {
-                if let Some(chan) = chan {
-                    chan.cqs.fetch_sub(1, Ordering::SeqCst);
-                }
-                return null_err(e.errno());
-            }
-        };
-        let mut c: IbvCq = zeroed();
-        c.context = context;
-        c.channel = channel;
-        c.cq_context = cq_context;
-        c.handle = next_handle();
-        c.cqe = i32::try_from(cq.capacity()).unwrap_or(cqe);
-        let soft_handle = cq.handle();
-        let o = CqObj::new_cyclic(c, |addr| CqState {
-            cq: Mutex::new(Some(Arc::new(cq))),
-            notify: Mutex::new(chan.map(|chan| {
-                Arc::new(Notify {
-                    armed: AtomicBool::new(false),
-                    chan,
-                    cq: addr,
-                })
-            })),
-            events: AtomicU32::new(0),
-            acked: AtomicU32::new(0),
-            qps: AtomicUsize::new(0),
-            cq_context: cq_context as usize,
-            ctx,
-        });
-        let dev = o.s.ctx.s.dev;
-        soft_objects(|m| m.insert((dev, SoftKind::Cq, soft_handle), o.addr()));
-        CqObj::publish(&o)
+        match new_cq(context, cqe, cq_context, channel, comp_vector, |_| {}) {
+            Ok(p) => p.cast(),
+            Err(e) => null_err(e),
+        }
     })
 });
+
+/// Makes and publishes a CQ (`ibv_create_cq`, `ibv_create_cq_ex`): checks as
+/// [`ibv_create_cq`]; `ex` fills the extended part of its C view before it is
+/// published. `Err(errno)`.
+pub(crate) fn new_cq(
+    context: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+    ex: impl FnOnce(&mut IbvCqEx),
+) -> Result<*mut IbvCqEx, c_int> {
+    let (ctx, s) = ctx_obj(context)?;
+    let n = match usize::try_from(cqe) {
+        Ok(n) if n > 0 && n <= sw::DeviceAttr::SOFT.max_cqe => n,
+        _ => return Err(libc::EINVAL),
+    };
+    let vectors = ctx.with_c(|c| c.num_comp_vectors);
+    if !(0..vectors).contains(&comp_vector) {
+        return Err(libc::EINVAL);
+    }
+    let chan = if channel.is_null() {
+        None
+    } else {
+        Some(
+            CompChanObj::get(channel)
+                .and_then(|c| chan_use(&c))
+                .ok_or(libc::EINVAL)?,
+        )
+    };
+    let cq = match s.device.create_cq(cq_capacity(n)) {
+        Ok(cq) => cq,
+        Err(e) => {
+            if let Some(chan) = chan {
+                chan.cqs.fetch_sub(1, Ordering::SeqCst);
+            }
+            return Err(e.errno());
+        }
+    };
+    let mut c: IbvCqEx = zeroed();
+    c.cq.context = context;
+    c.cq.channel = channel;
+    c.cq.cq_context = cq_context;
+    c.cq.handle = next_handle();
+    c.cq.cqe = i32::try_from(cq.capacity()).unwrap_or(cqe);
+    ex(&mut c);
+    let soft_handle = cq.handle();
+    let o = CqObj::new_cyclic(c, |addr| CqState {
+        cq: Mutex::new(Some(Arc::new(cq))),
+        notify: Mutex::new(chan.map(|chan| {
+            Arc::new(Notify {
+                armed: AtomicBool::new(false),
+                chan,
+                cq: addr,
+            })
+        })),
+        events: AtomicU32::new(0),
+        acked: AtomicU32::new(0),
+        qps: AtomicUsize::new(0),
+        cq_context: cq_context as usize,
+        current: Mutex::new(None),
+        ctx,
+    });
+    let dev = o.s.ctx.s.dev;
+    soft_objects(|m| m.insert((dev, SoftKind::Cq, soft_handle), o.addr()));
+    Ok(CqObj::publish(&o))
+}
 
 /// Counts a CQ about to be created on the channel `c`, before the CQ is made: its
 /// shared state, or `None` (the count undone) if the channel is being destroyed or is
@@ -620,7 +661,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
         // Marked dying first, the QP count checked after (`crate::handles`; the
         // other half is `QpUses::acquire`).
-        match CqObj::destroy_with(cq, destroy_cq_obj) {
+        match CqObj::destroy_with(cq.cast(), destroy_cq_obj) {
             Ok(()) => 0,
             Err(e) => err_ret(e),
         }
@@ -637,16 +678,7 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
     let Some(soft_cq) = c.s.cq() else {
         return Err(libc::EINVAL);
     };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match soft_cq.destroy() {
-            Ok(()) => break,
-            Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(e.errno()),
-        }
-    }
+    destroy_when_flushed(|| soft_cq.destroy())?;
     if let Some(n) = lock(&c.s.notify).take() {
         n.retire();
         n.chan.cqs.fetch_sub(1, Ordering::SeqCst);
@@ -655,6 +687,24 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
     forget_async_events(&c.s.ctx, c.addr());
     soft_objects(|m| m.remove(&(c.s.ctx.s.dev, SoftKind::Cq, soft_cq.handle())));
     Ok(())
+}
+
+/// Runs `destroy` (a soft CQ's or SRQ's) until it is not `InUse`, for up to 2 s: a QP
+/// destroyed just before still counts on it until the engine has flushed and removed
+/// it. Its errno otherwise.
+fn destroy_when_flushed(
+    mut destroy: impl FnMut() -> Result<(), verbs::VerbsError>,
+) -> Result<(), c_int> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match destroy() {
+            Ok(()) => return Ok(()),
+            Err(verbs::VerbsError::InUse { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e.errno()),
+        }
+    }
 }
 
 /// `ibv_req_notify_cq` (ops slot): arms the CQ's event; one event for the next
@@ -667,7 +717,7 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
 /// The pointer contract of [`crate::boundary`].
 pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
     guard("ibv_req_notify_cq", libc::EIO, || {
-        let Some(c) = CqObj::get(cq) else {
+        let Some(c) = CqObj::get(cq.cast()) else {
             return err_ret(libc::EINVAL);
         };
         let Some(soft_cq) = c.s.cq() else {
@@ -688,47 +738,51 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -
     })
 }
 
-c_fn!("IBVERBS_1.1";
-/// `ibv_get_cq_event(3)`: blocks until an armed CQ of the channel has a completion
-/// (`EAGAIN` at once if the fd is `O_NONBLOCK`); -1 with `EINVAL` if not a live channel.
-pub unsafe extern "C" fn ibv_get_cq_event(channel: *mut IbvCompChannel, cq: *mut *mut IbvCq, cq_context: *mut *mut c_void) -> c_int {
+/// The non-blocking step of `ibv_get_cq_event(3)` (`src/blocking.c` loops on it;
+/// [`crate::blocking`] has the contract): 0 with `*cq` and `*cq_context` written when
+/// an armed CQ of the channel had a completion; -1 with `EINVAL` if not a live channel,
+/// `EAGAIN` if none and the fd is `O_NONBLOCK`; otherwise [`crate::blocking::WAIT`]
+/// with `*fd` an fd for the caller to block on and close.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+#[no_mangle]
+pub unsafe extern "C" fn swi_get_cq_event_try(
+    channel: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+    fd: *mut c_int,
+) -> c_int {
     guard("ibv_get_cq_event", -1, || {
-        // Our own reference: the channel may be destroyed while this call blocks.
-        let Some(sh) = CompChanObj::get(channel).and_then(|ch| lock(&ch.s.shared).clone())
-        else {
+        // Our own reference while this step runs; the wait is on a dup of the fd, so
+        // a destroy of the channel meanwhile closes nothing under the caller.
+        let Some(sh) = CompChanObj::get(channel).and_then(|ch| lock(&ch.s.shared).clone()) else {
             return minus_one(libc::EINVAL);
         };
-        let fd = sh.q.raw_fd();
-        loop {
-            if let Some(p) = sh.q.pop() {
-                // A CQ destroyed meanwhile has no event (destroy removes them; this
-                // is the race with that removal).
-                let Some(co) = CqObj::get(p as *const IbvCq) else {
-                    continue;
-                };
-                co.s.events.fetch_add(1, Ordering::Relaxed);
-                // SAFETY: contract 3.
-                unsafe {
-                    write_out(cq, co.ptr());
-                    write_out(cq_context, co.s.cq_context as *mut c_void);
-                }
-                return 0;
+        while let Some(p) = sh.q.pop() {
+            // A CQ destroyed meanwhile has no event (destroy removes them; this is
+            // the race with that removal).
+            let Some(co) = CqObj::get(p as *const IbvCqEx) else {
+                continue;
+            };
+            co.s.events.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: contract 3.
+            unsafe {
+                write_out(cq, co.ptr().cast());
+                write_out(cq_context, co.s.cq_context as *mut c_void);
             }
-            if crate::boundary::is_nonblocking(fd) {
-                return minus_one(libc::EAGAIN);
-            }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return minus_one(e);
-            }
+            return 0;
         }
+        crate::blocking::wait_on(sh.q.raw_fd(), fd)
     })
-});
+}
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_ack_cq_events(3)` (nothing for a handle that is not a live CQ).
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
     guard("ibv_ack_cq_events", (), || {
-        if let Some(c) = CqObj::get(cq) {
+        if let Some(c) = CqObj::get(cq.cast()) {
             c.s.acked.fetch_add(nevents, Ordering::Relaxed);
         }
     })
@@ -742,7 +796,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
 /// The pointer contract of [`crate::boundary`].
 pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc) -> c_int {
     guard("ibv_poll_cq", -1, || {
-        let Some(c) = CqObj::get(cq).and_then(|c| c.s.cq()) else {
+        let Some(c) = CqObj::get(cq.cast()).and_then(|c| c.s.cq()) else {
             return minus_one(libc::EINVAL);
         };
         let Ok(n) = usize::try_from(num_entries) else {
@@ -784,7 +838,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut Ib
 // ------------------------------------------------------------------ QP
 
 /// The soft SGE list of a C one.
-fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
+pub(crate) fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
     list.iter()
         .map(|s| Sge::new(s.addr, s.length, Stag::from_raw(s.lkey)))
         .collect()
@@ -817,17 +871,7 @@ fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
         cap.max_send_sge
     };
     let list = sge_list(wr.sg_list, wr.num_sge, max_sge)?;
-    let mut flags = SendFlags::empty();
-    for (bit, f) in [
-        (IBV_SEND_FENCE, SendFlags::FENCE),
-        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
-        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
-        (IBV_SEND_INLINE, SendFlags::INLINE),
-    ] {
-        if wr.send_flags & bit != 0 {
-            flags |= f;
-        }
-    }
+    let flags = send_flags(wr.send_flags);
     let rdma = wr.rdma();
     let rkey = Stag::from_raw(rdma.rkey);
     let op = match wr.opcode {
@@ -871,6 +915,22 @@ fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
         flags,
         payload,
     })
+}
+
+/// The soft send flags of C ones (`enum ibv_send_flags`; other bits are ignored).
+pub(crate) fn send_flags(bits: c_uint) -> SendFlags {
+    let mut flags = SendFlags::empty();
+    for (bit, f) in [
+        (IBV_SEND_FENCE, SendFlags::FENCE),
+        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
+        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
+        (IBV_SEND_INLINE, SendFlags::INLINE),
+    ] {
+        if bits & bit != 0 {
+            flags |= f;
+        }
+    }
+    flags
 }
 
 /// A C work request list (`struct ibv_send_wr` or `struct ibv_recv_wr`).
@@ -963,7 +1023,7 @@ pub unsafe extern "C" fn post_send(
     bad_wr: *mut *mut IbvSendWr,
 ) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
-        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
+        let Some((o, q)) = QpObj::get(qp.cast()).and_then(|o| o.s.qp().map(|q| (o, q))) else {
             return err_ret(libc::EINVAL);
         };
         let cap = o.s.cap;
@@ -982,7 +1042,8 @@ pub unsafe extern "C" fn post_send(
     })
 }
 
-/// `ibv_post_recv` (ops slot), as [`post_send`].
+/// `ibv_post_recv` (ops slot), as [`post_send`]; `EINVAL` on a QP that takes its
+/// receive WRs from an SRQ (`*bad_wr` is the first WR).
 ///
 /// # Safety
 ///
@@ -993,10 +1054,16 @@ pub unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut IbvRecvWr,
 ) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
-        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
+        let Some((o, q)) = QpObj::get(qp.cast()).and_then(|o| o.s.qp().map(|q| (o, q))) else {
             return err_ret(libc::EINVAL);
         };
         let cap = o.s.cap;
+        if cap.max_recv_wr == 0 {
+            // A QP on an SRQ has no receive queue of its own (siw: EINVAL).
+            // SAFETY: contract 3.
+            unsafe { write_out(bad_wr, wr) };
+            return err_ret(libc::EINVAL);
+        }
         post_c_list(
             wr,
             bad_wr,
@@ -1055,41 +1122,69 @@ pub(crate) fn qp_obj(
     id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
     uses: QpUses,
 ) -> *mut IbvQp {
+    qp_obj_ex(qp, attr, id, uses, 0, |_| {})
+}
+
+/// [`qp_obj`] for a QP of `ibv_create_qp_ex` with `send_ops` (its `send_ops_flags`):
+/// `ex` fills the extended part of its C view (the `wr_*` pointers) before it is
+/// published. The C view's `state` is Init for a QP of the RDMA CM (librdmacm moves it
+/// there) and Reset otherwise, as libibverbs writes it at creation, whatever the soft
+/// QP's own state (siw's: Init; `ibv_query_qp` reports that one).
+pub(crate) fn qp_obj_ex(
+    qp: Arc<sw::Qp>,
+    attr: &mut IbvQpInitAttr,
+    id: Option<rdma_cm::CmIdRef<sw::cm::rdmacm::SoftDevice>>,
+    uses: QpUses,
+    send_ops: u64,
+    ex: impl FnOnce(&mut IbvQpEx),
+) -> *mut IbvQp {
     let cap = qp.query_qp().cap;
     attr.cap = cap_to_c(&cap);
     let pd = &uses.pd;
-    let mut c: IbvQp = zeroed();
+    let mut x: IbvQpEx = zeroed();
+    let c = &mut x.qp_base;
     c.context = pd.s.ctx.ptr();
     c.qp_context = attr.qp_context;
     c.pd = pd.ptr();
-    c.send_cq = uses.cqs[0].ptr();
-    c.recv_cq = uses.cqs[1].ptr();
+    c.send_cq = uses.cqs[0].ptr().cast();
+    c.recv_cq = uses.cqs[1].ptr().cast();
+    c.srq = uses
+        .srq
+        .as_ref()
+        .map_or(std::ptr::null_mut(), |o| o.ptr().cast());
     c.handle = next_handle();
     c.qp_num = qp.qp_num();
-    c.state = IBV_QPS_INIT;
+    c.state = if id.is_some() {
+        IBV_QPS_INIT
+    } else {
+        IBV_QPS_RESET
+    };
     c.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
+    ex(&mut x);
     let qpn = qp.qp_num();
     let ctx = pd.s.ctx.clone();
     let dev = ctx.s.dev;
     let o = QpObj::new(
-        c,
+        x,
         QpObjState {
             qp: Mutex::new(Some(qp)),
             id: Mutex::new(id),
             cap,
             uses: Mutex::new(Some(uses)),
+            batch: Mutex::new(None),
+            send_ops,
             ctx,
         },
     );
     soft_objects(|m| m.insert((dev, SoftKind::Qp, qpn), o.addr()));
-    QpObj::publish(&o)
+    QpObj::publish(&o).cast()
 }
 
 /// The live QP number `qpn` of the `dev`th device (`rdma_connect` / `rdma_accept` name
 /// one by `conn_param->qp_num`, as the kernel's `iw_cm` looks it up on the device).
 pub(crate) fn qp_by_num(dev: usize, qpn: u32) -> Option<Arc<QpObj>> {
     let addr = soft_objects(|m| m.get(&(dev, SoftKind::Qp, qpn)).copied())?;
-    QpObj::get(addr as *const IbvQp)
+    QpObj::get(addr as *const crate::abi::IbvQpEx)
 }
 
 /// Refuses a QP type other than RC with `EOPNOTSUPP` (kernel siw's errno for any other
@@ -1112,9 +1207,11 @@ pub(crate) fn refuse_qp_type(call: &'static str, qp_type: c_int) -> Result<(), c
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_create_qp(3)`: an RC QP in Init, as kernel siw's (receives can be posted at
-/// once), not bound to a connection: `rdma_connect` / `rdma_accept` connect it when
-/// they name it by `conn_param->qp_num`. Other QP types fail with `EOPNOTSUPP` after
-/// one warning line.
+/// once; its C view's `state` says Reset, as libibverbs writes it), not bound to a
+/// connection: `rdma_connect` / `rdma_accept` connect it when they name it by
+/// `conn_param->qp_num`. With `init_attr.srq` it takes its receive WRs from that SRQ
+/// (its `max_recv_wr` / `max_recv_sge` are ignored and reported 0, and `ibv_post_recv`
+/// on it is `EINVAL`). Other QP types fail with `EOPNOTSUPP` after one warning line.
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
         // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
@@ -1128,41 +1225,95 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             Ok(s) => s,
             Err(e) => return null_err(e),
         };
-        let Some((uses, soft_scq, soft_rcq)) = cq_pair(a, &p) else {
-            return null_err(libc::EINVAL);
-        };
-        let init = sw::QpInitAttr {
-            send_cq: &soft_scq,
-            recv_cq: &soft_rcq,
-            cap: cap_of(&a.cap),
-            sq_sig_all: a.sq_sig_all != 0,
-        };
-        let qp = match s.device.create_qp(&p.s.pd, init) {
-            Ok(qp) => qp,
-            // `uses` dropped: the CQs are free of it again.
-            Err(e) => return null_err(e.errno()),
-        };
-        if let Err(e) = qp.modify_state(QpState::Init) {
-            let _ = qp.destroy();
-            return null_err(e.errno());
+        match new_soft_qp(s, &p, a) {
+            Ok((qp, uses)) => qp_obj(qp, a, None, uses),
+            Err(e) => null_err(e),
         }
-        qp_obj(Arc::new(qp), a, None, uses)
     })
 });
 
-/// The live CQs of `attr`, counted as used by a QP about to be made on `pd`
-/// ([`QpUses::acquire`]: `None` if either is being destroyed, or is of another device
-/// than the PD), and their soft CQs.
-pub(crate) fn cq_pair(
+/// A soft QP of `attr` on the PD `p` of device `s`, not bound to a connection, moved to
+/// Init as siw's QPs start (`ibv_query_qp` then says Init, rdma-core commit 698f2ae80),
+/// and its uses; `Err(errno)` (`EINVAL` for dead or foreign CQs or SRQ).
+pub(crate) fn new_soft_qp(
+    s: &Soft,
+    p: &Arc<PdObj>,
     attr: &IbvQpInitAttr,
-    pd: &Arc<PdObj>,
-) -> Option<(QpUses, Arc<sw::Cq>, Arc<sw::Cq>)> {
+) -> Result<(Arc<sw::Qp>, QpUses), c_int> {
+    let parts = qp_parts(attr, p).ok_or(libc::EINVAL)?;
+    let init = parts.init();
+    let made = match init.srq {
+        Some(srq) => s.device.create_qp_with_srq(&p.s.pd, init.attr, srq),
+        None => s.device.create_qp(&p.s.pd, init.attr),
+    };
+    // On error `parts` is dropped: the CQs are free of it again.
+    let qp = made.map_err(|e| e.errno())?;
+    if let Err(e) = qp.modify_state(QpState::Init) {
+        let _ = qp.destroy();
+        return Err(e.errno());
+    }
+    Ok((Arc::new(qp), parts.uses))
+}
+
+/// What a QP is made of: its CQs, PD and SRQ counted as used ([`QpUses`]), their soft
+/// objects, and the soft attributes of the C ones.
+pub(crate) struct QpParts {
+    /// The C-level counts (dropped if the creation fails).
+    pub uses: QpUses,
+    scq: Arc<sw::Cq>,
+    rcq: Arc<sw::Cq>,
+    srq: Option<Arc<sw::Srq>>,
+    cap: QpCap,
+    sq_sig_all: bool,
+}
+
+impl QpParts {
+    /// The soft attributes (with the SRQ, if any) to create the QP with.
+    pub fn init(&self) -> sw::cm::rdmacm::CmQpInit<'_> {
+        sw::cm::rdmacm::CmQpInit {
+            attr: sw::QpInitAttr {
+                send_cq: &self.scq,
+                recv_cq: &self.rcq,
+                cap: self.cap,
+                sq_sig_all: self.sq_sig_all,
+            },
+            srq: self.srq.as_deref(),
+        }
+    }
+}
+
+/// The live CQs (and SRQ, if `attr.srq` is set) of `attr`, counted as used by a QP
+/// about to be made on `pd` ([`QpUses::acquire`]), with their soft objects; `None` if
+/// a CQ is being destroyed, or a CQ or the SRQ is not live or of another device than
+/// the PD (the soft device refuses a QP on a destroyed SRQ itself).
+pub(crate) fn qp_parts(attr: &IbvQpInitAttr, pd: &Arc<PdObj>) -> Option<QpParts> {
     let dev = pd.s.ctx.s.dev;
-    let scq = CqObj::get(attr.send_cq).filter(|c| c.s.ctx.s.dev == dev)?;
-    let rcq = CqObj::get(attr.recv_cq).filter(|c| c.s.ctx.s.dev == dev)?;
+    let srq_obj = if attr.srq.is_null() {
+        None
+    } else {
+        Some(SrqObj::get(attr.srq.cast::<IbvSrq>()).filter(|o| o.s.ctx.s.dev == dev)?)
+    };
+    let srq = match &srq_obj {
+        Some(o) => Some(o.s.srq()?),
+        None => None,
+    };
+    let scq = CqObj::get(attr.send_cq.cast()).filter(|c| c.s.ctx.s.dev == dev)?;
+    let rcq = CqObj::get(attr.recv_cq.cast()).filter(|c| c.s.ctx.s.dev == dev)?;
     let (s, r) = (scq.s.cq()?, rcq.s.cq()?);
-    let uses = QpUses::acquire(scq, rcq, pd.clone())?;
-    Some((uses, s, r))
+    let mut uses = QpUses::acquire(scq, rcq, pd.clone())?;
+    if let Some(o) = srq_obj {
+        if !uses.use_srq(o) {
+            return None;
+        }
+    }
+    Some(QpParts {
+        uses,
+        scq: s,
+        rcq: r,
+        srq,
+        cap: cap_of(&attr.cap),
+        sq_sig_all: attr.sq_sig_all != 0,
+    })
 }
 
 /// The soft state of a C `enum ibv_qp_state`.
@@ -1182,7 +1333,7 @@ c_fn!("IBVERBS_1.1";
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
     guard("ibv_modify_qp", libc::EIO, || {
         // SAFETY: contract 3.
-        let (Some(q), Some(a)) = (QpObj::get(qp), unsafe { obj(attr) }) else {
+        let (Some(q), Some(a)) = (QpObj::get(qp.cast()), unsafe { obj(attr) }) else {
             return err_ret(libc::EINVAL);
         };
         let Some(soft_qp) = q.s.qp() else {
@@ -1194,21 +1345,23 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
         let Some(to) = qp_state(a.qp_state) else {
             return err_ret(libc::EINVAL);
         };
-        if lock(&q.s.id).is_some() && to != QpState::Error {
-            return 0;
+        let cm_qp = lock(&q.s.id).is_some();
+        let no_op = (cm_qp && to != QpState::Error)
+            || (matches!(to, QpState::Init | QpState::Rtr)
+                && matches!(
+                    soft_qp.state(),
+                    QpState::Init | QpState::Rtr | QpState::Rts | QpState::Sqd
+                ));
+        if !no_op {
+            if let Err(e) = soft_qp.modify_state(to) {
+                return err_ret(e.errno());
+            }
         }
-        if matches!(to, QpState::Init | QpState::Rtr)
-            && matches!(
-                soft_qp.state(),
-                QpState::Init | QpState::Rtr | QpState::Rts | QpState::Sqd
-            )
-        {
-            return 0;
-        }
-        match soft_qp.modify_state(to) {
-            Ok(()) => 0,
-            Err(e) => err_ret(e.errno()),
-        }
+        // libibverbs' `ibv_modify_qp` records the new state in the C view (pyverbs
+        // reads it there).
+        let _c = lock(&q.s.batch);
+        q.update_c(|c| c.qp_base.state = a.qp_state);
+        0
     })
 });
 
@@ -1217,7 +1370,7 @@ c_fn!("IBVERBS_1.1";
 /// live QP.
 pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _attr_mask: c_int, init_attr: *mut IbvQpInitAttr) -> c_int {
     guard("ibv_query_qp", libc::EIO, || {
-        let Some(q) = QpObj::get(qp) else {
+        let Some(q) = QpObj::get(qp.cast()) else {
             return err_ret(libc::EINVAL);
         };
         let Some(soft_qp) = q.s.qp() else {
@@ -1234,11 +1387,15 @@ pub unsafe extern "C" fn ibv_query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _att
         a.max_dest_rd_atomic = u8::try_from(qa.ird).unwrap_or(u8::MAX);
         a.port_num = 1;
         let mut i: IbvQpInitAttr = zeroed_init();
-        q.with_c(|c| {
-            i.qp_context = c.qp_context;
-            i.send_cq = c.send_cq;
-            i.recv_cq = c.recv_cq;
-        });
+        {
+            let _c = lock(&q.s.batch);
+            q.with_c(|c| {
+                i.qp_context = c.qp_base.qp_context;
+                i.send_cq = c.qp_base.send_cq;
+                i.recv_cq = c.qp_base.recv_cq;
+                i.srq = c.qp_base.srq;
+            });
+        }
         i.cap = a.cap;
         i.qp_type = cxgb4::ffi::types::IBV_QPT_RC;
         i.sq_sig_all = c_int::from(qa.sq_sig_all);
@@ -1299,7 +1456,7 @@ c_fn!("IBVERBS_1.1";
 /// `EINVAL` if not a live QP.
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
-        let Some(q) = QpObj::take(qp) else {
+        let Some(q) = QpObj::take(qp.cast()) else {
             return err_ret(libc::EINVAL);
         };
         let r = destroy_qp_obj(q);
@@ -1310,6 +1467,186 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     })
 });
 
+// ------------------------------------------------------------------ SRQ
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_create_srq(3)`: a shared receive queue on `pd`. The granted `max_wr` (the
+/// request rounded up to a power of two, as siw) and `max_sge` are written back into
+/// `srq_init_attr->attr`; a non-zero `srq_limit` arms the limit. NULL with `EINVAL`
+/// for a dead PD or `max_wr` / `max_sge` beyond the device's (`max_srq_wr`,
+/// `max_srq_sge`) or `srq_limit` above `max_wr`, `ENOMEM` beyond `max_srq` SRQs.
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut IbvPd, srq_init_attr: *mut IbvSrqInitAttr) -> *mut IbvSrq {
+    guard("ibv_create_srq", std::ptr::null_mut(), || {
+        // SAFETY: contract 3: NULL or the application's attributes, ours for the call.
+        let (Some(p), Some(a)) = (PdObj::get(pd), unsafe { obj_mut(srq_init_attr) }) else {
+            return null_err(libc::EINVAL);
+        };
+        let s = match dev_of(&p.s.ctx) {
+            Ok(s) => s,
+            Err(e) => return null_err(e),
+        };
+        let want = verbs::SrqInitAttr {
+            max_wr: a.attr.max_wr,
+            max_sge: a.attr.max_sge,
+            srq_limit: a.attr.srq_limit,
+        };
+        let srq = match s.device.create_srq(&p.s.pd, want) {
+            Ok(srq) => srq,
+            Err(e) => return null_err(e.errno()),
+        };
+        let got = match srq.query() {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = srq.destroy();
+                return null_err(e.errno());
+            }
+        };
+        a.attr = srq_attr_to_c(&got);
+        let mut c: IbvSrq = zeroed();
+        c.context = p.s.ctx.ptr();
+        c.srq_context = a.srq_context;
+        c.pd = pd;
+        c.handle = next_handle();
+        let soft_handle = srq.handle();
+        let o = SrqObj::new(
+            c,
+            SrqState {
+                srq: Mutex::new(Some(Arc::new(srq))),
+                max_sge: got.max_sge,
+                max_wr: got.max_wr,
+                qps: AtomicUsize::new(0),
+                pd: p.clone(),
+                ctx: p.s.ctx.clone(),
+            },
+        );
+        let dev = o.s.ctx.s.dev;
+        soft_objects(|m| m.insert((dev, SoftKind::Srq, soft_handle), o.addr()));
+        SrqObj::publish(&o)
+    })
+});
+
+/// The C attributes of soft ones.
+fn srq_attr_to_c(a: &verbs::SrqAttr) -> IbvSrqAttr {
+    IbvSrqAttr {
+        max_wr: a.max_wr,
+        max_sge: a.max_sge,
+        srq_limit: a.srq_limit,
+    }
+}
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_modify_srq(3)`: `IBV_SRQ_LIMIT` arms the limit with `srq_limit` (0 disarms;
+/// `SRQ_LIMIT_REACHED` comes once, then the limit reads 0 until armed again);
+/// `IBV_SRQ_MAX_WR` is `EOPNOTSUPP` (no resize, as siw); `EINVAL` for a dead SRQ,
+/// a limit above `max_wr`, or other mask bits. Returns the errno.
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut IbvSrq, srq_attr: *mut IbvSrqAttr, srq_attr_mask: c_int) -> c_int {
+    guard("ibv_modify_srq", libc::EIO, || {
+        // SAFETY: contract 3.
+        let (Some(o), Some(a)) = (SrqObj::get(srq), unsafe { obj(srq_attr) }) else {
+            return err_ret(libc::EINVAL);
+        };
+        let Some(soft) = o.s.srq() else {
+            return err_ret(libc::EINVAL);
+        };
+        if srq_attr_mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return err_ret(libc::EINVAL);
+        }
+        let mut mask = verbs::SrqAttrMask::empty();
+        if srq_attr_mask & IBV_SRQ_MAX_WR != 0 {
+            mask |= verbs::SrqAttrMask::MAX_WR;
+        }
+        if srq_attr_mask & IBV_SRQ_LIMIT != 0 {
+            mask |= verbs::SrqAttrMask::LIMIT;
+        }
+        let attr = verbs::SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        };
+        match soft.modify(&attr, mask) {
+            Ok(()) => 0,
+            Err(e) => err_ret(e.errno()),
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_query_srq(3)`: the granted `max_wr`, `max_sge` and the limit (0: not, or no
+/// longer, armed). Returns the errno (`EINVAL` for a dead SRQ).
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut IbvSrq, srq_attr: *mut IbvSrqAttr) -> c_int {
+    guard("ibv_query_srq", libc::EIO, || {
+        let Some(soft) = SrqObj::get(srq).and_then(|o| o.s.srq()) else {
+            return err_ret(libc::EINVAL);
+        };
+        match soft.query() {
+            // SAFETY: contract 3.
+            Ok(a) if unsafe { write_out(srq_attr, srq_attr_to_c(&a)) } => 0,
+            Ok(_) => err_ret(libc::EINVAL),
+            Err(e) => err_ret(e.errno()),
+        }
+    })
+});
+
+c_fn!("IBVERBS_1.1";
+/// `ibv_destroy_srq(3)`: `EBUSY` while a QP uses it (the kernel's rule; the flush of
+/// a QP destroyed just before is waited for, up to 2 s), `EINVAL` if not a live SRQ. The WRs still in it are discarded, never completed (as rdma-core's
+/// providers do). Returns the errno.
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    guard("ibv_destroy_srq", libc::EIO, || {
+        // Marked dying first, the QP count checked after (the other half is
+        // `QpUses::use_srq`).
+        let r = SrqObj::destroy_with(srq, |o| {
+            if o.s.qps.load(Ordering::SeqCst) > 0 {
+                return Err(libc::EBUSY);
+            }
+            let soft = o.s.srq().ok_or(libc::EINVAL)?;
+            destroy_when_flushed(|| soft.destroy())?;
+            drop(lock(&o.s.srq).take());
+            forget_async_events(&o.s.ctx, o.addr());
+            soft_objects(|m| m.remove(&(o.s.ctx.s.dev, SoftKind::Srq, soft.handle())));
+            Ok(())
+        });
+        match r {
+            Ok(()) => 0,
+            Err(e) => err_ret(e),
+        }
+    })
+});
+
+/// `ibv_post_srq_recv` (ops slot): the WR list in order, at most the SRQ's `max_wr`;
+/// on a refused WR, `*bad_recv_wr` names it (the ones before it are posted) and its
+/// errno is returned (`ENOMEM` when the SRQ is full, `EINVAL` for more SGEs than its
+/// `max_sge`); `EINVAL` if not a live SRQ.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut IbvSrq,
+    wr: *mut IbvRecvWr,
+    bad_wr: *mut *mut IbvRecvWr,
+) -> c_int {
+    guard("ibv_post_srq_recv", libc::EIO, || {
+        let Some((o, soft)) = SrqObj::get(srq).and_then(|o| o.s.srq().map(|q| (o, q))) else {
+            return err_ret(libc::EINVAL);
+        };
+        let max_sge = o.s.max_sge;
+        post_c_list(
+            wr,
+            bad_wr,
+            o.s.max_wr as usize,
+            |w| {
+                let list = sge_list(w.sg_list, w.num_sge, max_sge)?;
+                Ok(RecvWr::new(w.wr_id, sges(list)))
+            },
+            |wrs| {
+                soft.post_recv_list(wrs)
+                    .map_err(|e| (e.index, e.error.errno()))
+            },
+        )
+    })
+}
+
 // ------------------------------------------------------------------ async events
 
 /// The kinds of soft objects an asynchronous event names.
@@ -1319,6 +1656,8 @@ enum SoftKind {
     Cq,
     /// A QP, by its number.
     Qp,
+    /// An SRQ, by its soft handle.
+    Srq,
 }
 
 /// A soft object: its device's index, its kind, its handle or number on the device.
@@ -1368,15 +1707,18 @@ fn deliver_async_event(dev: usize, ev: AsyncEvent) {
     let named = |kind, n| soft_objects(|m| m.get(&(dev, kind, n)).copied());
     let target = match ev {
         AsyncEvent::CqErr { cq } => named(SoftKind::Cq, cq)
-            .and_then(|a| CqObj::get(a as *const IbvCq))
+            .and_then(|a| CqObj::get(a as *const IbvCqEx))
             .map(|c| (c.s.ctx.clone(), c.addr())),
+        AsyncEvent::SrqLimitReached { srq } => named(SoftKind::Srq, srq)
+            .and_then(|a| SrqObj::get(a as *const IbvSrq))
+            .map(|o| (o.s.ctx.clone(), o.addr())),
         AsyncEvent::QpFatal { qp_num }
         | AsyncEvent::QpReqErr { qp_num }
         | AsyncEvent::QpAccessErr { qp_num }
         | AsyncEvent::CommEst { qp_num }
         | AsyncEvent::SqDrained { qp_num }
         | AsyncEvent::QpLastWqeReached { qp_num } => named(SoftKind::Qp, qp_num)
-            .and_then(|a| QpObj::get(a as *const IbvQp))
+            .and_then(|a| QpObj::get(a as *const IbvQpEx))
             .map(|q| (q.s.ctx.clone(), q.addr())),
         AsyncEvent::PortActive { port } | AsyncEvent::PortErr { port } => {
             return to_every_context(
@@ -1467,13 +1809,23 @@ fn names_object(event_type: u32) -> bool {
     )
 }
 
-c_fn!("IBVERBS_1.1";
-/// `ibv_get_async_event(3)`: the next asynchronous event of the context's objects (a CQ
-/// overrun `IBV_EVENT_CQ_ERR` with `element.cq`, a QP that went to Error
-/// `IBV_EVENT_QP_FATAL` / `_REQ_ERR` / `_ACCESS_ERR` with `element.qp`, ...), blocking
-/// until one comes (`EAGAIN` at once if `async_fd` is `O_NONBLOCK`); -1 with `EINVAL`
-/// for a context that is not open. `async_fd` is readable exactly while an event waits.
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, event: *mut IbvAsyncEvent) -> c_int {
+/// The non-blocking step of `ibv_get_async_event(3)` (`src/blocking.c`;
+/// [`crate::blocking`]): 0 with `*event` written (the next asynchronous event of the
+/// context's objects: a CQ overrun `IBV_EVENT_CQ_ERR` with `element.cq`, a QP that went
+/// to Error `IBV_EVENT_QP_FATAL` / `_REQ_ERR` / `_ACCESS_ERR` with `element.qp`, ...);
+/// -1 with `EINVAL` for a context that is not open or a NULL `event`, `EAGAIN` if none
+/// and `async_fd` is `O_NONBLOCK`; otherwise [`crate::blocking::WAIT`] with `*fd` to
+/// block on. `async_fd` is readable exactly while an event waits.
+///
+/// # Safety
+///
+/// The pointer contract of [`crate::boundary`].
+#[no_mangle]
+pub unsafe extern "C" fn swi_get_async_event_try(
+    context: *mut IbvContext,
+    event: *mut IbvAsyncEvent,
+    fd: *mut c_int,
+) -> c_int {
     guard("ibv_get_async_event", -1, || {
         let Some(q) = CtxObj::get(context).and_then(|c| lock(&c.s.events).clone()) else {
             return minus_one(libc::EINVAL);
@@ -1481,27 +1833,19 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut IbvContext, event: *m
         if event.is_null() {
             return minus_one(libc::EINVAL);
         }
-        let fd = q.raw_fd();
-        loop {
-            if let Some(item) = q.pop() {
-                let e = IbvAsyncEvent {
-                    element: item.element as *mut c_void,
-                    event_type: item.event_type,
-                };
-                count_async_event(&item, 1);
-                // SAFETY: contract 3.
-                unsafe { write_out(event, e) };
-                return 0;
-            }
-            if crate::boundary::is_nonblocking(fd) {
-                return minus_one(libc::EAGAIN);
-            }
-            if let Err(e) = crate::boundary::wait_readable(fd) {
-                return minus_one(e);
-            }
+        if let Some(item) = q.pop() {
+            let e = IbvAsyncEvent {
+                element: item.element as *mut c_void,
+                event_type: item.event_type,
+            };
+            count_async_event(&item, 1);
+            // SAFETY: contract 3.
+            unsafe { write_out(event, e) };
+            return 0;
         }
+        crate::blocking::wait_on(q.raw_fd(), fd)
     })
-});
+}
 
 /// Adds `delta` to the count of unacknowledged asynchronous events of the context of
 /// the object `item` names (nothing for port and device events, or a destroyed object).
@@ -1509,9 +1853,11 @@ fn count_async_event(item: &AsyncItem, delta: isize) {
     let ctx = if !names_object(item.event_type) {
         None
     } else if item.event_type == verbs::AsyncEventType::CqErr.to_ibv() {
-        CqObj::get(item.element as *const IbvCq).map(|c| c.s.ctx.clone())
+        CqObj::get(item.element as *const IbvCqEx).map(|c| c.s.ctx.clone())
+    } else if item.event_type == verbs::AsyncEventType::SrqLimitReached.to_ibv() {
+        SrqObj::get(item.element as *const IbvSrq).map(|o| o.s.ctx.clone())
     } else {
-        QpObj::get(item.element as *const IbvQp).map(|q| q.s.ctx.clone())
+        QpObj::get(item.element as *const IbvQpEx).map(|q| q.s.ctx.clone())
     };
     if let Some(ctx) = ctx {
         let u = &ctx.s.unacked;

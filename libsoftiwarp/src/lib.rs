@@ -24,12 +24,14 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno` |
+//! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno`, cancellation off |
+//! | [`blocking`] | the three blocking calls: waiting in C's `read(2)` (signals, `pthread_cancel`) |
 //! | [`abi`] | C layouts beyond `cxgb4::ffi::types`, enum values |
 //! | [`device`] | the process's soft devices (one per host interface, or `SOFTIWARP_DEVICE`'s), the one RDMA CM over them |
 //! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
 //! | [`objects`] | the Rust objects behind the C pointers |
 //! | [`ibv`] | libibverbs entry points and the context's data-path ops |
+//! | [`ex`] | the extended verbs: the `verbs_context` operations, `ibv_create_cq_ex` / `ibv_create_qp_ex` and their poll and `ibv_wr_*` APIs |
 //! | [`cm`] | librdmacm entry points |
 //! | [`ep`] | librdmacm's synchronous endpoint API, `rdma_migrate_id`, and the calls for QPs made outside the CM (`rdma_init_qp_attr`, `rdma_establish`) |
 //! | [`stubs`] | entry points not implemented: one warning, the man page's error |
@@ -38,10 +40,12 @@
 //! `.symver` (the version nodes come from `libsoftiwarp.map`, see build.rs).
 
 pub mod abi;
+pub mod blocking;
 pub mod boundary;
 pub mod cm;
 pub mod device;
 pub mod ep;
+pub mod ex;
 pub mod handles;
 pub mod ibv;
 pub mod maps;

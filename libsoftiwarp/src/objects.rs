@@ -10,12 +10,12 @@ use std::task::Wake;
 use std::thread::ThreadId;
 
 use cxgb4::ffi::types::{
-    IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQp, IbvQpCap, IbvQpInitAttr, IbvWc,
-    RdmaCmEvent, RdmaCmId, RdmaEventChannel,
+    IbvCompChannel, IbvContext, IbvCq, IbvMr, IbvPd, IbvQpCap, IbvQpInitAttr, IbvWc, RdmaCmEvent,
+    RdmaCmId, RdmaEventChannel,
 };
 use rdma_cm::{ChannelEvent, CmId, CmIdRef, EventChannel, EventStream};
 use sw::cm::rdmacm::SoftDevice;
-use sw::{Cq, Mr, Pd, Qp};
+use sw::{Cq, Mr, Pd, Qp, Srq};
 use verbs::{QpCap, WorkCompletion};
 
 pub use crate::handles::Obj;
@@ -78,6 +78,10 @@ impl<T> FdQueue<T> {
             // blocking read here would hold the lock that `push_locked`'s callers
             // need to signal it again).
             drain_eventfd(self.fd.as_raw_fd());
+        } else {
+            // A blocking call's read (`crate::blocking`), or the application's, may
+            // have taken the counter while items remain: readable again.
+            signal_eventfd(self.fd.as_raw_fd());
         }
         Some(item)
     }
@@ -119,8 +123,9 @@ pub struct CtxState {
     pub unacked: AtomicUsize,
 }
 
-/// `struct ibv_context`.
-pub type CtxObj = Obj<IbvContext, CtxState>;
+/// `struct ibv_context`, with the head of `struct verbs_context` right before it (the
+/// extended verbs' operations; `abi_compat` says it is there).
+pub type CtxObj = Obj<IbvContext, CtxState, crate::abi::VerbsContextPrefix>;
 
 /// Our side of `struct ibv_pd`.
 pub struct PdState {
@@ -223,6 +228,10 @@ pub struct CqState {
     pub qps: AtomicUsize,
     /// `cq_context` as created (returned by `ibv_get_cq_event`).
     pub cq_context: usize,
+    /// The completion `start_poll` / `next_poll` made current (an extended CQ's poll
+    /// API; the lock also serializes the writes of `status` and `wr_id` into its C
+    /// view).
+    pub current: Mutex<Option<IbvWc>>,
     /// Its context.
     pub ctx: Arc<CtxObj>,
 }
@@ -234,8 +243,36 @@ impl CqState {
     }
 }
 
-/// `struct ibv_cq`.
-pub type CqObj = Obj<IbvCq, CqState>;
+/// `struct ibv_cq`, as `struct ibv_cq_ex` (whose head it is) for every CQ.
+pub type CqObj = Obj<crate::abi::IbvCqEx, CqState>;
+
+/// Our side of `struct ibv_srq`.
+pub struct SrqState {
+    /// The soft SRQ (taken when destroyed).
+    pub srq: Mutex<Option<Arc<Srq>>>,
+    /// `max_sge` granted: a posted WR's `num_sge` is checked against it before its
+    /// SGE array is read.
+    pub max_sge: u32,
+    /// `max_wr` granted: a posted WR list is followed for at most this many WRs.
+    pub max_wr: u32,
+    /// QPs (of ours, not destroyed) that take their receive WRs from it:
+    /// `ibv_destroy_srq` is `EBUSY` at once while any remain.
+    pub qps: AtomicUsize,
+    /// Its PD (the `pd` of the C struct, kept readable).
+    pub pd: Arc<PdObj>,
+    /// Its context.
+    pub ctx: Arc<CtxObj>,
+}
+
+impl SrqState {
+    /// The soft SRQ, unless destroyed.
+    pub fn srq(&self) -> Option<Arc<Srq>> {
+        lock(&self.srq).clone()
+    }
+}
+
+/// `struct ibv_srq`.
+pub type SrqObj = Obj<crate::abi::IbvSrq, SrqState>;
 
 /// One QP's use of its CQs and PD (the C-level counts); dropped when the QP is
 /// destroyed, or when its creation fails.
@@ -244,6 +281,9 @@ pub struct QpUses {
     pub cqs: [Arc<CqObj>; 2],
     /// The PD.
     pub pd: Arc<PdObj>,
+    /// The SRQ the QP takes its receive WRs from, if any (kept readable as the QP's
+    /// `srq`), counted in its `qps` ([`QpUses::use_srq`]).
+    pub srq: Option<Arc<SrqObj>>,
 }
 
 impl QpUses {
@@ -259,6 +299,7 @@ impl QpUses {
         let uses = QpUses {
             cqs: [send_cq, recv_cq],
             pd,
+            srq: None,
         };
         if uses.cqs.iter().any(|c| c.is_dying() || c.s.cq().is_none()) {
             return None;
@@ -267,10 +308,28 @@ impl QpUses {
     }
 }
 
+impl QpUses {
+    /// Counts the QP about to be created on `srq` too: `false` (nothing counted) if the
+    /// SRQ is being destroyed or is destroyed. Counted first, checked after, as
+    /// [`QpUses::acquire`] does for CQs (`ibv_destroy_srq` marks first, checks after).
+    pub fn use_srq(&mut self, srq: Arc<SrqObj>) -> bool {
+        srq.s.qps.fetch_add(1, Ordering::SeqCst);
+        if srq.is_dying() || srq.s.srq().is_none() {
+            srq.s.qps.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        self.srq = Some(srq);
+        true
+    }
+}
+
 impl Drop for QpUses {
     fn drop(&mut self) {
         for c in &self.cqs {
             c.s.qps.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(srq) = &self.srq {
+            srq.s.qps.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -285,8 +344,25 @@ pub struct QpState {
     pub cap: QpCap,
     /// Its CQs and PD, until destroyed.
     pub uses: Mutex<Option<QpUses>>,
+    /// The WRs built by the `ibv_wr_*` API since `wr_start` (`None` outside a batch);
+    /// the lock also serializes the Rust side's reads and writes of the QP's C view
+    /// after publication (`state`, `wr_id`, `wr_flags`).
+    pub batch: Mutex<Option<WrBatch>>,
+    /// The `send_ops_flags` the QP was created with (`ibv_create_qp_ex`; 0 otherwise).
+    pub send_ops: u64,
     /// Its context.
     pub ctx: Arc<CtxObj>,
+}
+
+/// The send WRs an `ibv_wr_*` batch built (`wr_start` .. `wr_complete`), and the first
+/// error met while building it (`wr_complete` returns it and posts nothing, as
+/// rdma-core's providers do).
+#[derive(Debug, Default)]
+pub struct WrBatch {
+    /// The WRs, in order; the last one is the one `wr_set_*` completes.
+    pub wrs: Vec<verbs::SendWr>,
+    /// The first error (an errno).
+    pub err: Option<i32>,
 }
 
 impl QpState {
@@ -296,8 +372,8 @@ impl QpState {
     }
 }
 
-/// `struct ibv_qp`.
-pub type QpObj = Obj<IbvQp, QpState>;
+/// `struct ibv_qp`, as `struct ibv_qp_ex` (whose head it is) for every QP.
+pub type QpObj = Obj<crate::abi::IbvQpEx, QpState>;
 
 /// What a CQ poll fills per call before copying out, WCs.
 pub const POLL_CHUNK: usize = 32;

@@ -213,7 +213,7 @@ fn udaddy_and_mckey_say_iwarp_has_no_ud() {
 fn qps_outside_the_cm_and_the_cm_defaults_from_c() {
     let Some(cc) = c_toolchain() else { return };
     let lib = LibDir::new("ep-outside-cm");
-    let bin = build_c(&lib, cc, "outside_cm");
+    let bin = build_c(&lib, cc, "outside_cm", &[]);
     let bin = bin.to_str().unwrap();
     let port = free_port();
     let p = port.to_string();

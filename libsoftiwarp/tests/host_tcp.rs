@@ -87,7 +87,7 @@ fn perftest_rdma_cm_with_no_device_line_on_127_0_0_1() {
                 device: None,
                 args: &["-p", &port, "127.0.0.1"],
             };
-            if perftest_pair(&lib, prog, server, client, (size, iters), attempt < 3) {
+            if perftest_pair(&lib, prog, server, client, (size, iters), attempt < 3).is_some() {
                 break;
             }
         }
@@ -173,7 +173,7 @@ fn a_persistent_rping_server_serves_three_clients_at_once() {
 fn an_rdma_program_with_a_tcp_side_channel_to_the_address_it_resolves() {
     let Some(cc) = c_toolchain() else { return };
     let lib = LibDir::new("host-sidechannel");
-    let bin = build_c(&lib, cc, "sidechannel");
+    let bin = build_c(&lib, cc, "sidechannel", &[]);
     let bin = bin.to_str().unwrap();
     let (rdma, tcp) = (free_port(), free_port());
     let (r, t) = (rdma.to_string(), tcp.to_string());

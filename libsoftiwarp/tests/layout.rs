@@ -97,6 +97,254 @@ fn abi_layouts_match_rdma_core_headers() {
             "offsetof(struct ibv_port_attr, flags) + 1",
             offset_of!(cxgb4::ffi::types::IbvPortAttr, flags) + 1,
         ),
+        ("sizeof(struct ibv_srq)", size_of::<IbvSrq>()),
+        (
+            "offsetof(struct ibv_srq, handle)",
+            offset_of!(IbvSrq, handle),
+        ),
+        (
+            "offsetof(struct ibv_srq, events_completed)",
+            offset_of!(IbvSrq, events_completed),
+        ),
+        ("sizeof(struct ibv_srq_attr)", size_of::<IbvSrqAttr>()),
+        (
+            "sizeof(struct ibv_srq_init_attr)",
+            size_of::<IbvSrqInitAttr>(),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr, attr)",
+            offset_of!(IbvSrqInitAttr, attr),
+        ),
+        ("IBV_SRQ_MAX_WR", IBV_SRQ_MAX_WR as usize),
+        ("IBV_SRQ_LIMIT", IBV_SRQ_LIMIT as usize),
+        // The header inline ibv_post_srq_recv calls this slot.
+        (
+            "offsetof(struct ibv_context, ops.post_srq_recv)",
+            offset_of!(cxgb4::ffi::types::IbvContext, ops)
+                + offset_of!(cxgb4::ffi::types::IbvContextOps, _slots_13_24)
+                + POST_SRQ_RECV_SLOT * size_of::<usize>(),
+        ),
+        (
+            "PTHREAD_CANCEL_DISABLE",
+            softiwarp::boundary::PTHREAD_CANCEL_DISABLE as usize,
+        ),
+        // The extended verbs.
+        (
+            "offsetof(struct verbs_context, context)",
+            size_of::<VerbsContextPrefix>(),
+        ),
+        (
+            "offsetof(struct verbs_context, create_cq_ex)",
+            offset_of!(VerbsContextPrefix, create_cq_ex),
+        ),
+        (
+            "offsetof(struct verbs_context, priv)",
+            offset_of!(VerbsContextPrefix, priv_),
+        ),
+        (
+            "offsetof(struct verbs_context, query_device_ex)",
+            offset_of!(VerbsContextPrefix, query_device_ex),
+        ),
+        (
+            "offsetof(struct verbs_context, create_qp_ex)",
+            offset_of!(VerbsContextPrefix, create_qp_ex),
+        ),
+        (
+            "offsetof(struct verbs_context, sz)",
+            offset_of!(VerbsContextPrefix, sz),
+        ),
+        ("sizeof(struct verbs_context)", VERBS_CONTEXT_SIZE),
+        (
+            "(uintptr_t)__VERBS_ABI_IS_EXTENDED",
+            VERBS_ABI_IS_EXTENDED as usize,
+        ),
+        (
+            "sizeof(struct ibv_device_attr_ex)",
+            size_of::<IbvDeviceAttrEx>(),
+        ),
+        (
+            "offsetof(struct ibv_device_attr_ex, comp_mask)",
+            offset_of!(IbvDeviceAttrEx, comp_mask),
+        ),
+        (
+            "offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex)",
+            offset_of!(IbvDeviceAttrEx, phys_port_cnt_ex),
+        ),
+        ("sizeof(struct ibv_cq_ex)", size_of::<IbvCqEx>()),
+        (
+            "offsetof(struct ibv_cq_ex, comp_mask)",
+            offset_of!(IbvCqEx, comp_mask),
+        ),
+        (
+            "offsetof(struct ibv_cq_ex, status)",
+            offset_of!(IbvCqEx, status),
+        ),
+        (
+            "offsetof(struct ibv_cq_ex, wr_id)",
+            offset_of!(IbvCqEx, wr_id),
+        ),
+        (
+            "offsetof(struct ibv_cq_ex, start_poll)",
+            offset_of!(IbvCqEx, start_poll),
+        ),
+        (
+            "offsetof(struct ibv_cq_ex, read_opcode)",
+            offset_of!(IbvCqEx, read_opcode),
+        ),
+        (
+            "offsetof(struct ibv_cq_ex, read_dlid_path_bits)",
+            offset_of!(IbvCqEx, read_dlid_path_bits),
+        ),
+        (
+            "offsetof(struct ibv_cq_ex, read_completion_ts)",
+            offset_of!(IbvCqEx, _read_unsupported),
+        ),
+        (
+            "sizeof(struct ibv_cq_init_attr_ex)",
+            size_of::<IbvCqInitAttrEx>(),
+        ),
+        (
+            "offsetof(struct ibv_cq_init_attr_ex, comp_vector)",
+            offset_of!(IbvCqInitAttrEx, comp_vector),
+        ),
+        (
+            "offsetof(struct ibv_cq_init_attr_ex, wc_flags)",
+            offset_of!(IbvCqInitAttrEx, wc_flags),
+        ),
+        (
+            "offsetof(struct ibv_cq_init_attr_ex, flags)",
+            offset_of!(IbvCqInitAttrEx, flags),
+        ),
+        ("IBV_WC_STANDARD_FLAGS", IBV_WC_STANDARD_FLAGS as usize),
+        (
+            "IBV_CQ_INIT_ATTR_MASK_FLAGS",
+            IBV_CQ_INIT_ATTR_MASK_FLAGS as usize,
+        ),
+        (
+            "IBV_CREATE_CQ_ATTR_SINGLE_THREADED",
+            IBV_CREATE_CQ_ATTR_SINGLE_THREADED as usize,
+        ),
+        (
+            "sizeof(struct ibv_qp_init_attr_ex)",
+            size_of::<IbvQpInitAttrEx>(),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, cap)",
+            offset_of!(IbvQpInitAttrEx, cap),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, comp_mask)",
+            offset_of!(IbvQpInitAttrEx, comp_mask),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, pd)",
+            offset_of!(IbvQpInitAttrEx, pd),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, create_flags)",
+            offset_of!(IbvQpInitAttrEx, create_flags),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, rx_hash_conf)",
+            offset_of!(IbvQpInitAttrEx, rx_hash_conf),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, send_ops_flags)",
+            offset_of!(IbvQpInitAttrEx, send_ops_flags),
+        ),
+        ("IBV_QP_INIT_ATTR_PD", IBV_QP_INIT_ATTR_PD as usize),
+        (
+            "IBV_QP_INIT_ATTR_CREATE_FLAGS",
+            IBV_QP_INIT_ATTR_CREATE_FLAGS as usize,
+        ),
+        (
+            "IBV_QP_INIT_ATTR_SEND_OPS_FLAGS",
+            IBV_QP_INIT_ATTR_SEND_OPS_FLAGS as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_RDMA_WRITE",
+            IBV_QP_EX_WITH_RDMA_WRITE as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM",
+            IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM as usize,
+        ),
+        ("IBV_QP_EX_WITH_SEND", IBV_QP_EX_WITH_SEND as usize),
+        (
+            "IBV_QP_EX_WITH_SEND_WITH_IMM",
+            IBV_QP_EX_WITH_SEND_WITH_IMM as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_RDMA_READ",
+            IBV_QP_EX_WITH_RDMA_READ as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP",
+            IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD",
+            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_LOCAL_INV",
+            IBV_QP_EX_WITH_LOCAL_INV as usize,
+        ),
+        (
+            "IBV_QP_EX_WITH_SEND_WITH_INV",
+            IBV_QP_EX_WITH_SEND_WITH_INV as usize,
+        ),
+        ("sizeof(struct ibv_data_buf)", size_of::<IbvDataBuf>()),
+        ("sizeof(struct ibv_qp_ex)", size_of::<IbvQpEx>()),
+        (
+            "offsetof(struct ibv_qp_ex, comp_mask)",
+            offset_of!(IbvQpEx, comp_mask),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_id)",
+            offset_of!(IbvQpEx, wr_id),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_flags)",
+            offset_of!(IbvQpEx, wr_flags),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_atomic_cmp_swp)",
+            offset_of!(IbvQpEx, wr_atomic_cmp_swp),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_local_inv)",
+            offset_of!(IbvQpEx, wr_local_inv),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_send)",
+            offset_of!(IbvQpEx, wr_send),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_send_tso)",
+            offset_of!(IbvQpEx, _wr_unsupported),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_set_inline_data)",
+            offset_of!(IbvQpEx, wr_set_inline_data),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_set_sge_list)",
+            offset_of!(IbvQpEx, wr_set_sge_list),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_start)",
+            offset_of!(IbvQpEx, wr_start),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_abort)",
+            offset_of!(IbvQpEx, wr_abort),
+        ),
+        (
+            "offsetof(struct ibv_qp_ex, wr_atomic_write)",
+            offset_of!(IbvQpEx, wr_atomic_write),
+        ),
+        ("IBV_QPS_RESET", IBV_QPS_RESET as usize),
         ("IBV_NODE_RNIC", IBV_NODE_RNIC as usize),
         ("IBV_PORT_ACTIVE", IBV_PORT_ACTIVE as usize),
         ("IBV_LINK_LAYER_ETHERNET", IBV_LINK_LAYER_ETHERNET as usize),
@@ -158,12 +406,22 @@ fn a_handle_is_the_address_of_its_object() {
         let o = Obj::new(c, [0u64; 3]);
         assert_eq!(o.ptr() as usize, Arc::as_ptr(&o) as usize);
     }
-    check::<IbvContext>(zeroed());
+    // A context has the `struct verbs_context` head right before it.
+    let ctx = Obj::with_prefix(
+        softiwarp::ex::verbs_context_prefix(),
+        zeroed::<IbvContext>(),
+        [0u64; 3],
+    );
+    assert_eq!(
+        ctx.ptr() as usize - Arc::as_ptr(&ctx) as usize,
+        size_of::<VerbsContextPrefix>()
+    );
     check::<IbvPd>(zeroed());
     check::<IbvMr>(zeroed());
-    check::<IbvCq>(zeroed());
-    check::<IbvQp>(zeroed());
+    check::<IbvCqEx>(zeroed());
+    check::<IbvQpEx>(zeroed());
     check::<IbvCompChannel>(zeroed());
+    check::<IbvSrq>(zeroed());
     check::<RdmaEventChannel>(zeroed());
     check::<RdmaCmId>(zeroed());
     check::<RdmaCmEvent>(zeroed());

@@ -28,7 +28,7 @@ fn run(lib: &LibDir, mut base: u16, prog: &str, extra: &[&str], size: u64, iters
             device: Some(&cli_dev),
             args: &cargs,
         };
-        if perftest_pair(lib, prog, server, client, (size, iters), attempt < 3) {
+        if perftest_pair(lib, prog, server, client, (size, iters), attempt < 3).is_some() {
             return base;
         }
     }

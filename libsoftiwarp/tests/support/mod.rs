@@ -332,9 +332,9 @@ pub struct PerftestEnd<'a> {
 /// Runs perftest's `prog -R` as server and client in drop-in mode (perftest's
 /// libmlx5/libefa need rdma-core's provider symbols at load time); both must exit 0,
 /// say nothing of failures or of the library, and the client must print its result
-/// row for `size` bytes with `iters` iterations. Returns false, with nothing asserted,
-/// if the client connected before the server listened and `may_retry` (the caller runs
-/// it again on new ports).
+/// row for `size` bytes with `iters` iterations. Returns the client's stdout; `None`,
+/// with nothing asserted, if the client connected before the server listened and
+/// `may_retry` (the caller runs it again on new ports).
 ///
 /// perftest's server creates its data listener only after a handshake on the control
 /// connection, and its client connects right after that handshake: a client that wins
@@ -347,7 +347,7 @@ pub fn perftest_pair<'a>(
     client: PerftestEnd<'a>,
     (size, iters): (u64, u64),
     may_retry: bool,
-) -> bool {
+) -> Option<String> {
     let with_r = |args: &[&'a str]| -> Vec<&'a str> {
         std::iter::once("-R").chain(args.iter().copied()).collect()
     };
@@ -361,7 +361,7 @@ pub fn perftest_pair<'a>(
     let what = format!("{prog} {:?}", client.args);
     if raced && may_retry {
         eprintln!("{what}: the client connected before the server listened; again");
-        return false;
+        return None;
     }
     assert!(c.ok(), "{what} client: {c:?}");
     assert!(s.ok(), "{what} server: {s:?}");
@@ -380,7 +380,7 @@ pub fn perftest_pair<'a>(
         .unwrap_or_else(|| panic!("{what}: no result row: {}", c.stdout));
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols[1], iters.to_string(), "{row}");
-    true
+    Some(c.stdout)
 }
 
 /// A kernel TCP port free on every address right now (for the host-TCP devices, whose
@@ -446,9 +446,10 @@ pub fn c_toolchain() -> Option<&'static str> {
     cc
 }
 
-/// Builds `tests/NAME.c` into `lib`'s directory as `NAME`, linked against rdma-core (the
-/// library comes in by LD_PRELOAD, as under rping).
-pub fn build_c(lib: &LibDir, cc: &str, name: &str) -> PathBuf {
+/// Builds `tests/NAME.c` into `lib`'s directory as `NAME`, linked against rdma-core
+/// (`-lrdmacm -libverbs`: the library comes in by LD_PRELOAD, as under rping) and
+/// `extra` (such as `-lpthread`); asserts that it compiles with `-Wall -Werror`.
+pub fn build_c(lib: &LibDir, cc: &str, name: &str, extra: &[&str]) -> PathBuf {
     let bin = lib.dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{name}.c"));
     let out = Command::new(cc)
@@ -456,6 +457,7 @@ pub fn build_c(lib: &LibDir, cc: &str, name: &str) -> PathBuf {
         .arg(&bin)
         .arg(&src)
         .args(["-lrdmacm", "-libverbs"])
+        .args(extra)
         .output()
         .expect("the C compiler");
     assert!(
@@ -558,4 +560,18 @@ pub fn link_rping(mode: Mode, base: u16, count: usize, extra: &[&str]) {
         "no warning expected: {}",
         c.stderr
     );
+}
+
+/// Builds `tests/NAME.c` ([`build_c`], with `extra` libraries) and runs it with `args`
+/// over the library (LD_PRELOAD, `SOFTIWARP_DEVICE=netdev=lo`, as `nobody` when root)
+/// for up to 60 s; `None` (a skip note) without a C toolchain or rdma-core's headers.
+pub fn run_c_program(name: &str, extra: &[&str], args: &[&str]) -> Option<Outcome> {
+    let cc = c_toolchain()?;
+    let lib = LibDir::new(name);
+    let bin = build_c(&lib, cc, name, extra);
+    let prog = bin.to_str().expect("a UTF-8 temp path");
+    Some(
+        spawn_with(&lib, Mode::Preload, Some("netdev=lo"), prog, args)
+            .wait(Duration::from_secs(60)),
+    )
 }

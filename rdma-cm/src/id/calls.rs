@@ -335,13 +335,20 @@ impl<D: CmDevice> CmIdRef<D> {
 
     /// Create a QP on the id's device (`rdma_create_qp`), through
     /// [`CmDevice::create_qp`]; the id keeps a handle (used by `connect`/`accept`, and
-    /// moved to ERROR if the device is removed). Returns the QP.
+    /// moved to ERROR if the device is removed). Returns the QP. `attr` is the device's
+    /// QP attributes, or anything that converts into them (a soft device takes its
+    /// `QpInitAttr` alone or with an SRQ).
     ///
     /// # Errors
     /// [`CmError::NoDevice`] if the id is not bound to a device; [`CmError::QpExists`];
     /// [`CmError::DeviceRemoved`]; [`CmError::InvalidState`] on a destroyed id or a
     /// listener; [`CmError::Verbs`] from the device.
-    pub fn create_qp(&self, pd: &D::Pd, attr: D::QpInitAttr<'_>) -> Result<QpOf<D>, CmError> {
+    pub fn create_qp<'a>(
+        &self,
+        pd: &D::Pd,
+        attr: impl Into<D::QpInitAttr<'a>>,
+    ) -> Result<QpOf<D>, CmError> {
+        let attr = attr.into();
         let inner = &self.inner;
         let _span = inner.span.enter();
         let _ops = lock(&inner.ops);

@@ -8,7 +8,7 @@
 //! | `route_source` | a host-TCP device: the kernel's route (`host::netdev::route_source`); others `None` | `ip_route_output_key` |
 //! | `provider` | one [`SoftProvider`] per `SoftDevice` (its provider thread `iwp-<name>`) | siw's `iw_cm_verbs` |
 //! | `resolve_neighbor` | [`Device::resolve_neighbor`]: ARP through the device's own stack (Request at once, then every second, until the timeout) | `rdma_resolve_ip` -> `neigh_event_send` |
-//! | `create_qp` | [`Device::create_qp`], moved to Init (receives can be posted before connect/accept), wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` + `cma_init_conn_qp` |
+//! | `create_qp` | [`Device::create_qp`] (or [`Device::create_qp_with_srq`] for a [`CmQpInit`] naming an SRQ), moved to Init (receives can be posted before connect/accept), wrapped in an `Arc` ([`SoftQp`]) | `ib_create_qp` + `cma_init_conn_qp` |
 //! | `qp_to_error` | [`Qp::modify_state`](crate::Qp::modify_state)`(Error)`: every outstanding WR completes flushed, a connection is closed abortively | `ib_modify_qp(IB_QPS_ERR)` |
 //! | `destroy_qp` | [`Qp::destroy`](crate::Qp::destroy) if the CM held the last handle, else to Error and drop ours (the QP goes when the last handle does) | `ib_destroy_qp` |
 //! | `attached` | removal when the device ends (TAP deleted, fd error, memory link removed: [`SoftProvider::on_device_end`], before the connections' ends are reported, which then reach no id), and when its link goes down (configurable) | `cma_remove_one` from `ib_unregister_device`; `siw_netdev_event` |
@@ -44,7 +44,25 @@ use verbs::{QpState, VerbsError};
 
 use crate::cm::iwcm::{SoftProvider, SoftQp};
 use crate::transport::neighbor::NeighborError;
-use crate::{Device, DeviceError, DeviceEvent, Pd, QpInitAttr};
+use crate::{Device, DeviceError, DeviceEvent, Pd, QpInitAttr, Srq};
+
+/// What [`SoftDevice`]'s `create_qp` takes (`rdma_create_qp(3)`'s `struct
+/// ibv_qp_init_attr`): the QP's attributes and, for a QP that takes its receive WRs
+/// from a shared receive queue, the SRQ (`init_attr.srq`). A [`QpInitAttr`] converts
+/// into one with no SRQ, so `CmIdRef::create_qp(pd, attr)` takes either.
+#[derive(Debug, Clone, Copy)]
+pub struct CmQpInit<'a> {
+    /// CQs, capabilities, `sq_sig_all`.
+    pub attr: QpInitAttr<'a>,
+    /// The SRQ, if any ([`Device::create_qp_with_srq`]).
+    pub srq: Option<&'a Srq>,
+}
+
+impl<'a> From<QpInitAttr<'a>> for CmQpInit<'a> {
+    fn from(attr: QpInitAttr<'a>) -> Self {
+        CmQpInit { attr, srq: None }
+    }
+}
 
 /// The RDMA CM over soft iWARP devices.
 pub type SoftRdmaCm = RdmaCm<SoftDevice>;
@@ -204,7 +222,7 @@ fn resolve_error(e: NeighborError) -> ResolveError {
 impl CmDevice for SoftDevice {
     type Provider = SoftProvider;
     type Pd = Pd;
-    type QpInitAttr<'a> = QpInitAttr<'a>;
+    type QpInitAttr<'a> = CmQpInit<'a>;
 
     fn name(&self) -> &str {
         self.device.name()
@@ -247,8 +265,11 @@ impl CmDevice for SoftDevice {
     /// (cma.c `cma_init_conn_qp`, librdmacm `ucma_init_conn_qp`): receives can be
     /// posted before `connect` / `accept`, so none is missing when the peer's first
     /// Send arrives.
-    fn create_qp(&self, pd: &Pd, attr: QpInitAttr<'_>) -> Result<SoftQp, VerbsError> {
-        let qp = self.device.create_qp(pd, attr)?;
+    fn create_qp(&self, pd: &Pd, attr: CmQpInit<'_>) -> Result<SoftQp, VerbsError> {
+        let qp = match attr.srq {
+            Some(srq) => self.device.create_qp_with_srq(pd, attr.attr, srq)?,
+            None => self.device.create_qp(pd, attr.attr)?,
+        };
         if let Err(e) = qp.modify_state(QpState::Init) {
             let _ = qp.destroy();
             return Err(e);
