@@ -3,7 +3,7 @@
 //! Terminates (misaligned, out of bounds, no `REMOTE_ATOMIC`), a bad response, flush.
 
 use crate::support::qp::{Pair, Side, MULPDU};
-use crate::support::{all_access, cap};
+use crate::support::{all_access, atomic_access, cap};
 use ddp_rdmap::rdmap::{AtomicRequestRepr, AtomicResponseRepr};
 use ddp_rdmap::terminate::{ErrorCause, RdmapOperationCode, RdmapProtectionCode};
 use ddp_rdmap::{Body, Opcode, Ulpdu};
@@ -17,10 +17,6 @@ use verbs::{
 /// The target MR's iova at B, and the requester's result MR's iova at A.
 const TARGET: u64 = 0x7f3a_5c00_0000;
 const RESULTS: u64 = 0x5000;
-
-fn atomic_access() -> AccessFlags {
-    all_access() | AccessFlags::REMOTE_ATOMIC
-}
 
 fn word(mr: &MemoryRegion, off: usize) -> u64 {
     let mut b = [0u8; 8];
