@@ -205,3 +205,62 @@ fn atomics_in_flight_at_device_removal_are_flushed_exactly_once() {
     a.assert_quiet(std::time::Duration::from_millis(50));
     drop(b);
 }
+
+#[test]
+fn iwdump_decodes_a_captured_atomic_exchange() {
+    let pcap = std::env::temp_dir().join(format!("sw-verbs-atomics-{}.pcap", std::process::id()));
+    let s = Setup {
+        pcap: Some(pcap.clone()),
+        ..Setup::default()
+    };
+    let (a, b) = pair(&s);
+    let target = b.pd.reg_mr(8, 0x7f00_0000_2000, atomic_access()).unwrap();
+    target.write(0, &41u64.to_ne_bytes()).unwrap();
+    let results = a.pd.reg_mr(16, 0x5000, AccessFlags::LOCAL_WRITE).unwrap();
+    a.qp.post_send_list(vec![
+        fetch_add(1, &results, 0, &target, 0, 1),
+        cmp_swap(2, &results, 1, &target, 42, 7),
+    ])
+    .unwrap();
+    let wcs = a.send_wcs(2);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(
+        (word(&results, 0), word(&results, 8), word(&target, 0)),
+        (41, 42, 7)
+    );
+    let stag = target.rkey().raw();
+    drop(a);
+    drop(b); // closes the device, flushing the pcap
+    let report = iwdump::dissect_file(&pcap).expect("pcap");
+    let _ = std::fs::remove_file(&pcap);
+    assert!(report.errors.is_empty(), "{:?}", report.errors.first());
+    assert_eq!(report.opcodes.get("AtomicRequest"), Some(&2));
+    assert_eq!(report.opcodes.get("AtomicResponse"), Some(&2));
+    let atomics: Vec<(std::net::IpAddr, String)> = report
+        .fpdu_records()
+        .filter(|(_, f)| f.opcode.starts_with("Atomic"))
+        .map(|(p, f)| (p.src.ip(), f.detail.clone().unwrap_or_default()))
+        .collect();
+    // Each direction in order (how the two interleave depends on timing).
+    let from = |ip: std::net::Ipv4Addr| -> Vec<&str> {
+        atomics
+            .iter()
+            .filter(|(src, _)| *src == std::net::IpAddr::V4(ip))
+            .map(|(_, d)| d.as_str())
+            .collect()
+    };
+    assert_eq!(
+        from(addr(1)),
+        [
+            format!("FetchAdd id 1 STag 0x{stag:08x} TO 0x7f0000002000 add 0x1 add mask 0x0"),
+            format!(
+                "CmpSwap id 2 STag 0x{stag:08x} TO 0x7f0000002000 compare 0x2a mask \
+                 0xffffffffffffffff swap 0x7 mask 0xffffffffffffffff"
+            ),
+        ]
+    );
+    assert_eq!(
+        from(addr(2)),
+        ["id 1 original value 0x29", "id 2 original value 0x2a"]
+    );
+}
