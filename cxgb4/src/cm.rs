@@ -447,9 +447,17 @@ impl CmId {
         send_cq.trackers.add(&wrs);
         recv_cq.trackers.add(&wrs);
         *self.shared.qp_wrs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&wrs);
+        // iw_cxgb4 and kernel siw report IBV_ATOMIC_NONE: atomics are refused at post
+        // time with a named error instead of whatever the provider would do with them.
+        // A device that cannot be asked is taken to have none.
+        let atomics = self
+            .context()
+            .and_then(|c| c.caps().ok())
+            .is_some_and(|c| c.atomics);
         Ok(Qp {
             raw,
             wrs,
+            atomics,
             sinks: pd.sinks.clone(),
             cap: QpCap {
                 max_send_wr: got.max_send_wr,

@@ -17,6 +17,9 @@ pub struct Qp {
     pub(crate) wrs: std::sync::Arc<crate::wr_track::WrTracker>,
     /// The PD's Read-sink record ([`crate::read_sink`]).
     pub(crate) sinks: std::sync::Arc<crate::read_sink::ReadSinkRule>,
+    /// The device does RFC 7306 atomics (`atomic_cap` != `IBV_ATOMIC_NONE` when the
+    /// QP was made); iw_cxgb4 and kernel siw do not.
+    pub(crate) atomics: bool,
 }
 
 impl std::fmt::Debug for Qp {
@@ -52,9 +55,17 @@ impl Qp {
     /// ([`crate::Pd::set_strict_read_sink`]); from the provider, `ENOMEM`
     /// as [`verbs::VerbsError::QueueFull`], others by
     /// [`crate::translate::verbs_error`] (libcxgb4: `EINVAL` for an opcode
-    /// it lacks or more than one SGE in a Read).
+    /// it lacks or more than one SGE in a Read); [`verbs::VerbsError::Unsupported`]
+    /// (`EOPNOTSUPP`) for an atomic on a device whose `atomic_cap` is
+    /// `IBV_ATOMIC_NONE` (iw_cxgb4, kernel siw).
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         wr.validate(&self.cap)?;
+        if wr.op.is_atomic() && !self.atomics {
+            return Err(verbs::VerbsError::Unsupported {
+                what: "atomics on this device (atomic_cap IBV_ATOMIC_NONE)",
+            }
+            .into());
+        }
         self.sinks.check(wr)?;
         let (ibv_wr, payload) = send_wr_to_ibv(wr)?;
         self.raw

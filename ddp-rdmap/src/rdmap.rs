@@ -443,23 +443,26 @@ impl ImmediateDataRepr {
     }
 }
 
-/// The AtomicOpcode of an Atomic Request (RFC 7306 §5; 4 bits in the low nibble of
-/// the first header word).
+/// The AtomicOpcode of an Atomic Request (RFC 7306 §5; the low 4 bits of the first
+/// header word, whose upper 28 bits are reserved). 0x0 FetchAdd and 0x2 CmpSwap match
+/// Wireshark's iwarp-ddp-rdmap dissector; 0x1 Swap is the value between them in the
+/// RFC's table and is not cross-checked against an implementation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum AtomicOpcode {
-    /// FetchAdd (0x0): add, return the original value.
+    /// FetchAdd (0x0): add Add Data to the target (carries stopped where Add Mask
+    /// has a 1, see [`AtomicRequestRepr::apply`]), return the original value.
     FetchAdd = 0x0,
-    /// Swap (0x1): swap, return the original value. (FetchAdd 0x0 and CmpSwap 0x2
-    /// match Wireshark's dissector; 0x1 is not cross-checked against an
-    /// implementation.)
+    /// Swap (0x1): replace the bits of the target selected by Swap Mask with Swap
+    /// Data, return the original value.
     Swap = 0x1,
-    /// CmpSwap (0x2): compare and swap, return the original value.
+    /// CmpSwap (0x2): if the target equals Compare Data in the bits of Compare Mask,
+    /// swap as [`AtomicOpcode::Swap`]; return the original value either way.
     CmpSwap = 0x2,
 }
 
 impl AtomicOpcode {
-    /// The AtomicOpcode for a 4-bit value, `None` if undefined.
+    /// The AtomicOpcode for a 4-bit value, `None` if undefined (0x3..=0xF).
     pub const fn from_u8(v: u8) -> Option<Self> {
         match v {
             0 => Some(AtomicOpcode::FetchAdd),
@@ -467,6 +470,26 @@ impl AtomicOpcode {
             2 => Some(AtomicOpcode::CmpSwap),
             _ => None,
         }
+    }
+
+    /// The 4-bit wire value.
+    pub const fn value(self) -> u8 {
+        self as u8
+    }
+
+    /// The name as RFC 7306 spells it: "FetchAdd", "Swap", "CmpSwap".
+    pub const fn name(self) -> &'static str {
+        match self {
+            AtomicOpcode::FetchAdd => "FetchAdd",
+            AtomicOpcode::Swap => "Swap",
+            AtomicOpcode::CmpSwap => "CmpSwap",
+        }
+    }
+}
+
+impl fmt::Display for AtomicOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -477,8 +500,46 @@ pub const ATOMIC_REQUEST_LEN: usize = 52;
 /// Length in bytes of the Atomic Response header (RFC 7306 §5): Original Request
 /// Identifier and Original Remote Data Value.
 pub const ATOMIC_RESPONSE_LEN: usize = 12;
+/// Size in bytes of the target of an atomic: one 64-bit word (RFC 7306 §5).
+pub const ATOMIC_OPERAND_LEN: u64 = 8;
+/// Alignment in bytes the Remote Tagged Offset of an Atomic Request must have: the
+/// target is a naturally aligned 64-bit word (RFC 7306 §5).
+pub const ATOMIC_ALIGNMENT: u64 = 8;
 
-/// An Atomic Request header (RFC 7306 §5), 52 bytes.
+/// Byte offsets in the Atomic Request header, counted from its start (the byte after
+/// the 18-byte untagged DDP header) (RFC 7306 §5). Every field is big-endian.
+pub mod atomic_request_field {
+    use core::ops::Range;
+    /// Reserved (28 bits) and AtomicOpcode (low 4 bits), 32 bits.
+    pub const OPCODE: Range<usize> = 0..4;
+    /// Request Identifier, 32 bits: echoed in the Atomic Response.
+    pub const REQUEST_ID: Range<usize> = 4..8;
+    /// Remote STag of the target, 32 bits.
+    pub const REMOTE_STAG: Range<usize> = 8..12;
+    /// Remote Tagged Offset of the target, 64 bits.
+    pub const REMOTE_TO: Range<usize> = 12..20;
+    /// Add Data (FetchAdd) or Swap Data (Swap, CmpSwap), 64 bits.
+    pub const ADD_OR_SWAP_DATA: Range<usize> = 20..28;
+    /// Add Mask or Swap Mask, 64 bits.
+    pub const ADD_OR_SWAP_MASK: Range<usize> = 28..36;
+    /// Compare Data (CmpSwap), 64 bits.
+    pub const COMPARE_DATA: Range<usize> = 36..44;
+    /// Compare Mask (CmpSwap), 64 bits.
+    pub const COMPARE_MASK: Range<usize> = 44..52;
+}
+
+/// Byte offsets in the Atomic Response header, counted from its start (the byte after
+/// the 18-byte untagged DDP header) (RFC 7306 §5). Every field is big-endian.
+pub mod atomic_response_field {
+    use core::ops::Range;
+    /// Original Request Identifier, 32 bits: the Request Identifier answered.
+    pub const REQUEST_ID: Range<usize> = 0..4;
+    /// Original Remote Data Value, 64 bits: the target before the operation.
+    pub const ORIGINAL_VALUE: Range<usize> = 4..12;
+}
+
+/// An Atomic Request header (RFC 7306 §5), 52 bytes, sent untagged on QN 1 (the
+/// RDMA Read Request queue, so that it counts against the same IRD/ORD).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AtomicRequestRepr {
     /// The operation.
@@ -487,7 +548,8 @@ pub struct AtomicRequestRepr {
     pub request_id: u32,
     /// Remote STag of the 8-byte target.
     pub remote_stag: u32,
-    /// Remote Tagged Offset of the target, bytes.
+    /// Remote Tagged Offset of the target, bytes; a multiple of
+    /// [`ATOMIC_ALIGNMENT`] in a valid request.
     pub remote_to: u64,
     /// Add Data (FetchAdd) or Swap Data (Swap, CmpSwap).
     pub add_or_swap_data: u64,
@@ -500,6 +562,88 @@ pub struct AtomicRequestRepr {
 }
 
 impl AtomicRequestRepr {
+    /// The FetchAdd that verbs' `IBV_WR_ATOMIC_FETCH_AND_ADD` means: add `add` to the
+    /// whole 64-bit word modulo 2^64 (Add Mask 0: no carry stopped), compare fields 0.
+    pub const fn fetch_add(request_id: u32, remote_stag: u32, remote_to: u64, add: u64) -> Self {
+        AtomicRequestRepr {
+            opcode: AtomicOpcode::FetchAdd,
+            request_id,
+            remote_stag,
+            remote_to,
+            add_or_swap_data: add,
+            add_or_swap_mask: 0,
+            compare_data: 0,
+            compare_mask: 0,
+        }
+    }
+
+    /// The CmpSwap that verbs' `IBV_WR_ATOMIC_CMP_AND_SWP` means: if the whole word
+    /// equals `compare` (Compare Mask all ones), replace the whole word by `swap`
+    /// (Swap Mask all ones).
+    pub const fn cmp_swap(
+        request_id: u32,
+        remote_stag: u32,
+        remote_to: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        AtomicRequestRepr {
+            opcode: AtomicOpcode::CmpSwap,
+            request_id,
+            remote_stag,
+            remote_to,
+            add_or_swap_data: swap,
+            add_or_swap_mask: u64::MAX,
+            compare_data: compare,
+            compare_mask: u64::MAX,
+        }
+    }
+
+    /// True if the Remote Tagged Offset is a multiple of [`ATOMIC_ALIGNMENT`]
+    /// (RFC 7306 §5 requires it).
+    pub const fn is_aligned(&self) -> bool {
+        self.remote_to.is_multiple_of(ATOMIC_ALIGNMENT)
+    }
+
+    /// The value the responder stores in the target whose value was `original`
+    /// (RFC 7306 §5, the operations' definitions):
+    ///
+    /// - FetchAdd: `original + add_data`, where the carry out of bit *i* into bit
+    ///   *i* + 1 is dropped when bit *i* of Add Mask is 1, so a mask splits the word
+    ///   into independent fields (Add Mask 0 is the plain 64-bit sum, modulo 2^64).
+    /// - Swap: `(original & !swap_mask) | (swap_data & swap_mask)`.
+    /// - CmpSwap: as Swap if `(original ^ compare_data) & compare_mask == 0`, else
+    ///   `original` unchanged.
+    pub const fn apply(&self, original: u64) -> u64 {
+        let data = self.add_or_swap_data;
+        let mask = self.add_or_swap_mask;
+        match self.opcode {
+            AtomicOpcode::FetchAdd => {
+                if mask == 0 {
+                    return original.wrapping_add(data);
+                }
+                let mut out = 0u64;
+                let mut carry = 0u64;
+                let mut bit = 0;
+                while bit < 64 {
+                    let sum = ((original >> bit) & 1) + ((data >> bit) & 1) + carry;
+                    out |= (sum & 1) << bit;
+                    carry = if (mask >> bit) & 1 == 1 { 0 } else { sum >> 1 };
+                    bit += 1;
+                }
+                out
+            }
+            AtomicOpcode::Swap => (original & !mask) | (data & mask),
+            AtomicOpcode::CmpSwap => {
+                if (original ^ self.compare_data) & self.compare_mask == 0 {
+                    (original & !mask) | (data & mask)
+                } else {
+                    original
+                }
+            }
+        }
+    }
+
     /// Parses exactly 52 bytes. The 28 reserved bits above the AtomicOpcode are
     /// ignored.
     ///
@@ -507,19 +651,20 @@ impl AtomicRequestRepr {
     /// [`Error::Truncated`] / [`Error::TrailingBytes`] with [`Field::AtomicRequest`];
     /// [`Error::UnknownAtomicOpcode`].
     pub fn parse(bytes: &[u8]) -> Result<Self> {
+        use atomic_request_field as f;
         exact(Field::AtomicRequest, ATOMIC_REQUEST_LEN, bytes)?;
-        let op = (wire::u32_in(bytes, 0..4) & 0xf) as u8;
+        let op = (wire::u32_in(bytes, f::OPCODE) & 0xf) as u8;
         let opcode =
             AtomicOpcode::from_u8(op).ok_or(Error::UnknownAtomicOpcode { atomic_opcode: op })?;
         Ok(AtomicRequestRepr {
             opcode,
-            request_id: wire::u32_in(bytes, 4..8),
-            remote_stag: wire::u32_in(bytes, 8..12),
-            remote_to: wire::u64_in(bytes, 12..20),
-            add_or_swap_data: wire::u64_in(bytes, 20..28),
-            add_or_swap_mask: wire::u64_in(bytes, 28..36),
-            compare_data: wire::u64_in(bytes, 36..44),
-            compare_mask: wire::u64_in(bytes, 44..52),
+            request_id: wire::u32_in(bytes, f::REQUEST_ID),
+            remote_stag: wire::u32_in(bytes, f::REMOTE_STAG),
+            remote_to: wire::u64_in(bytes, f::REMOTE_TO),
+            add_or_swap_data: wire::u64_in(bytes, f::ADD_OR_SWAP_DATA),
+            add_or_swap_mask: wire::u64_in(bytes, f::ADD_OR_SWAP_MASK),
+            compare_data: wire::u64_in(bytes, f::COMPARE_DATA),
+            compare_mask: wire::u64_in(bytes, f::COMPARE_MASK),
         })
     }
 
@@ -533,20 +678,31 @@ impl AtomicRequestRepr {
     /// # Errors
     /// [`Error::BufferTooSmall`].
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        use atomic_request_field as f;
         check_out(ATOMIC_REQUEST_LEN, buf.len())?;
-        wire::put_u32(buf, 0..4, self.opcode as u32);
-        wire::put_u32(buf, 4..8, self.request_id);
-        wire::put_u32(buf, 8..12, self.remote_stag);
-        wire::put_u64(buf, 12..20, self.remote_to);
-        wire::put_u64(buf, 20..28, self.add_or_swap_data);
-        wire::put_u64(buf, 28..36, self.add_or_swap_mask);
-        wire::put_u64(buf, 36..44, self.compare_data);
-        wire::put_u64(buf, 44..52, self.compare_mask);
+        wire::put_u32(buf, f::OPCODE, u32::from(self.opcode.value()));
+        wire::put_u32(buf, f::REQUEST_ID, self.request_id);
+        wire::put_u32(buf, f::REMOTE_STAG, self.remote_stag);
+        wire::put_u64(buf, f::REMOTE_TO, self.remote_to);
+        wire::put_u64(buf, f::ADD_OR_SWAP_DATA, self.add_or_swap_data);
+        wire::put_u64(buf, f::ADD_OR_SWAP_MASK, self.add_or_swap_mask);
+        wire::put_u64(buf, f::COMPARE_DATA, self.compare_data);
+        wire::put_u64(buf, f::COMPARE_MASK, self.compare_mask);
         Ok(())
+    }
+
+    /// The 52 header bytes.
+    pub fn to_bytes(&self) -> [u8; ATOMIC_REQUEST_LEN] {
+        let mut b = [0u8; ATOMIC_REQUEST_LEN];
+        // Cannot fail: the array is exactly 52 bytes.
+        let _ = self.emit(&mut b);
+        b
     }
 }
 
-/// An Atomic Response header (RFC 7306 §5), 12 bytes.
+/// An Atomic Response header (RFC 7306 §5), 12 bytes, sent untagged on QN 3 in the
+/// order of the Atomic Requests (and after the Read Responses of earlier Read
+/// Requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct AtomicResponseRepr {
     /// Original Request Identifier (from the Atomic Request).
@@ -561,10 +717,11 @@ impl AtomicResponseRepr {
     /// # Errors
     /// [`Error::Truncated`] / [`Error::TrailingBytes`] with [`Field::AtomicResponse`].
     pub fn parse(bytes: &[u8]) -> Result<Self> {
+        use atomic_response_field as f;
         exact(Field::AtomicResponse, ATOMIC_RESPONSE_LEN, bytes)?;
         Ok(AtomicResponseRepr {
-            request_id: wire::u32_in(bytes, 0..4),
-            original_value: wire::u64_in(bytes, 4..12),
+            request_id: wire::u32_in(bytes, f::REQUEST_ID),
+            original_value: wire::u64_in(bytes, f::ORIGINAL_VALUE),
         })
     }
 
@@ -578,10 +735,19 @@ impl AtomicResponseRepr {
     /// # Errors
     /// [`Error::BufferTooSmall`].
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        use atomic_response_field as f;
         check_out(ATOMIC_RESPONSE_LEN, buf.len())?;
-        wire::put_u32(buf, 0..4, self.request_id);
-        wire::put_u64(buf, 4..12, self.original_value);
+        wire::put_u32(buf, f::REQUEST_ID, self.request_id);
+        wire::put_u64(buf, f::ORIGINAL_VALUE, self.original_value);
         Ok(())
+    }
+
+    /// The 12 header bytes.
+    pub fn to_bytes(&self) -> [u8; ATOMIC_RESPONSE_LEN] {
+        let mut b = [0u8; ATOMIC_RESPONSE_LEN];
+        // Cannot fail: the array is exactly 12 bytes.
+        let _ = self.emit(&mut b);
+        b
     }
 }
 
@@ -723,6 +889,52 @@ mod tests {
         let p = ReadRequestPacket::new_unchecked(&RREQ[..3]);
         assert_eq!(p.src_to(), 0);
         assert!(ReadRequestRepr::parse(&p).is_err());
+    }
+
+    #[test]
+    fn atomic_operations_apply_as_rfc_7306_defines_them() {
+        let fa = AtomicRequestRepr::fetch_add(1, 0x100, 0, 5);
+        assert_eq!(fa.apply(10), 15);
+        assert_eq!(fa.apply(u64::MAX - 1), 3, "wraps modulo 2^64");
+        // Add Mask bit 31 set: the carry out of bit 31 is dropped, so the two
+        // 32-bit halves add independently.
+        let halves = AtomicRequestRepr {
+            add_or_swap_data: 0x0000_0001_0000_0001,
+            add_or_swap_mask: 0x0000_0000_8000_0000,
+            ..fa
+        };
+        assert_eq!(halves.apply(0x0000_0001_ffff_ffff), 0x0000_0002_0000_0000);
+        // Without the mask the low half carries into the high one.
+        let plain = AtomicRequestRepr {
+            add_or_swap_mask: 0,
+            ..halves
+        };
+        assert_eq!(plain.apply(0x0000_0001_ffff_ffff), 0x0000_0003_0000_0000);
+
+        let cs = AtomicRequestRepr::cmp_swap(2, 0x100, 8, 7, 99);
+        assert_eq!(cs.apply(7), 99, "equal: swapped");
+        assert_eq!(cs.apply(8), 8, "not equal: unchanged");
+        // Only the low byte compared, only the high byte swapped.
+        let masked = AtomicRequestRepr {
+            compare_mask: 0xff,
+            add_or_swap_mask: 0xff00_0000_0000_0000,
+            add_or_swap_data: 0xab00_0000_0000_0000,
+            ..cs
+        };
+        assert_eq!(masked.apply(0x1111_0000_0000_0007), 0xab11_0000_0000_0007);
+        assert_eq!(masked.apply(0x1111_0000_0000_0008), 0x1111_0000_0000_0008);
+
+        let swap = AtomicRequestRepr {
+            opcode: AtomicOpcode::Swap,
+            add_or_swap_data: 0x1234,
+            add_or_swap_mask: u64::MAX,
+            ..cs
+        };
+        assert_eq!(swap.apply(0xffff), 0x1234);
+        assert!(cs.is_aligned());
+        assert!(!AtomicRequestRepr::fetch_add(1, 0, 4, 1).is_aligned());
+        assert_eq!(AtomicOpcode::CmpSwap.to_string(), "CmpSwap");
+        assert_eq!(AtomicOpcode::from_u8(3), None);
     }
 
     #[test]

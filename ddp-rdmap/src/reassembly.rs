@@ -27,7 +27,7 @@
 //! * QN unknown, or not the queue the opcode uses -> "Invalid QN".
 
 use crate::ddp::BufferModel;
-use crate::rdmap::{Opcode, ReadRequestRepr, QN_ATOMIC_RESPONSE};
+use crate::rdmap::{AtomicRequestRepr, Opcode, ReadRequestRepr, QN_ATOMIC_RESPONSE};
 use crate::terminate::{
     DdpTaggedCode, DdpUntaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode,
 };
@@ -309,6 +309,24 @@ impl Receiver {
 pub fn check_tagged(to: u64, len: u32) -> Result<(), ErrorCause> {
     if len > 0 && to.checked_add(u64::from(len) - 1).is_none() {
         return Err(ErrorCause::DdpTagged(DdpTaggedCode::ToWrap));
+    }
+    Ok(())
+}
+
+/// Checks an incoming Atomic Request before the responder looks up its target: the
+/// Remote Tagged Offset must be 8-byte aligned (RFC 7306 §5). RFC 7306 adds no RDMAP
+/// error code (the IANA "RDMAP Errors" registry, updated when it was published, holds
+/// only RFC 5040's), so a misaligned target is reported as the Remote Protection Error
+/// "Base or bounds violation": it is not a valid 64-bit word of any registration. An
+/// aligned TO cannot wrap (the last aligned word ends at 2^64 - 1).
+///
+/// # Errors
+/// RDMAP Remote Protection Error "Base or bounds violation" (0x0/0x1/0x01).
+pub fn check_atomic_request(ar: &AtomicRequestRepr) -> Result<(), ErrorCause> {
+    if !ar.is_aligned() {
+        return Err(ErrorCause::RdmapRemoteProtection(
+            RdmapProtectionCode::BaseOrBoundsViolation,
+        ));
     }
     Ok(())
 }

@@ -33,6 +33,11 @@
 //! | 1 DDP | 1 Tagged Buffer | 00 Invalid STag, 01 Base or bounds, 02 STag not associated with DDP Stream, 03 TO wrap, 04 Invalid DDP version |
 //! | 1 DDP | 2 Untagged Buffer | 01 Invalid QN, 02 Invalid MSN - no buffer available, 03 Invalid MSN - MSN range is not valid, 04 Invalid MO, 05 DDP Message too long for available buffer, 06 Invalid DDP version |
 //! | 2 LLP | 0 MPA | 01 TCP connection closed, terminated or lost, 02 MPA CRC error, 03 MPA Marker and ULPDU Length field mismatch, 04 Invalid MPA Request/Reply Frame (RFC 5044); 05 Local Catastrophic, 06 Insufficient IRD resources, 07 No matching RTR option (RFC 6581) |
+//!
+//! RFC 7306 (atomics, Immediate Data) adds no code: the IANA registry, updated when it
+//! was published, holds the RFC 5040 codes only. A bad Atomic Request is answered with
+//! the Remote Protection codes above (see
+//! [`crate::reassembly::check_atomic_request`]).
 
 use crate::ddp;
 use crate::error::{check_in, check_out, Error, Field, Result};

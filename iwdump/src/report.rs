@@ -246,7 +246,9 @@ pub struct FpduInfo {
     /// harmless, Linux siw does it). Also listed in [`Report::warnings`].
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub pad_nonzero: bool,
-    /// Opcode-specific details (Read Request fields, Terminate codes), in words.
+    /// Opcode-specific details (Read Request fields, Terminate codes, RFC 7306 Atomic
+    /// Request operation and operands, Atomic Response identifier and original value),
+    /// in words.
     pub detail: Option<String>,
 }
 

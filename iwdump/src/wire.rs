@@ -307,6 +307,27 @@ fn fpdu_event(fpdu: &deframer::Fpdu<'_>, pad_nonzero: bool) -> DeframeEvent {
     }
 }
 
+/// The fields of an RFC 7306 Atomic Request in words: the operation, its Request
+/// Identifier, the target (STag, TO) and the operands the operation uses, e.g.
+/// `FetchAdd id 1 STag 0x12345600 TO 0x1000 add 0x5 add mask 0x0` or `CmpSwap id 2
+/// STag .. TO .. compare 0x7 mask 0xffffffffffffffff swap 0x9 mask 0xffffffffffffffff`.
+fn atomic_request_detail(a: &ddp_rdmap::rdmap::AtomicRequestRepr) -> String {
+    use ddp_rdmap::rdmap::AtomicOpcode;
+    let target = format!(
+        "{} id {} STag 0x{:08x} TO 0x{:x}",
+        a.opcode, a.request_id, a.remote_stag, a.remote_to
+    );
+    let (data, mask) = (a.add_or_swap_data, a.add_or_swap_mask);
+    match a.opcode {
+        AtomicOpcode::FetchAdd => format!("{target} add 0x{data:x} add mask 0x{mask:x}"),
+        AtomicOpcode::Swap => format!("{target} swap 0x{data:x} mask 0x{mask:x}"),
+        AtomicOpcode::CmpSwap => format!(
+            "{target} compare 0x{:x} mask 0x{:x} swap 0x{data:x} mask 0x{mask:x}",
+            a.compare_data, a.compare_mask
+        ),
+    }
+}
+
 /// Decode one ULPDU with `ddp_rdmap`; on failure, a best-effort record (opcode
 /// from the control byte) and the error.
 fn decode_ulpdu(
@@ -336,8 +357,11 @@ fn decode_ulpdu(
                     ))
                 }
                 (Body::ImmediateData(d), _) => Some(format!("immediate data {:02x?}", d.data)),
-                (Body::AtomicRequest(a), _) => Some(format!("{a:?}")),
-                (Body::AtomicResponse(a), _) => Some(format!("{a:?}")),
+                (Body::AtomicRequest(a), _) => Some(atomic_request_detail(a)),
+                (Body::AtomicResponse(a), _) => Some(format!(
+                    "id {} original value 0x{:x}",
+                    a.request_id, a.original_value
+                )),
                 (Body::None, Some(stag)) => Some(format!("invalidate STag 0x{stag:08x}")),
                 (Body::None, None) => None,
             };

@@ -1,6 +1,7 @@
 //! Hand-built captures for what the siw captures do not show: Markers, bad
 //! Markers, bad lengths, unknown opcodes, malformed MPA frames, non-MPA streams,
-//! missing TCP data, a stream ending inside an FPDU, a reject, a Terminate.
+//! missing TCP data, a stream ending inside an FPDU, a reject, a Terminate, an RFC
+//! 7306 atomic exchange.
 
 use std::net::SocketAddr;
 
@@ -499,4 +500,87 @@ fn garbage_after_the_handshake_never_panics() {
         let r = p.dissect();
         let _ = (r.to_text(true), r.to_json(true));
     }
+}
+
+#[test]
+fn an_atomic_exchange_is_decoded_with_its_operands() {
+    use ddp_rdmap::rdmap::{AtomicRequestRepr, AtomicResponseRepr, QN_ATOMIC_RESPONSE};
+    let (req, rep, up, down) = handshake(&LocalSettings::default(), &LocalSettings::default());
+    let mut p = Pcap::new();
+    p.send(0, &req);
+    p.send(1, &rep);
+    let untagged = |opcode, qn, msn, body: &[u8]| {
+        let h = Header {
+            opcode,
+            last: true,
+            buffer: BufferModel::Untagged {
+                rsvd_ulp: 0,
+                qn,
+                msn,
+                mo: 0,
+            },
+        };
+        let mut u = h.to_bytes().unwrap()[..h.buffer_len()].to_vec();
+        u.extend_from_slice(body);
+        u
+    };
+    let fa = AtomicRequestRepr::fetch_add(1, 0x1234_5600, 0x7f00_0000_1000, 5);
+    let cs = AtomicRequestRepr::cmp_swap(2, 0x1234_5600, 0x7f00_0000_1000, 15, 9);
+    let requests = [
+        untagged(Opcode::AtomicRequest, 1, 1, &fa.to_bytes()),
+        untagged(Opcode::AtomicRequest, 1, 2, &cs.to_bytes()),
+    ];
+    let responses: Vec<Vec<u8>> = [(1, 10), (2, 15)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(request_id, original_value))| {
+            let body = AtomicResponseRepr {
+                request_id,
+                original_value,
+            };
+            untagged(
+                Opcode::AtomicResponse,
+                QN_ATOMIC_RESPONSE,
+                i as u32 + 1,
+                &body.to_bytes(),
+            )
+        })
+        .collect();
+    let mut up_framer = Framer::new(up);
+    p.send(0, &fpdus(&mut up_framer, &requests));
+    let mut down_framer = Framer::new(down);
+    p.send(1, &fpdus(&mut down_framer, &responses));
+    let r = p.dissect();
+    assert!(r.errors.is_empty(), "{:#?}", r.errors);
+    assert_eq!(r.opcodes.get("AtomicRequest"), Some(&2));
+    assert_eq!(r.opcodes.get("AtomicResponse"), Some(&2));
+    let details: Vec<String> = r
+        .fpdu_records()
+        .map(|(_, f)| format!("{} {}", f.opcode, f.detail.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        details,
+        [
+            "AtomicRequest FetchAdd id 1 STag 0x12345600 TO 0x7f0000001000 add 0x5 add mask 0x0",
+            "AtomicRequest CmpSwap id 2 STag 0x12345600 TO 0x7f0000001000 compare 0xf \
+             mask 0xffffffffffffffff swap 0x9 mask 0xffffffffffffffff",
+            "AtomicResponse id 1 original value 0xa",
+            "AtomicResponse id 2 original value 0xf",
+        ]
+    );
+    let queues: Vec<_> = r.fpdu_records().map(|(_, f)| f.ddp).collect();
+    assert!(
+        matches!(
+            queues[2],
+            Some(iwdump::report::DdpInfo::Untagged {
+                qn: 3,
+                msn: 1,
+                mo: 0
+            })
+        ),
+        "{queues:?}"
+    );
+    assert!(r
+        .fpdu_records()
+        .all(|(_, f)| f.crc != CrcStatus::Bad && f.last));
 }

@@ -59,8 +59,15 @@ pub const IBV_WR_SEND: c_uint = 2;
 pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
 /// `IBV_WR_RDMA_READ`.
 pub const IBV_WR_RDMA_READ: c_uint = 4;
+/// `IBV_WR_ATOMIC_CMP_AND_SWP`: RFC 7306 Compare-and-Swap (`wr.atomic`).
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
+/// `IBV_WR_ATOMIC_FETCH_AND_ADD`: RFC 7306 Fetch-and-Add (`wr.atomic`).
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
 /// `IBV_WR_LOCAL_INV`.
 pub const IBV_WR_LOCAL_INV: c_uint = 7;
+/// `IBV_ATOMIC_HCA` (`enum ibv_atomic_cap`): atomics are atomic with respect to the
+/// other atomics of the device (through any QP), not to the host CPU's accesses.
+pub const IBV_ATOMIC_HCA: c_int = 1;
 /// `IBV_WR_SEND_WITH_INV`.
 pub const IBV_WR_SEND_WITH_INV: c_uint = 9;
 /// `IBV_ACCESS_OPTIONAL_RANGE`: access bits a provider may ignore (relaxed ordering ...).

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use cxgb4::ffi::types::{
     IbvAsyncEvent, IbvCompChannel, IbvContext, IbvCq, IbvDevice, IbvDeviceAttr, IbvGid, IbvMr,
     IbvPd, IbvPortAttr, IbvQp, IbvQpCap, IbvQpInitAttr, IbvRecvWr, IbvSendWr, IbvWc,
-    IBV_ATOMIC_NONE,
 };
 use verbs::{
     AccessFlags, AsyncEvent, Payload, QpCap, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag,
@@ -221,7 +220,9 @@ pub(crate) fn device_attr(s: &Soft) -> IbvDeviceAttr {
     d.max_qp_rd_atom = i32::try_from(a.max_ord_ird).unwrap_or(i32::MAX);
     d.max_qp_init_rd_atom = d.max_qp_rd_atom;
     d.max_res_rd_atom = d.max_qp_rd_atom;
-    d.atomic_cap = IBV_ATOMIC_NONE;
+    // RFC 7306 Fetch-and-Add and Compare-and-Swap, executed under the target MR's
+    // lock (on application memory one atomic instruction when the word is aligned).
+    d.atomic_cap = IBV_ATOMIC_HCA;
     // max_srq, max_srq_wr, max_srq_sge (the last three of max_ee .. max_srq_sge).
     let soft = sw::DeviceAttr::SOFT;
     d._max_ee_to_max_srq_sge[11] = i32::try_from(soft.max_srq).unwrap_or(i32::MAX);
@@ -895,6 +896,23 @@ fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
         IBV_WR_LOCAL_INV => SendOp::LocalInv {
             invalidate_stag: Stag::from_raw(wr.imm_data_or_invalidate_rkey),
         },
+        IBV_WR_ATOMIC_CMP_AND_SWP => {
+            let a = wr.atomic();
+            SendOp::AtomicCmpSwap {
+                remote_addr: a.remote_addr,
+                rkey: Stag::from_raw(a.rkey),
+                compare: a.compare_add,
+                swap: a.swap,
+            }
+        }
+        IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            let a = wr.atomic();
+            SendOp::AtomicFetchAdd {
+                remote_addr: a.remote_addr,
+                rkey: Stag::from_raw(a.rkey),
+                add: a.compare_add,
+            }
+        }
         _ => return Err(libc::EINVAL),
     };
     let payload = if inline {

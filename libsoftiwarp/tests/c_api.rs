@@ -58,6 +58,41 @@ fn open() -> *mut IbvContext {
     }
 }
 
+/// An RC QP of `pd` on `cq` (`depth` WRs per queue, one SGE), moved to INIT then to
+/// ERR: posts complete at once, flushed.
+///
+/// # Safety
+///
+/// `pd` and `cq` are live objects of the library.
+unsafe fn qp_in_error(pd: *mut IbvPd, cq: *mut IbvCq, depth: u32) -> *mut IbvQp {
+    let mut attr = IbvQpInitAttr {
+        qp_context: null_mut(),
+        send_cq: cq,
+        recv_cq: cq,
+        srq: null_mut(),
+        cap: IbvQpCap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: IBV_QPT_RC,
+        sq_sig_all: 0,
+    };
+    // SAFETY: the C API as a C program uses it (the caller's contract).
+    unsafe {
+        let qp = ibv::ibv_create_qp(pd, &mut attr);
+        assert!(!qp.is_null());
+        let mut qa = std::mem::zeroed::<IbvQpAttr>();
+        qa.qp_state = IBV_QPS_INIT;
+        assert_eq!(ibv::ibv_modify_qp(qp, &mut qa, IBV_QP_STATE), 0);
+        qa.qp_state = IBV_QPS_ERR;
+        assert_eq!(ibv::ibv_modify_qp(qp, &mut qa, IBV_QP_STATE), 0);
+        qp
+    }
+}
+
 #[test]
 fn null_and_bad_arguments_are_einval() {
     let ctx = open();
@@ -195,28 +230,7 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
             "a CQ uses it"
         );
         assert_eq!(errno(), libc::EBUSY);
-        let mut attr = IbvQpInitAttr {
-            qp_context: null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: null_mut(),
-            cap: IbvQpCap {
-                max_send_wr: 2,
-                max_recv_wr: 2,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
-        let qp = ibv::ibv_create_qp(pd, &mut attr);
-        assert!(!qp.is_null());
-        let mut qa = std::mem::zeroed::<IbvQpAttr>();
-        qa.qp_state = IBV_QPS_INIT;
-        assert_eq!(ibv::ibv_modify_qp(qp, &mut qa, IBV_QP_STATE), 0);
-        qa.qp_state = IBV_QPS_ERR;
-        assert_eq!(ibv::ibv_modify_qp(qp, &mut qa, IBV_QP_STATE), 0);
+        let qp = qp_in_error(pd, cq, 2);
         assert_eq!(ibv::req_notify_cq(cq, 0), 0);
         assert!(!readable(fd));
         let mut buf = [0u8; 16];
@@ -274,4 +288,80 @@ fn a_closed_context_leaves_nothing_in_the_list_of_contexts() {
         after <= before + 8,
         "{before} contexts listed before, {after} after"
     );
+}
+
+/// One atomic `struct ibv_send_wr` (`opcode` 5 Compare-and-Swap or 6 Fetch-and-Add).
+fn atomic_wr(wr_id: u64, opcode: u32, sge: &mut IbvSge, remote_addr: u64) -> IbvSendWr {
+    IbvSendWr {
+        wr_id,
+        next: null_mut(),
+        sg_list: sge,
+        num_sge: 1,
+        opcode,
+        send_flags: 2, // IBV_SEND_SIGNALED
+        imm_data_or_invalidate_rkey: 0,
+        wr: IbvSendWrWr {
+            atomic: IbvAtomicWr {
+                remote_addr,
+                compare_add: 1,
+                swap: 2,
+                rkey: 0x1234,
+            },
+        },
+        qp_type_xrc_remote_srqn: 0,
+        _bind_mw_tso: [0; 6],
+    }
+}
+
+#[test]
+fn atomics_are_reported_accepted_and_complete_with_their_opcodes() {
+    let ctx = open();
+    // SAFETY: the C API as a C program uses it.
+    unsafe {
+        let mut attr = std::mem::zeroed::<IbvDeviceAttr>();
+        assert_eq!(ibv::ibv_query_device(ctx, &mut attr), 0);
+        assert_eq!(attr.atomic_cap, 1, "IBV_ATOMIC_HCA");
+        let pd = ibv::ibv_alloc_pd(ctx);
+        let mut buf = [0u64; 4];
+        let addr = buf.as_mut_ptr().cast::<c_void>();
+        // IBV_ACCESS_REMOTE_ATOMIC (8) needs IBV_ACCESS_LOCAL_WRITE (1).
+        assert!(ibv::ibv_reg_mr(pd, addr, 32, 8).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let mr = ibv::ibv_reg_mr(pd, addr, 32, 1 | 8);
+        assert!(!mr.is_null());
+        let cq = ibv::ibv_create_cq(ctx, 8, null_mut(), null_mut(), 0);
+        let qp = qp_in_error(pd, cq, 4);
+        let mut sge = IbvSge {
+            addr: buf.as_ptr() as u64,
+            length: 8,
+            lkey: (*mr).lkey,
+        };
+        let mut bad: *mut IbvSendWr = null_mut();
+        // A misaligned target, and a result buffer that is not 8 bytes: EINVAL, the
+        // WR named in bad_wr, nothing completes.
+        let mut wr = atomic_wr(1, 6, &mut sge, 0x1004);
+        assert_eq!(ibv::post_send(qp, &mut wr, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut wr as *mut IbvSendWr);
+        let mut short = IbvSge { length: 4, ..sge };
+        let mut wr = atomic_wr(2, 5, &mut short, 0x1000);
+        assert_eq!(ibv::post_send(qp, &mut wr, &mut bad), libc::EINVAL);
+        // In Error both are accepted and flushed, with the atomic WC opcodes.
+        let mut cas = atomic_wr(3, 5, &mut sge, 0x1000);
+        let mut faa = atomic_wr(4, 6, &mut sge, 0x1008);
+        cas.next = &mut faa;
+        assert_eq!(ibv::post_send(qp, &mut cas, &mut bad), 0);
+        let mut wc = [std::mem::zeroed::<IbvWc>(); 4];
+        assert_eq!(ibv::poll_cq(cq, 4, wc.as_mut_ptr()), 2);
+        assert_eq!(
+            [wc[0], wc[1]].map(|w| (w.wr_id, w.status, w.opcode)),
+            [(3, 5, 3), (4, 5, 4)],
+            "WR_FLUSH_ERR; IBV_WC_COMP_SWAP, IBV_WC_FETCH_ADD"
+        );
+        assert_eq!(ibv::poll_cq(cq, 4, wc.as_mut_ptr()), 0);
+        assert_eq!(ibv::ibv_destroy_qp(qp), 0);
+        assert_eq!(ibv::ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv::ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv::ibv_dealloc_pd(pd), 0);
+        assert_eq!(ibv::ibv_close_device(ctx), 0);
+    }
 }

@@ -71,3 +71,22 @@ fn perftest_rdma_cm_tests_complete_at_default_sizes_and_at_1_mib() {
         base += 2;
     }
 }
+
+/// RFC 7306 atomics (issue 30): `ib_atomic_bw` and `ib_atomic_lat`, Fetch-and-Add and
+/// Compare-and-Swap, 8-byte operations at perftest's default iteration counts. The
+/// device reports `atomic_cap` `IBV_ATOMIC_HCA`; perftest registers its buffers with
+/// `IBV_ACCESS_REMOTE_ATOMIC` and posts `IBV_WR_ATOMIC_*` WRs with `wr.atomic`.
+#[test]
+fn perftest_atomic_tests_complete_with_fetch_and_add_and_compare_and_swap() {
+    let progs = ["ib_atomic_bw", "ib_atomic_lat"];
+    if !progs.iter().all(|p| require(p)) {
+        return;
+    }
+    let lib = LibDir::new("perftest-atomic");
+    let mut base = 7500;
+    for prog in progs {
+        for kind in ["FETCH_AND_ADD", "CMP_AND_SWAP"] {
+            base = run(&lib, base, prog, &["-A", kind], 8, 1000);
+        }
+    }
+}

@@ -1120,7 +1120,7 @@ impl Qp {
     /// # Errors
     ///
     /// Those of [`SendWr::validate`] against the QP's capabilities;
-    /// [`VerbsError::Unsupported`] (atomics; an RDMA Read with ORD 0);
+    /// [`VerbsError::Unsupported`] (an RDMA Read or an RFC 7306 atomic with ORD 0);
     /// [`VerbsError::MessageTooLong`]; [`VerbsError::InvalidArgument`]
     /// `"remote_addr"` (remote range wraps); [`VerbsError::InvalidQpState`] in Reset,
     /// Init, RTR; [`VerbsError::QueueFull`] (`ENOMEM`) with `max_send_wr` WRs

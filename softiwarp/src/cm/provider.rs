@@ -58,9 +58,10 @@ pub const IOVA_BASE: u64 = 0x0000_7f3a_5c00_0000;
 const IOVA_ALIGN: u64 = 1 << 20;
 
 /// The soft device's [`DeviceCaps`] of its [`DeviceAttr`]: the same SGE limit for
-/// sends, receives and RDMA Read sinks, no atomics (RFC 7306 atomics are refused at
-/// post time), RDMA Write with Immediate (RFC 7306 Immediate Data), no Send with
-/// Immediate (no iWARP encoding), no Read-sink rule (that is iw_cxgb4's).
+/// sends, receives and RDMA Read sinks, RFC 7306 atomics (Fetch-and-Add and
+/// Compare-and-Swap, `IBV_ATOMIC_HCA`), RDMA Write with Immediate (RFC 7306 Immediate
+/// Data), no Send with Immediate (no iWARP encoding), no Read-sink rule (that is
+/// iw_cxgb4's).
 pub fn soft_caps(attr: &DeviceAttr) -> DeviceCaps {
     DeviceCaps {
         max_sge: attr.max_sge,
@@ -71,7 +72,7 @@ pub fn soft_caps(attr: &DeviceAttr) -> DeviceCaps {
         max_ird: attr.max_ord_ird,
         max_qp_wr: attr.max_qp_wr,
         max_cqe: u32::try_from(attr.max_cqe).unwrap_or(u32::MAX),
-        atomics: false,
+        atomics: true,
         write_imm: true,
         send_imm: false,
         read_sink_needs_remote_write: false,
@@ -759,7 +760,7 @@ mod tests {
             (caps.max_sge, caps.max_sge_rd, caps.max_inline, caps.max_ord),
             (16, 16, 4096, 0x3fff)
         );
-        assert!(caps.write_imm && !caps.atomics && !caps.read_sink_needs_remote_write);
+        assert!(caps.write_imm && caps.atomics && !caps.read_sink_needs_remote_write);
         let pd = dev.alloc_pd().unwrap();
         let e = pd.reg_mr(0, AccessFlags::LOCAL_WRITE).unwrap_err();
         assert_eq!((e.call_name(), e.errno()), ("ibv_reg_mr", 22));

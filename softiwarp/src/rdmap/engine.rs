@@ -1,5 +1,5 @@
-//! The per-QP protocol engine: RDMAP (RFC 5040, with RFC 7306 Immediate Data) over
-//! DDP (RFC 5041) for one RC QP, sans-IO.
+//! The per-QP protocol engine: RDMAP (RFC 5040, with RFC 7306 Immediate Data and
+//! Atomics) over DDP (RFC 5041) for one RC QP, sans-IO.
 //!
 //! [`QpEngine`] owns one QP's protocol state and nothing else: no socket, no clock, no
 //! thread (quinn-proto style). The driver (the device's engine thread) feeds it whole
@@ -60,14 +60,17 @@
 //! Invalidate, RDMA Write or Write with Immediate is one *message* segmented into DDP
 //! segments for the MULPDU the driver passes (`ddp_rdmap::segment`); an RDMA Read is
 //! one Read Request per non-empty scatter SGE (a remote range split to match, each
-//! one ORD credit; siw allows one SGE, we allow `max_send_sge`); Local Invalidate and
-//! Fast Register execute when they are reached. A WR is started only when:
+//! one ORD credit; siw allows one SGE, we allow `max_send_sge`); an RFC 7306 atomic
+//! (Fetch-and-Add, Compare-and-Swap) is one Atomic Request, also one ORD credit (see
+//! "Atomics" below); Local Invalidate and Fast Register execute when they are
+//! reached. A WR is started only when:
 //!
 //! - the QP is in RTS (in SQD nothing new starts; what is in flight finishes);
-//! - with [`SendFlags::FENCE`], no earlier RDMA Read is outstanding (RFC 5040 §5.5;
-//!   `IBV_SEND_FENCE`; siw `orq_fence`);
-//! - an RDMA Read has an ORD credit for each Read Request it sends; without one it
-//!   waits at the head of the SQ (siw does the same);
+//! - with [`SendFlags::FENCE`], no earlier RDMA Read or atomic is outstanding (RFC
+//!   5040 §5.5; `IBV_SEND_FENCE`; siw `orq_fence`);
+//! - an RDMA Read has an ORD credit for each Read Request it sends, an atomic one for
+//!   its Atomic Request; without one it waits at the head of the SQ (siw does the
+//!   same for Reads);
 //! - a tagged message (RDMA Write) does not start while a Read Response is half
 //!   sent, nor a Read Response while a Write is: a receiver places tagged segments
 //!   through one tagged context and rejects interleaved tagged messages (siw
@@ -82,7 +85,8 @@
 //! granularity, Writes only at message boundaries (above).
 //!
 //! MSNs: each untagged queue counts messages from 1 (RFC 5041 §4.3): QN 0 (Sends and
-//! Immediate Data), QN 1 (Read Requests); the single Terminate uses QN 2, MSN 1.
+//! Immediate Data), QN 1 (Read Requests and Atomic Requests), QN 3 (Atomic
+//! Responses); the single Terminate uses QN 2, MSN 1.
 //!
 //! # Completion timing
 //!
@@ -93,6 +97,8 @@
 //!   later failure at the peer surfaces as a Terminate (the QP goes to Error).
 //! - RDMA Read: when the last Read Response segment of its last Read Request has
 //!   been placed.
+//! - Atomic: when its Atomic Response arrived and the original value was stored in
+//!   its 8-byte SGE.
 //! - Local Invalidate, Fast Register: when executed.
 //! - Receive: when the last segment of the incoming Send (or the Immediate Data) is
 //!   placed; for Send with Invalidate the STag is invalidated first, so the
@@ -123,6 +129,30 @@
 //! everything else is flushed, and [`QpEvent::TerminateReceived`] and
 //! [`AsyncEvent::QpFatal`] are reported. After a Terminate is sent or received, no
 //! ULPDU is processed or produced any more.
+//!
+//! # Atomics (RFC 7306 §5)
+//!
+//! Requester: an atomic WR (one 8-byte SGE with `LOCAL_WRITE`, an 8-byte aligned
+//! remote address; both checked at post) sends one Atomic Request on QN 1 with the
+//! next Read Request MSN, which is also its Request Identifier; Fetch-and-Add is
+//! FetchAdd with Add Mask 0, Compare-and-Swap is CmpSwap with both masks all ones
+//! ([`ddp_rdmap::rdmap::AtomicRequestRepr::fetch_add`] / `cmp_swap`). It holds an
+//! ORD credit like a Read Request (outstanding Reads + atomics <= ORD), and posts the
+//! QN 3 buffer its Atomic Response consumes. The Response must answer the oldest
+//! outstanding request with its Identifier; the Original Remote Data Value is stored
+//! in native byte order in the SGE and the WR completes ([`WcOpcode::FetchAdd`] /
+//! [`WcOpcode::CompSwap`], `byte_len` 8).
+//!
+//! Responder: an Atomic Request takes one IRD credit (the QN 1 buffers are 52 bytes,
+//! the Atomic Request header, so Read and Atomic Requests share them), is checked
+//! (QP `REMOTE_ATOMIC`, 8-byte alignment, the MR with `REMOTE_ATOMIC` and bounds:
+//! RDMAP Remote Protection Terminates, see `rx_atomic_request`), and joins the Read
+//! Requests' queue: its Atomic Response on QN 3 leaves in request order with the
+//! Read Responses, and the credit comes back when it is sent. The operation itself
+//! runs under the MR's lock (on application memory, one `AtomicU64` operation when
+//! the word is aligned in memory): on arrival when no Read Response is queued ahead
+//! of it, else when its turn comes, so an earlier Read never sees its effect and
+//! atomics run in arrival order among themselves.
 //!
 //! # Flush
 //!
@@ -183,9 +213,15 @@ pub const MIN_MULPDU: usize = 70;
 /// word (RFC 6581 §3).
 pub const MAX_ORD_IRD: u32 = 0x3fff;
 
-/// Size of one Read Request buffer on QN 1 (the RDMA Read Request header, RFC 5040
-/// §4.4), bytes. The IRD is the number of these buffers posted.
-const READ_REQUEST_BUFFER: u32 = 28;
+/// Size of one buffer on QN 1, bytes: the largest message of that queue, the
+/// 52-byte Atomic Request header (RFC 7306 §5; the RDMA Read Request header is 28,
+/// RFC 5040 §4.4). The IRD is the number of these buffers posted: Read Requests and
+/// Atomic Requests share it.
+const READ_REQUEST_BUFFER: u32 = ddp_rdmap::rdmap::ATOMIC_REQUEST_LEN as u32;
+
+/// Size of one buffer on QN 3 (the Atomic Response header, RFC 7306 §5), bytes. One is
+/// posted for each Atomic Request sent.
+const ATOMIC_RESPONSE_BUFFER: u32 = ddp_rdmap::rdmap::ATOMIC_RESPONSE_LEN as u32;
 
 /// Largest first MSN [`QpEngine::set_initial_msn`] accepts (an RTR takes MSN 1, so 2 is the
 /// most a peer needs; a little room is left).
@@ -232,13 +268,10 @@ impl WqCounters {
 /// # Errors
 ///
 /// As [`QpEngine::post_send`]: those of [`SendWr::validate`], [`VerbsError::Unsupported`]
-/// (atomics; RDMA Read with ORD 0), [`VerbsError::MessageTooLong`],
+/// (RDMA Read or atomic with ORD 0), [`VerbsError::MessageTooLong`],
 /// [`VerbsError::InvalidArgument`] `"remote_addr"`.
 pub fn validate_send_wr(cap: &QpCap, ord: u32, wr: &SendWr) -> Result<u32, VerbsError> {
     wr.validate(cap)?;
-    if wr.op.is_atomic() {
-        return Err(VerbsError::Unsupported { what: "atomics" });
-    }
     let len = u32::try_from(wr.payload.len()).map_err(|_| VerbsError::MessageTooLong {
         len: wr.payload.len(),
         max: u64::from(u32::MAX),
@@ -261,6 +294,11 @@ pub fn validate_send_wr(cap: &QpCap, ord: u32, wr: &SendWr) -> Result<u32, Verbs
             what: "RDMA Read with ORD 0",
         });
     }
+    if wr.op.is_atomic() && ord == 0 {
+        return Err(VerbsError::Unsupported {
+            what: "atomic with ORD 0",
+        });
+    }
     Ok(len)
 }
 
@@ -276,13 +314,15 @@ pub struct QpInit {
     pub cap: QpCap,
     /// `sq_sig_all`: every send WR completes, signaled or not.
     pub sq_sig_all: bool,
-    /// ORD: RDMA Read Requests this QP may have outstanding (`max_rd_atomic`).
+    /// ORD: RDMA Read Requests and Atomic Requests this QP may have outstanding
+    /// together (`max_rd_atomic`).
     pub ord: u32,
-    /// IRD: incoming RDMA Read Requests this QP queues (`max_dest_rd_atomic`); one
-    /// more is a protocol error.
+    /// IRD: incoming RDMA Read Requests and Atomic Requests this QP queues together
+    /// (`max_dest_rd_atomic`); one more is a protocol error.
     pub ird: u32,
     /// Incoming remote operations accepted at all (`qp_access_flags`):
-    /// `REMOTE_WRITE` (RDMA Write), `REMOTE_READ` (RDMA Read Request).
+    /// `REMOTE_WRITE` (RDMA Write), `REMOTE_READ` (RDMA Read Request),
+    /// `REMOTE_ATOMIC` (RFC 7306 Atomic Request).
     pub access: AccessFlags,
     /// What the sink MR of this QP's RDMA Reads must allow: `LOCAL_WRITE` (Linux siw,
     /// the default), or `LOCAL_WRITE | REMOTE_WRITE` (the iWARP hardware rule,
@@ -294,7 +334,8 @@ pub struct QpInit {
 
 impl QpInit {
     /// Defaults for a QP of `pd` numbered `qp_num` with `cap`: `sq_sig_all` off, ORD
-    /// and IRD 16, remote Write and Read accepted.
+    /// and IRD 16, remote Write, Read and Atomic accepted (as the RDMA CM's QPs with
+    /// responder resources: `cma_ib_init_qp_attr`).
     pub fn new(qp_num: u32, pd: PdId, cap: QpCap) -> QpInit {
         QpInit {
             qp_num,
@@ -303,7 +344,9 @@ impl QpInit {
             sq_sig_all: false,
             ord: 16,
             ird: 16,
-            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
             read_sink_access: AccessFlags::LOCAL_WRITE,
         }
     }
@@ -462,9 +505,9 @@ struct RqEntry {
     resolved: Vec<Option<(Arc<MemoryRegion>, usize)>>,
 }
 
-/// An outbound RDMA Read Request awaiting its Read Response (ORQ entry).
+/// An outbound RDMA Read Request awaiting its Read Response.
 #[derive(Debug, Clone, Copy)]
-struct OrqEntry {
+struct OrqRead {
     seq: u64,
     sink_stag: u32,
     sink_to: u64,
@@ -472,13 +515,39 @@ struct OrqEntry {
     placed: u32,
 }
 
-/// An inbound RDMA Read Request, validated, waiting for its Read Response (IRQ).
+/// An outbound request awaiting its response (ORQ entry, one ORD credit): an RDMA
+/// Read Request, or an RFC 7306 Atomic Request of WR `seq` whose Original Remote Data
+/// Value goes to the 8 bytes of `sink`.
+#[derive(Debug, Clone, Copy)]
+enum OrqEntry {
+    Read(OrqRead),
+    Atomic {
+        seq: u64,
+        request_id: u32,
+        sink: Sge,
+    },
+}
+
+/// An inbound request, validated, waiting for its response (IRQ entry, one IRD
+/// credit).
 #[derive(Debug)]
-struct IrqEntry {
-    sink_stag: u32,
-    sink_to: u64,
-    size: u32,
-    src: Option<Piece>,
+enum IrqEntry {
+    /// An RDMA Read Request: the Read Response reads `src` when it is sent.
+    Read {
+        sink_stag: u32,
+        sink_to: u64,
+        size: u32,
+        src: Option<Piece>,
+    },
+    /// An Atomic Request on the word at buffer offset `off` of `mr` (checked on
+    /// arrival). `original` is the value before the operation once it executed: on
+    /// arrival when nothing was queued ahead of it, else when it reaches the head.
+    Atomic {
+        req: ddp_rdmap::rdmap::AtomicRequestRepr,
+        mr: Arc<MemoryRegion>,
+        off: usize,
+        original: Option<u64>,
+    },
 }
 
 /// The per-QP protocol engine. See the [module documentation](self).
@@ -500,6 +569,8 @@ pub struct QpEngine {
     last_was_rr: bool,
     send_msn: u32,
     rreq_msn: u32,
+    /// MSN of the next Atomic Response sent (QN 3).
+    aresp_msn: u32,
     orq: VecDeque<OrqEntry>,
     irq: VecDeque<IrqEntry>,
 
@@ -512,6 +583,8 @@ pub struct QpEngine {
     last_wqe_pending: bool,
     q0: UntaggedQueue,
     q1: UntaggedQueue,
+    /// QN 3: one buffer per Atomic Request sent, consumed by its Atomic Response.
+    q3: UntaggedQueue,
     rx_cache: Option<Arc<MemoryRegion>>,
 
     // Termination.
@@ -569,6 +642,7 @@ impl QpEngine {
             last_was_rr: false,
             send_msn: 1,
             rreq_msn: 1,
+            aresp_msn: 1,
             orq: VecDeque::new(),
             irq: VecDeque::new(),
             rq: VecDeque::new(),
@@ -576,6 +650,7 @@ impl QpEngine {
             last_wqe_pending: false,
             q0: UntaggedQueue::new(),
             q1: UntaggedQueue::new(),
+            q3: UntaggedQueue::new(),
             rx_cache: None,
             terminate_out: None,
             stream_closed: false,
@@ -616,12 +691,14 @@ impl QpEngine {
         self.rq.len()
     }
 
-    /// Outbound Read Requests awaiting a response (ORQ; at most ORD).
+    /// Outbound Read Requests and Atomic Requests awaiting a response (ORQ; at most
+    /// ORD together).
     pub fn reads_outstanding(&self) -> usize {
         self.orq.len()
     }
 
-    /// Inbound Read Requests queued or being answered (at most IRD).
+    /// Inbound Read Requests and Atomic Requests queued or being answered (at most
+    /// IRD together).
     pub fn read_responses_pending(&self) -> usize {
         self.irq.len() + usize::from(self.tx_rr.is_some())
     }
@@ -833,8 +910,7 @@ impl QpEngine {
     /// # Errors
     ///
     /// Those of [`SendWr::validate`] against the QP's [`QpCap`];
-    /// [`VerbsError::Unsupported`] for atomics (RFC 7306 atomics are not
-    /// implemented) and for an RDMA Read when ORD is 0;
+    /// [`VerbsError::Unsupported`] for an RDMA Read or an atomic when ORD is 0;
     /// [`VerbsError::InvalidArgument`] `"remote_addr"` when an RDMA Write's or
     /// Read's remote range wraps past 2^64;
     /// [`VerbsError::InvalidQpState`] in Reset, Init, RTR;
@@ -977,10 +1053,12 @@ impl QpEngine {
         self.last_was_rr = false;
         self.send_msn = 1;
         self.rreq_msn = 1;
+        self.aresp_msn = 1;
         self.orq.clear();
         self.irq.clear();
         self.q0 = UntaggedQueue::new();
         self.q1 = UntaggedQueue::new();
+        self.q3 = UntaggedQueue::new();
         for _ in 0..self.init.ird {
             self.q1.post_buffer(READ_REQUEST_BUFFER);
         }
@@ -1234,7 +1312,7 @@ impl QpEngine {
                 .sq
                 .iter()
                 .take(i)
-                .any(|p| matches!(p.wr.op, SendOp::RdmaRead { .. }) && p.phase != Phase::Done)
+                .any(|p| p.wr.op.uses_ord() && p.phase != Phase::Done)
         {
             return None;
         }
@@ -1297,7 +1375,9 @@ impl QpEngine {
 
     fn job_ready(&self, job: &tx::Job) -> bool {
         match job {
-            tx::Job::ReadRequests { .. } => (self.orq.len() as u64) < u64::from(self.init.ord),
+            tx::Job::ReadRequests { .. } | tx::Job::Atomic { .. } => {
+                (self.orq.len() as u64) < u64::from(self.init.ord)
+            }
             tx::Job::Message(_) => true,
         }
     }

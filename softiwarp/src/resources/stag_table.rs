@@ -357,6 +357,26 @@ impl MrBuffer {
     }
 }
 
+impl MrBuffer {
+    /// An RDMA atomic on the 64-bit word (native byte order) at `off`: replaces it by
+    /// `f(old)` and returns `old`; `None` if out of range. Owned: under the MR's lock
+    /// (the caller holds it), which every other access of the word takes too. User
+    /// memory: [`super::user_memory::UserMemory::atomic_update`].
+    fn atomic_update(&mut self, off: usize, f: impl Fn(u64) -> u64) -> Option<u64> {
+        match self {
+            MrBuffer::Owned(b) => {
+                let word = off.checked_add(8).and_then(|e| b.get_mut(off..e))?;
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(word);
+                let old = u64::from_ne_bytes(bytes);
+                word.copy_from_slice(&f(old).to_ne_bytes());
+                Some(old)
+            }
+            MrBuffer::User { mem, .. } => mem.atomic_update(off, f),
+        }
+    }
+}
+
 impl MrInner {
     /// Whether `stag` (its key) and `pd` name this MR: the first two checks of every
     /// access and of an invalidation (RFC 5040 section 7, Invalid STag; siw's
@@ -584,6 +604,14 @@ impl MemoryRegion {
     /// resolved range, whose buffer never shrinks). Returns false if dropped.
     pub(crate) fn store(&self, off: usize, data: &[u8]) -> bool {
         self.lock().data.copy_in(off, data)
+    }
+
+    /// Executes an RFC 7306 atomic on the 64-bit word (native byte order) at buffer
+    /// offset `off` of a range resolved earlier, under the MR's lock: the word becomes
+    /// `f(old)`; returns `old`, the Original Remote Data Value. `None` (nothing
+    /// changed) if the word is outside the buffer (cannot happen for a resolved range).
+    pub(crate) fn atomic_update(&self, off: usize, f: impl Fn(u64) -> u64) -> Option<u64> {
+        self.lock().data.atomic_update(off, f)
     }
 
     /// Hands `len` bytes at buffer offset `off` to `f` while the lock is held (the

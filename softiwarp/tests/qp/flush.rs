@@ -244,8 +244,9 @@ fn post_time_validation_is_typed() {
         p.a.qp.post_send(SendWr::send_inline(1, vec![0; 257])),
         Err(VerbsError::InlineTooLong { len: 257, max: 256 })
     ));
+    // B has ORD 0: no atomic (nor Read) can be outstanding.
     assert!(matches!(
-        p.a.qp.post_send(SendWr {
+        p.b.qp.post_send(SendWr {
             wr_id: 1,
             op: SendOp::AtomicFetchAdd {
                 remote_addr: 0,
@@ -255,7 +256,9 @@ fn post_time_validation_is_typed() {
             flags: SendFlags::empty(),
             payload: Payload::Sges(vec![s(0, 8)]),
         }),
-        Err(VerbsError::Unsupported { what: "atomics" })
+        Err(VerbsError::Unsupported {
+            what: "atomic with ORD 0"
+        })
     ));
     assert!(matches!(
         p.a.qp.post_send(SendWr::rdma_write(

@@ -563,9 +563,9 @@ fn bad_opcodes() {
         req_err(QPN),
     );
 
-    // RFC 7306 Atomic Request: well formed, but atomics are not supported.
+    // RFC 7306 Atomic Response with no Atomic Request outstanding.
     let mut v = Victim::new(1, |_| {});
-    let u = untagged(0xa, true, 0, 1, 1, 0, &[0u8; 52]);
+    let u = untagged(0xb, true, 0, 3, 1, 0, &[0u8; 12]);
     let want = terminate(0, 2, 0x06, Some(&u), false);
     v.expect(
         &u,

@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod atomics;
 mod flush;
 mod hostile;
 mod ops;

@@ -23,7 +23,7 @@ pub fn addr(n: u8) -> Ipv4Addr {
 }
 
 #[allow(unused_imports)] // each test binary uses a subset
-pub use super::{all_access, cap, links, pattern, Rng, RngExt};
+pub use super::{all_access, atomic_access, cap, links, pattern, Rng, RngExt};
 
 /// How to build a pair.
 pub struct Setup {

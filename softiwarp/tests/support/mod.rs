@@ -62,6 +62,12 @@ pub fn all_access() -> AccessFlags {
     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
 }
 
+/// [`all_access`] plus `REMOTE_ATOMIC`: a target of RFC 7306 atomics.
+#[allow(dead_code)] // each test binary uses a subset
+pub fn atomic_access() -> AccessFlags {
+    all_access() | AccessFlags::REMOTE_ATOMIC
+}
+
 /// A QP capability set: `depth` WRs per queue, `sges` SGEs per WR, 256 inline bytes.
 pub fn cap(depth: u32, sges: u32) -> QpCap {
     QpCap {

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod atomics;
 mod errors;
 mod flush;
 mod ops;

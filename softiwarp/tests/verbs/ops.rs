@@ -621,19 +621,26 @@ fn post_calls_validate_on_the_callers_thread() {
         a.qp.post_recv(RecvWr::new(1, vec![sge; 3])),
         Err(VerbsError::TooManySges { .. })
     ));
-    let atomic = SendWr {
+    // An atomic's target must be 8-byte aligned, its result buffer one 8-byte SGE.
+    let atomic = |remote_addr, len| SendWr {
         wr_id: 1,
         op: SendOp::AtomicFetchAdd {
-            remote_addr: 0x1000,
+            remote_addr,
             rkey: mr.rkey(),
             add: 1,
         },
         flags: SendFlags::empty(),
-        payload: verbs::Payload::Sges(vec![mr.sge(0, 8)]),
+        payload: verbs::Payload::Sges(vec![mr.sge(0, len)]),
     };
     assert!(matches!(
-        a.qp.post_send(atomic),
-        Err(VerbsError::Unsupported { what: "atomics" })
+        a.qp.post_send(atomic(0x1004, 8)),
+        Err(VerbsError::InvalidArgument {
+            what: "remote_addr"
+        })
+    ));
+    assert!(matches!(
+        a.qp.post_send(atomic(0x1000, 4)),
+        Err(VerbsError::InvalidArgument { what: "sg_list" })
     ));
     assert!(matches!(
         a.qp.post_send(SendWr::rdma_write(1, vec![sge], u64::MAX - 2, mr.rkey())),

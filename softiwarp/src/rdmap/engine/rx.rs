@@ -2,8 +2,8 @@
 //! `siw_qp_rx.c`, RFC 5040 §5 and §7, RFC 5041 §5 and §7).
 
 use ddp_rdmap::ddp::BufferModel;
-use ddp_rdmap::rdmap::{QN_READ_REQUEST, QN_SEND};
-use ddp_rdmap::reassembly::{check_read_request, check_tagged};
+use ddp_rdmap::rdmap::{ATOMIC_OPERAND_LEN, QN_ATOMIC_RESPONSE, QN_READ_REQUEST, QN_SEND};
+use ddp_rdmap::reassembly::{check_atomic_request, check_read_request, check_tagged};
 use ddp_rdmap::terminate::{
     self, DdpTaggedCode, DdpUntaggedCode, ErrorCause, RdmapOperationCode, RdmapProtectionCode,
 };
@@ -11,7 +11,8 @@ use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
 use verbs::{AccessFlags, AsyncEvent, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
 
 use super::{
-    status_for_terminate, vendor_err_for, IrqEntry, Phase, Piece, QpEngine, QpEvent, RxError,
+    status_for_terminate, vendor_err_for, IrqEntry, OrqEntry, Phase, Piece, QpEngine, QpEvent,
+    RxError,
 };
 
 /// Which local WR a protocol error concerns.
@@ -100,13 +101,14 @@ impl QpEngine {
                 self.rx_send(&u, bytes)
             }
             Opcode::ImmediateData | Opcode::ImmediateDataSE => self.rx_immediate(&u, bytes),
-            // RFC 7306 atomics are not negotiated; Terminate was handled above.
-            Opcode::AtomicRequest | Opcode::AtomicResponse | Opcode::Terminate => Err(self
-                .violation(
-                    op_error(RdmapOperationCode::UnexpectedOpcode),
-                    bytes,
-                    Culprit::None,
-                )),
+            Opcode::AtomicRequest => self.rx_atomic_request(&u, bytes),
+            Opcode::AtomicResponse => self.rx_atomic_response(&u, bytes),
+            // Handled above.
+            Opcode::Terminate => Err(self.violation(
+                op_error(RdmapOperationCode::UnexpectedOpcode),
+                bytes,
+                Culprit::None,
+            )),
         }
     }
 
@@ -157,7 +159,8 @@ impl QpEngine {
         let BufferModel::Tagged { stag, to } = u.header.buffer else {
             return Ok(());
         };
-        let Some(head) = self.orq.front().copied() else {
+        // A Read Response answers the oldest outstanding request, which must be a Read.
+        let Some(OrqEntry::Read(head)) = self.orq.front().copied() else {
             return Err(self.violation(
                 op_error(RdmapOperationCode::UnexpectedOpcode),
                 bytes,
@@ -193,7 +196,7 @@ impl QpEngine {
                 return Err(self.violation(cause, bytes, culprit));
             }
         }
-        if let Some(h) = self.orq.front_mut() {
+        if let Some(OrqEntry::Read(h)) = self.orq.front_mut() {
             h.placed = h.placed.saturating_add(len);
         }
         if u.last() {
@@ -224,17 +227,7 @@ impl QpEngine {
         else {
             return Ok(());
         };
-        let body_len = u32::try_from(u.ddp_payload_len()).unwrap_or(u32::MAX);
-        if let Err(cause) = self.q1.accept(QN_READ_REQUEST, msn, mo, body_len, u.last()) {
-            return Err(self.violation(cause, bytes, Culprit::None));
-        }
-        if !self.init.access.contains(AccessFlags::REMOTE_READ) {
-            return Err(self.violation(
-                ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::AccessRightsViolation),
-                bytes,
-                Culprit::None,
-            ));
-        }
+        self.accept_qn1_request(u, (msn, mo), bytes, AccessFlags::REMOTE_READ)?;
         if let Err(cause) = check_read_request(&rr) {
             return Err(self.violation(cause, bytes, Culprit::None));
         }
@@ -257,12 +250,165 @@ impl QpEngine {
         } else {
             None
         };
-        self.irq.push_back(IrqEntry {
+        self.irq.push_back(IrqEntry::Read {
             sink_stag: rr.sink_stag,
             sink_to: rr.sink_to,
             size: rr.size,
             src,
         });
+        Ok(())
+    }
+
+    /// The first checks of a request on QN 1 (Read Request, Atomic Request): it takes
+    /// one QN 1 buffer, i.e. one IRD credit (the untagged queue rules, RFC 5041 §5.3),
+    /// and the QP must accept the operation (`qp_access_flags` contains `needed`, else
+    /// RDMAP Remote Protection "Access rights violation").
+    fn accept_qn1_request(
+        &mut self,
+        u: &Ulpdu<'_>,
+        (msn, mo): (u32, u32),
+        bytes: &[u8],
+        needed: AccessFlags,
+    ) -> Result<(), RxError> {
+        let body_len = u32::try_from(u.ddp_payload_len()).unwrap_or(u32::MAX);
+        if let Err(cause) = self.q1.accept(QN_READ_REQUEST, msn, mo, body_len, u.last()) {
+            return Err(self.violation(cause, bytes, Culprit::None));
+        }
+        if !self.init.access.contains(needed) {
+            return Err(self.violation(
+                ErrorCause::RdmapRemoteProtection(RdmapProtectionCode::AccessRightsViolation),
+                bytes,
+                Culprit::None,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Atomic Request (RFC 7306 §5), the responder's side. Like a Read Request it
+    /// consumes one QN 1 buffer, i.e. one IRD credit ("Invalid MSN - no buffer
+    /// available" beyond IRD), given back when its Atomic Response is sent. Then, each
+    /// failure a Terminate (RDMAP Remote Protection Error, the DDP header copied): the
+    /// QP must accept remote atomics (`REMOTE_ATOMIC` in `qp_access_flags`: "Access
+    /// rights violation"); the Remote Tagged Offset must be 8-byte aligned
+    /// ([`check_atomic_request`]: "Base or bounds violation"); the 8-byte target must
+    /// pass the MR checks with `REMOTE_ATOMIC` ("Invalid STag", "STag not associated
+    /// with RDMAP Stream", "Access rights violation", "Base or bounds violation").
+    ///
+    /// Order (RFC 7306 §5, RFC 5040 §5.5): the request joins the Read Requests' queue,
+    /// so its Atomic Response follows the Read Responses of earlier Read Requests and
+    /// precedes later ones. The operation itself executes at once when nothing is
+    /// queued ahead of it, i.e. in arrival order with the Writes and Sends placed
+    /// around it; behind queued Read Requests it executes when its turn comes, after
+    /// their Read Responses have read their data (which therefore never sees its
+    /// effect).
+    fn rx_atomic_request(&mut self, u: &Ulpdu<'_>, bytes: &[u8]) -> Result<(), RxError> {
+        let (BufferModel::Untagged { msn, mo, .. }, Body::AtomicRequest(req)) =
+            (u.header.buffer, u.body)
+        else {
+            return Ok(());
+        };
+        self.accept_qn1_request(u, (msn, mo), bytes, AccessFlags::REMOTE_ATOMIC)?;
+        if let Err(cause) = check_atomic_request(&req) {
+            return Err(self.violation(cause, bytes, Culprit::None));
+        }
+        let stag = Stag::from_raw(req.remote_stag);
+        let (mr, off) = match self.mrs.check(
+            stag,
+            self.init.pd,
+            req.remote_to,
+            ATOMIC_OPERAND_LEN,
+            AccessFlags::REMOTE_ATOMIC,
+        ) {
+            Ok(found) => found,
+            Err(e) => return Err(self.violation(e.rdmap_cause(), bytes, Culprit::None)),
+        };
+        let original = if self.irq.is_empty() && self.tx_rr.is_none() {
+            match mr.atomic_update(off, |v| req.apply(v)) {
+                Some(v) => Some(v),
+                // Resolved just above: the word is inside the buffer.
+                None => {
+                    return Err(self.violation(
+                        ErrorCause::RdmapRemoteProtection(
+                            RdmapProtectionCode::BaseOrBoundsViolation,
+                        ),
+                        bytes,
+                        Culprit::None,
+                    ))
+                }
+            }
+        } else {
+            None
+        };
+        self.irq.push_back(IrqEntry::Atomic {
+            req,
+            mr,
+            off,
+            original,
+        });
+        Ok(())
+    }
+
+    /// Atomic Response (RFC 7306 §5), the requester's side: it must answer the oldest
+    /// outstanding request, which must be an Atomic Request (else RDMAP "Unexpected
+    /// OpCode", as a Read Response with no Read outstanding), follow the QN 3 rules
+    /// (one buffer posted per Atomic Request sent, MSN order) and carry that request's
+    /// Identifier (else RDMAP Remote Operation "Unspecified Error" and the WR
+    /// completes with [`WcStatus::BadRespErr`]). The Original Remote Data Value is
+    /// stored in native byte order in the WR's 8-byte SGE, checked again for
+    /// `LOCAL_WRITE` (a failure there is local: the WR completes with
+    /// [`WcStatus::LocProtErr`] and a Local Catastrophic Terminate goes out); then the
+    /// WR is done and its ORD credit free.
+    fn rx_atomic_response(&mut self, u: &Ulpdu<'_>, bytes: &[u8]) -> Result<(), RxError> {
+        let (BufferModel::Untagged { msn, mo, .. }, Body::AtomicResponse(resp)) =
+            (u.header.buffer, u.body)
+        else {
+            return Ok(());
+        };
+        let Some(OrqEntry::Atomic {
+            seq,
+            request_id,
+            sink,
+        }) = self.orq.front().copied()
+        else {
+            return Err(self.violation(
+                op_error(RdmapOperationCode::UnexpectedOpcode),
+                bytes,
+                Culprit::None,
+            ));
+        };
+        let culprit = Culprit::Send(seq, WcStatus::BadRespErr);
+        let body_len = u32::try_from(u.ddp_payload_len()).unwrap_or(u32::MAX);
+        if let Err(cause) = self
+            .q3
+            .accept(QN_ATOMIC_RESPONSE, msn, mo, body_len, u.last())
+        {
+            return Err(self.violation(cause, bytes, culprit));
+        }
+        if resp.request_id != request_id {
+            return Err(self.violation(op_error(RdmapOperationCode::Unspecified), bytes, culprit));
+        }
+        let placed = self
+            .mrs
+            .check(
+                sink.lkey,
+                self.init.pd,
+                sink.addr,
+                ATOMIC_OPERAND_LEN,
+                AccessFlags::LOCAL_WRITE,
+            )
+            .ok()
+            .is_some_and(|(mr, off)| mr.store(off, &resp.original_value.to_ne_bytes()));
+        if !placed {
+            let event = AsyncEvent::QpAccessErr {
+                qp_num: self.qp_num(),
+            };
+            self.local_failure_with(Some((seq, WcStatus::LocProtErr)), None, event);
+            return Err(RxError::Local {
+                status: WcStatus::LocProtErr,
+            });
+        }
+        self.orq.pop_front();
+        self.finish(seq);
         Ok(())
     }
 

@@ -2,12 +2,14 @@
 //! over of each ULPDU to the driver (siw `siw_qp_tx.c`).
 
 use ddp_rdmap::ddp::BufferModel;
-use ddp_rdmap::rdmap::{ImmediateDataRepr, ReadRequestRepr, QN_READ_REQUEST};
+use ddp_rdmap::rdmap::{
+    AtomicRequestRepr, AtomicResponseRepr, ImmediateDataRepr, ReadRequestRepr, QN_READ_REQUEST,
+};
 use ddp_rdmap::segment::{Message, Segments, Target};
 use ddp_rdmap::{Header, Opcode};
-use verbs::{AccessFlags, Payload, QpState, SendFlags, SendOp, WcStatus};
+use verbs::{AccessFlags, Payload, QpState, SendFlags, SendOp, Sge, WcStatus};
 
-use super::{OrqEntry, Phase, Piece, QpEngine, TxError, MIN_MULPDU};
+use super::{IrqEntry, OrqEntry, OrqRead, Phase, Piece, QpEngine, TxError, MIN_MULPDU};
 
 /// Where [`QpEngine::poll_transmit`] writes one ULPDU: typically the driver's MPA FPDU
 /// framer, which writes the ULPDU Length, then each part (computing the CRC32c as it
@@ -58,7 +60,7 @@ pub(super) enum MsgKind {
     Wr(u64),
     /// The Immediate Data that follows the Write of Write with Immediate WR `seq`.
     Imm(u64),
-    /// A Read Response.
+    /// A Read Response or an Atomic Response (the responder's stream).
     ReadResponse,
 }
 
@@ -95,6 +97,14 @@ pub(super) enum Job {
         seq: u64,
         subs: Vec<SubRead>,
         next: usize,
+    },
+    /// The Atomic Request of atomic WR `seq` (one ORD credit); `req`'s Request
+    /// Identifier is set when it is sent. The result goes to `sink` (8 bytes, checked
+    /// when the WR started).
+    Atomic {
+        seq: u64,
+        req: AtomicRequestRepr,
+        sink: Sge,
     },
 }
 
@@ -396,12 +406,60 @@ impl QpEngine {
                     Ok(()) => self.finish(seq),
                     Err(_) => return self.local_failure(Some((seq, WcStatus::MwBindErr)), None),
                 },
-                SendOp::AtomicCmpSwap { .. } | SendOp::AtomicFetchAdd { .. } => {
-                    // Refused by post_send; kept total for safety.
-                    return self.local_failure(Some((seq, WcStatus::LocQpOpErr)), None);
+                SendOp::AtomicCmpSwap {
+                    remote_addr,
+                    rkey,
+                    compare,
+                    swap,
+                } => {
+                    let req =
+                        AtomicRequestRepr::cmp_swap(0, rkey.raw(), remote_addr, compare, swap);
+                    if let Err(st) = self.start_atomic(seq, req, &payload) {
+                        return self.local_failure(Some((seq, st)), None);
+                    }
+                }
+                SendOp::AtomicFetchAdd {
+                    remote_addr,
+                    rkey,
+                    add,
+                } => {
+                    let req = AtomicRequestRepr::fetch_add(0, rkey.raw(), remote_addr, add);
+                    if let Err(st) = self.start_atomic(seq, req, &payload) {
+                        return self.local_failure(Some((seq, st)), None);
+                    }
                 }
             }
         }
+    }
+
+    /// Starts atomic WR `seq`: its one 8-byte SGE (checked by post_send) must be local
+    /// memory the QP may write (`LOCAL_WRITE`), where the Original Remote Data Value
+    /// lands; the Atomic Request then waits for an ORD credit. The status to fail the
+    /// WR with otherwise.
+    fn start_atomic(
+        &mut self,
+        seq: u64,
+        req: AtomicRequestRepr,
+        payload: &Payload,
+    ) -> Result<(), WcStatus> {
+        let Payload::Sges(sges) = payload else {
+            return Err(WcStatus::LocQpOpErr);
+        };
+        let [sink] = sges.as_slice() else {
+            return Err(WcStatus::LocQpOpErr);
+        };
+        if self
+            .resolve_sges(sges, AccessFlags::LOCAL_WRITE)
+            .is_none_or(|p| p.len() != 1)
+        {
+            return Err(WcStatus::LocProtErr);
+        }
+        self.tx_sq = Some(Job::Atomic {
+            seq,
+            req,
+            sink: *sink,
+        });
+        Ok(())
     }
 
     /// The data source of a Send or Write: inline bytes, or the SGEs resolved
@@ -429,19 +487,56 @@ impl QpEngine {
         }
     }
 
+    /// Starts the response to the oldest queued request: its Read Response, or its
+    /// Atomic Response after executing the atomic if that did not happen on arrival.
     fn start_read_response(&mut self, mulpdu: usize) {
-        let Some(rr) = self.irq.pop_front() else {
+        let Some(entry) = self.irq.pop_front() else {
             return;
         };
-        let msg = Message {
-            opcode: Opcode::ReadResponse,
-            len: rr.size,
-            target: Target::Tagged {
-                stag: rr.sink_stag,
-                to: rr.sink_to,
-            },
+        let (msg, src) = match entry {
+            IrqEntry::Read {
+                sink_stag,
+                sink_to,
+                size,
+                src,
+            } => {
+                let msg = Message {
+                    opcode: Opcode::ReadResponse,
+                    len: size,
+                    target: Target::Tagged {
+                        stag: sink_stag,
+                        to: sink_to,
+                    },
+                };
+                (msg, Source::Pieces(src.into_iter().collect()))
+            }
+            IrqEntry::Atomic {
+                req,
+                mr,
+                off,
+                original,
+            } => {
+                let original = match original.or_else(|| mr.atomic_update(off, |v| req.apply(v))) {
+                    Some(v) => v,
+                    // Resolved on arrival: cannot be outside the buffer.
+                    None => return self.local_failure(None, None),
+                };
+                let body = AtomicResponseRepr {
+                    request_id: req.request_id,
+                    original_value: original,
+                };
+                let msg = Message {
+                    opcode: Opcode::AtomicResponse,
+                    len: body.buffer_len() as u32,
+                    target: Target::Untagged {
+                        msn: self.aresp_msn,
+                        inv_stag: 0,
+                    },
+                };
+                self.aresp_msn = self.aresp_msn.wrapping_add(1);
+                (msg, Source::Owned(body.to_bytes().to_vec()))
+            }
         };
-        let src = Source::Pieces(rr.src.into_iter().collect());
         match MsgJob::new(MsgKind::ReadResponse, msg, mulpdu, src) {
             Some(job) => self.tx_rr = Some(Job::Message(job)),
             // The Read Request was checked for TO wrap on receipt.
@@ -484,6 +579,16 @@ impl QpEngine {
                         false
                     }
                 }
+            }
+            Some(Job::Atomic {
+                seq,
+                req,
+                sink: result_to,
+            }) => {
+                let (seq, req, result_to) = (*seq, *req, *result_to);
+                self.tx_sq = None;
+                self.emit_atomic_request(seq, req, result_to, sink);
+                true
             }
             Some(Job::ReadRequests { seq, subs, next }) => {
                 let seq = *seq;
@@ -530,12 +635,53 @@ impl QpEngine {
         sink.put(&hdr[..hlen]);
         sink.put(&body);
         sink.end();
-        self.orq.push_back(OrqEntry {
+        self.orq.push_back(OrqEntry::Read(OrqRead {
             seq,
             sink_stag: sub.sink_stag,
             sink_to: sub.sink_to,
             size: sub.size,
             placed: 0,
+        }));
+    }
+
+    /// Sends the Atomic Request of WR `seq` (RFC 7306 §5): untagged, QN 1 with the
+    /// next Read Request MSN, which is also its Request Identifier (unique among the
+    /// requests outstanding). Takes an ORD credit (ORQ entry) and posts the QN 3
+    /// buffer its Atomic Response will consume.
+    fn emit_atomic_request<S: TxSink + ?Sized>(
+        &mut self,
+        seq: u64,
+        mut req: AtomicRequestRepr,
+        result_to: Sge,
+        sink: &mut S,
+    ) {
+        let msn = self.rreq_msn;
+        self.rreq_msn = self.rreq_msn.wrapping_add(1);
+        req.request_id = msn;
+        let header = Header {
+            opcode: Opcode::AtomicRequest,
+            last: true,
+            buffer: BufferModel::Untagged {
+                rsvd_ulp: 0,
+                qn: QN_READ_REQUEST,
+                msn,
+                mo: 0,
+            },
+        };
+        let mut hdr = [0u8; ddp_rdmap::ddp::UNTAGGED_HEADER_LEN];
+        let hlen = header.buffer_len();
+        // Cannot fail: opcode and buffer model agree, buffer is 18 bytes.
+        let _ = header.emit(&mut hdr);
+        let body = req.to_bytes();
+        sink.begin(hlen + body.len());
+        sink.put(&hdr[..hlen]);
+        sink.put(&body);
+        sink.end();
+        self.q3.post_buffer(super::ATOMIC_RESPONSE_BUFFER);
+        self.orq.push_back(OrqEntry::Atomic {
+            seq,
+            request_id: msn,
+            sink: result_to,
         });
     }
 
