@@ -246,7 +246,7 @@ fn open_one(cm: &SoftRdmaCm, spec: &DeviceSpec, index: usize) -> Result<Soft, St
         .map_err(|e| e.to_string())
         .and_then(|d| cm.add_device(d).map_err(|e| e.to_string()))
         .map_err(|e| format!("cannot add the device to the RDMA CM: {e}"))?;
-    crate::ibv::start_async_events(index, device.clone());
+    crate::events::start_async_events(index, device.clone());
     Ok(Soft {
         mtu: device.mtu(),
         device,
@@ -299,10 +299,7 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
 pub fn new_context(dev: *mut IbvDevice, index: usize, cm: bool) -> Result<Arc<CtxObj>, c_int> {
     let mut c: IbvContext = zeroed();
     c.device = dev;
-    c.ops.poll_cq = Some(crate::ibv::poll_cq);
-    c.ops.req_notify_cq = Some(crate::ibv::req_notify_cq);
-    c.ops.post_send = Some(crate::ibv::post_send);
-    c.ops.post_recv = Some(crate::ibv::post_recv);
+    crate::ops::install(&mut c.ops);
     c.cmd_fd = -1;
     let events = Arc::new(FdQueue::new(crate::boundary::new_eventfd()?));
     c.async_fd = events.raw_fd();
@@ -317,7 +314,7 @@ pub fn new_context(dev: *mut IbvDevice, index: usize, cm: bool) -> Result<Arc<Ct
         },
     );
     CtxObj::publish(&ctx);
-    crate::ibv::add_context(&ctx);
+    crate::events::add_context(&ctx);
     Ok(ctx)
 }
 

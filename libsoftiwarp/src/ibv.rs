@@ -1,7 +1,6 @@
-//! libibverbs entry points (rdma-core 44 names, symbol versions and errno rules), and
-//! the data-path functions of the context's ops table (`ibv_post_send`,
-//! `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq` are header inlines that call
-//! through `ctx->ops`).
+//! libibverbs entry points (rdma-core 44 names, symbol versions and errno rules). The
+//! data-path functions the header inlines call through `ctx->ops` are in [`crate::ops`],
+//! the delivery of asynchronous events to contexts in [`crate::events`].
 //!
 //! Pointer rules: [`crate::boundary`]'s contract. Every entry point runs in
 //! [`guard`]. Object handles are looked up among the live handles
@@ -10,32 +9,27 @@
 
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cxgb4::ffi::types::{
     IbvAsyncEvent, IbvCompChannel, IbvContext, IbvCq, IbvDevice, IbvDeviceAttr, IbvGid, IbvMr,
-    IbvPd, IbvPortAttr, IbvQp, IbvQpCap, IbvQpInitAttr, IbvRecvWr, IbvSendWr, IbvWc,
-    IBV_ATOMIC_NONE,
+    IbvPd, IbvPortAttr, IbvQp, IbvQpCap, IbvQpInitAttr, IBV_ATOMIC_NONE,
 };
-use verbs::{
-    AccessFlags, AsyncEvent, Payload, QpCap, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, Stag,
-    WcOpcode, WcStatus, WorkCompletion,
-};
+use verbs::{AccessFlags, QpCap, QpState, WcStatus};
 
 use crate::abi::*;
 use crate::boundary::{
-    c_fn, free_list, guard, into_raw_list, obj, obj_mut, set_errno, slice, slice_mut, write_out,
-    zeroed,
+    c_fn, err_ret, free_list, guard, into_raw_list, minus_one, null_err, obj, obj_mut, set_errno,
+    write_out, zeroed,
 };
 use crate::device::{devices, of_ibdev, Soft, NO_DEVICE};
+use crate::events::{forget_async_events, names_object, remove_context, soft_objects, SoftKind};
 use crate::objects::{
-    lock, to_ibv_wc, AsyncItem, CompChanObj, CompChanState, CompShared, CqObj, CqState, CtxObj,
-    FdQueue, MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses,
-    POLL_CHUNK,
+    lock, AsyncItem, CompChanObj, CompChanState, CompShared, CqObj, CqState, CtxObj, FdQueue,
+    MrObj, MrState, Notify, PdObj, PdState, QpObj, QpState as QpObjState, QpUses,
 };
 
 /// Handles of PDs, MRs, CQs and QPs (`->handle`), for the application's logs only.
@@ -43,24 +37,6 @@ static HANDLES: AtomicU32 = AtomicU32::new(1);
 
 fn next_handle() -> u32 {
     HANDLES.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Returns NULL with `errno` = `e`.
-fn null_err<T>(e: c_int) -> *mut T {
-    set_errno(e);
-    std::ptr::null_mut()
-}
-
-/// Returns `e` (the errno-returning calls) and sets `errno` to it too.
-fn err_ret(e: c_int) -> c_int {
-    set_errno(e);
-    e
-}
-
-/// -1 with `errno` = `e`.
-fn minus_one(e: c_int) -> c_int {
-    set_errno(e);
-    -1
 }
 
 // ------------------------------------------------------------------ devices
@@ -641,37 +617,6 @@ fn destroy_cq_obj(c: &CqObj) -> Result<(), c_int> {
     Ok(())
 }
 
-/// `ibv_req_notify_cq` (ops slot): arms the CQ's event; one event for the next
-/// completion (or at once if one is queued: the event is level-checked, so a
-/// completion that raced the arm is never missed; it can be an event with nothing new
-/// to poll, which the verbs loop tolerates). `EINVAL` if not a live CQ.
-///
-/// # Safety
-///
-/// The pointer contract of [`crate::boundary`].
-pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
-    guard("ibv_req_notify_cq", libc::EIO, || {
-        let Some(c) = CqObj::get(cq) else {
-            return err_ret(libc::EINVAL);
-        };
-        let Some(soft_cq) = c.s.cq() else {
-            return err_ret(libc::EINVAL);
-        };
-        let Some(n) = lock(&c.s.notify).clone() else {
-            // No channel: there is nowhere to deliver the event (libibverbs arms anyway).
-            return 0;
-        };
-        n.armed.store(true, Ordering::Release);
-        let waker = std::task::Waker::from(n.clone());
-        let mut cx = std::task::Context::from_waker(&waker);
-        let mut fut = soft_cq.wait_async();
-        if std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut cx).is_ready() {
-            n.fire();
-        }
-        0
-    })
-}
-
 c_fn!("IBVERBS_1.1";
 /// `ibv_get_cq_event(3)`: blocks until an armed CQ of the channel has a completion
 /// (`EAGAIN` at once if the fd is `O_NONBLOCK`); -1 with `EINVAL` if not a live channel.
@@ -718,284 +663,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
     })
 });
 
-/// `ibv_poll_cq` (ops slot): up to `num_entries` completions; -1 on a CQ in error
-/// (overrun) and, with `errno` `EINVAL`, on a handle that is not a live CQ.
-///
-/// # Safety
-///
-/// The pointer contract of [`crate::boundary`].
-pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc) -> c_int {
-    guard("ibv_poll_cq", -1, || {
-        let Some(c) = CqObj::get(cq).and_then(|c| c.s.cq()) else {
-            return minus_one(libc::EINVAL);
-        };
-        let Ok(n) = usize::try_from(num_entries) else {
-            return minus_one(libc::EINVAL);
-        };
-        // SAFETY: contract 3: `wc` has `num_entries` writable entries.
-        let Some(out) = (unsafe { slice_mut(wc, n) }) else {
-            return minus_one(libc::EINVAL);
-        };
-        let blank = WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0);
-        let mut buf = [blank; POLL_CHUNK];
-        let mut done = 0usize;
-        while done < n {
-            let want = (n - done).min(POLL_CHUNK);
-            match c.poll_into(&mut buf[..want]) {
-                Ok(got) => {
-                    for (o, w) in out[done..].iter_mut().zip(&buf[..got]) {
-                        *o = to_ibv_wc(w);
-                    }
-                    done += got;
-                    if got < want {
-                        break;
-                    }
-                }
-                Err(_) if done > 0 => break,
-                // Destroyed by a destroy that raced this call (README: it fails with
-                // EINVAL).
-                Err(sw::CqError::Destroyed { .. }) => return minus_one(libc::EINVAL),
-                Err(e) => {
-                    crate::stubs::warn_once("ibv_poll_cq", &e.to_string());
-                    return minus_one(libc::EIO);
-                }
-            }
-        }
-        c_int::try_from(done).unwrap_or(c_int::MAX)
-    })
-}
-
 // ------------------------------------------------------------------ QP
-
-/// The soft SGE list of a C one.
-fn sges(list: &[cxgb4::ffi::types::IbvSge]) -> Vec<Sge> {
-    list.iter()
-        .map(|s| Sge::new(s.addr, s.length, Stag::from_raw(s.lkey)))
-        .collect()
-}
-
-/// The `num_sge` SGEs at `sg_list`, `EINVAL` for a negative count or one above `max`
-/// (checked before the array is read, as rdma-core's providers do, so a count larger
-/// than the array is refused and not read past it).
-fn sge_list<'a>(
-    sg_list: *mut cxgb4::ffi::types::IbvSge,
-    num_sge: c_int,
-    max: u32,
-) -> Result<&'a [cxgb4::ffi::types::IbvSge], c_int> {
-    let n = usize::try_from(num_sge).map_err(|_| libc::EINVAL)?;
-    if n > max as usize {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: contract 3: `sg_list` has `num_sge` readable entries.
-    unsafe { slice(sg_list, n) }.ok_or(libc::EINVAL)
-}
-
-/// The soft send WR of a C one on a QP with capabilities `cap`; `Err(errno)` for an
-/// opcode the device does not do, or SGEs / inline data beyond the QP's limits.
-fn send_wr(wr: &IbvSendWr, cap: &QpCap) -> Result<SendWr, c_int> {
-    let inline = wr.send_flags & IBV_SEND_INLINE != 0;
-    // Inline data is limited by `max_inline_data` (below), not `max_send_sge`.
-    let max_sge = if inline {
-        sw::DeviceAttr::SOFT.max_sge
-    } else {
-        cap.max_send_sge
-    };
-    let list = sge_list(wr.sg_list, wr.num_sge, max_sge)?;
-    let mut flags = SendFlags::empty();
-    for (bit, f) in [
-        (IBV_SEND_FENCE, SendFlags::FENCE),
-        (IBV_SEND_SIGNALED, SendFlags::SIGNALED),
-        (IBV_SEND_SOLICITED, SendFlags::SOLICITED),
-        (IBV_SEND_INLINE, SendFlags::INLINE),
-    ] {
-        if wr.send_flags & bit != 0 {
-            flags |= f;
-        }
-    }
-    let rdma = wr.rdma();
-    let rkey = Stag::from_raw(rdma.rkey);
-    let op = match wr.opcode {
-        IBV_WR_SEND => SendOp::Send,
-        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
-            invalidate_rkey: Stag::from_raw(wr.imm_data_or_invalidate_rkey),
-        },
-        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
-            remote_addr: rdma.remote_addr,
-            rkey,
-        },
-        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
-            remote_addr: rdma.remote_addr,
-            rkey,
-            imm_data: u32::from_be(wr.imm_data_or_invalidate_rkey),
-        },
-        IBV_WR_RDMA_READ => SendOp::RdmaRead {
-            remote_addr: rdma.remote_addr,
-            rkey,
-        },
-        IBV_WR_LOCAL_INV => SendOp::LocalInv {
-            invalidate_stag: Stag::from_raw(wr.imm_data_or_invalidate_rkey),
-        },
-        _ => return Err(libc::EINVAL),
-    };
-    let payload = if inline {
-        let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-        if total > u64::from(cap.max_inline_data) {
-            // Refused before the SGEs' memory is read.
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: contract 3: inline data is read from the SGEs' addresses at post
-        // time (ibv_post_send(3): "the buffers can be reused after the call").
-        Payload::Inline(unsafe { crate::boundary::gather(list) }.ok_or(libc::EINVAL)?)
-    } else {
-        Payload::Sges(sges(list))
-    };
-    Ok(SendWr {
-        wr_id: wr.wr_id,
-        op,
-        flags,
-        payload,
-    })
-}
-
-/// A C work request list (`struct ibv_send_wr` or `struct ibv_recv_wr`).
-trait CWr: Sized {
-    /// `next`.
-    fn next(&self) -> *mut Self;
-}
-
-impl CWr for IbvSendWr {
-    fn next(&self) -> *mut Self {
-        self.next
-    }
-}
-
-impl CWr for IbvRecvWr {
-    fn next(&self) -> *mut Self {
-        self.next
-    }
-}
-
-/// Posts the C WR list at `first` in order, at most `depth` WRs (the queue's depth: a
-/// longer list, a cyclic one included, cannot fit): each is converted by `convert`,
-/// and the converted ones are posted by `post` (which reports the index and errno of
-/// the WR it refused). On a refused WR, `*bad_wr` names it (the ones before it are
-/// posted) and its errno is returned: `EINVAL` for a WR `convert` refuses or a
-/// misaligned pointer, `ENOMEM` for the first WR beyond `depth` (as rdma-core's
-/// providers report a full queue).
-fn post_c_list<W: CWr, T>(
-    first: *mut W,
-    bad_wr: *mut *mut W,
-    depth: usize,
-    mut convert: impl FnMut(&W) -> Result<T, c_int>,
-    post: impl FnOnce(Vec<T>) -> Result<(), (usize, c_int)>,
-) -> c_int {
-    let mut ptrs: Vec<*mut W> = Vec::new();
-    let mut wrs = Vec::new();
-    let mut cur = first;
-    let mut refused = None;
-    while !cur.is_null() {
-        if ptrs.len() >= depth {
-            refused = Some((cur, libc::ENOMEM));
-            break;
-        }
-        // SAFETY: contract 3: a NULL-terminated list of readable WRs (a misaligned
-        // pointer is refused).
-        let Some(w) = (unsafe { obj(cur) }) else {
-            refused = Some((cur, libc::EINVAL));
-            break;
-        };
-        match convert(w) {
-            Ok(t) => wrs.push(t),
-            Err(e) => {
-                refused = Some((cur, e));
-                break;
-            }
-        }
-        ptrs.push(cur);
-        cur = w.next();
-    }
-    // Post the ones before the refused WR, then report it.
-    if !wrs.is_empty() {
-        if let Err((index, e)) = post(wrs) {
-            if let Some(&p) = ptrs.get(index) {
-                // SAFETY: contract 3.
-                unsafe { write_out(bad_wr, p) };
-            }
-            return e;
-        }
-    }
-    match refused {
-        Some((p, e)) => {
-            // SAFETY: contract 3.
-            unsafe { write_out(bad_wr, p) };
-            e
-        }
-        None => 0,
-    }
-}
-
-/// `ibv_post_send` (ops slot): the WR list in order, at most the send queue's depth;
-/// on a refused WR, `*bad_wr` names it (the ones before it are posted) and its errno is
-/// returned; `EINVAL` if not a live QP.
-///
-/// # Safety
-///
-/// The pointer contract of [`crate::boundary`].
-pub unsafe extern "C" fn post_send(
-    qp: *mut IbvQp,
-    wr: *mut IbvSendWr,
-    bad_wr: *mut *mut IbvSendWr,
-) -> c_int {
-    guard("ibv_post_send", libc::EIO, || {
-        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
-            return err_ret(libc::EINVAL);
-        };
-        let cap = o.s.cap;
-        post_c_list(
-            wr,
-            bad_wr,
-            cap.max_send_wr as usize,
-            |w| send_wr(w, &cap),
-            |wrs| {
-                q.post_send_list(wrs).map_err(|e| {
-                    tracing::debug!(qpn = q.qp_num(), index = e.index, error = %e.error, "ibv_post_send refused a WR");
-                    (e.index, e.error.errno())
-                })
-            },
-        )
-    })
-}
-
-/// `ibv_post_recv` (ops slot), as [`post_send`].
-///
-/// # Safety
-///
-/// The pointer contract of [`crate::boundary`].
-pub unsafe extern "C" fn post_recv(
-    qp: *mut IbvQp,
-    wr: *mut IbvRecvWr,
-    bad_wr: *mut *mut IbvRecvWr,
-) -> c_int {
-    guard("ibv_post_recv", libc::EIO, || {
-        let Some((o, q)) = QpObj::get(qp).and_then(|o| o.s.qp().map(|q| (o, q))) else {
-            return err_ret(libc::EINVAL);
-        };
-        let cap = o.s.cap;
-        post_c_list(
-            wr,
-            bad_wr,
-            cap.max_recv_wr as usize,
-            |w| {
-                let list = sge_list(w.sg_list, w.num_sge, cap.max_recv_sge)?;
-                Ok(RecvWr::new(w.wr_id, sges(list)))
-            },
-            |wrs| {
-                q.post_recv_list(wrs)
-                    .map_err(|e| (e.index, e.error.errno()))
-            },
-        )
-    })
-}
 
 /// The smallest send and receive queue made, WRs.
 pub const MIN_QP_WR: u32 = 16;
@@ -1244,161 +912,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
 });
 
 // ------------------------------------------------------------------ async events
-
-/// The kinds of soft objects an asynchronous event names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum SoftKind {
-    /// A CQ, by its soft handle.
-    Cq,
-    /// A QP, by its number.
-    Qp,
-}
-
-/// A soft object: its device's index, its kind, its handle or number on the device.
-type SoftKey = (usize, SoftKind, u32);
-
-/// Runs `f` on the map from the soft objects' handles and numbers to ours.
-fn soft_objects<R>(f: impl FnOnce(&mut HashMap<SoftKey, usize>) -> R) -> R {
-    static M: OnceLock<Mutex<HashMap<SoftKey, usize>>> = OnceLock::new();
-    f(&mut lock(M.get_or_init(Default::default)))
-}
-
-/// The open contexts (port and device events go to each).
-fn contexts() -> &'static Mutex<Vec<Weak<CtxObj>>> {
-    static C: OnceLock<Mutex<Vec<Weak<CtxObj>>>> = OnceLock::new();
-    C.get_or_init(Default::default)
-}
-
-/// Events a context keeps for `ibv_get_async_event` at most (the oldest go first: the
-/// context of CM ids may have no reader at all).
-pub const ASYNC_QUEUE: usize = 1024;
-
-/// Starts the thread that moves the asynchronous events of `device`, the `dev`th of
-/// the list (`softiwarp::Device::next_async_event`), to the contexts of the objects
-/// they name; it ends with the device.
-pub fn start_async_events(dev: usize, device: Arc<sw::Device>) {
-    let spawned = std::thread::Builder::new()
-        .name(format!("swasync-{dev}"))
-        .spawn(move || loop {
-            let t0 = Instant::now();
-            match device.next_async_event(Duration::from_secs(1)) {
-                Some(ev) => deliver_async_event(dev, ev),
-                // The device ended and every event was taken: nothing more comes.
-                None if t0.elapsed() < Duration::from_millis(500) => return,
-                None => {}
-            }
-        });
-    if let Err(e) = spawned {
-        eprintln!("libsoftiwarp: no asynchronous events: {e}");
-    }
-}
-
-/// Queues `ev` of the `dev`th device on the context of the object it names (every open
-/// context of the device for port and device events); events of objects already
-/// destroyed are dropped.
-fn deliver_async_event(dev: usize, ev: AsyncEvent) {
-    let event_type = ev.event_type().to_ibv();
-    let named = |kind, n| soft_objects(|m| m.get(&(dev, kind, n)).copied());
-    let target = match ev {
-        AsyncEvent::CqErr { cq } => named(SoftKind::Cq, cq)
-            .and_then(|a| CqObj::get(a as *const IbvCq))
-            .map(|c| (c.s.ctx.clone(), c.addr())),
-        AsyncEvent::QpFatal { qp_num }
-        | AsyncEvent::QpReqErr { qp_num }
-        | AsyncEvent::QpAccessErr { qp_num }
-        | AsyncEvent::CommEst { qp_num }
-        | AsyncEvent::SqDrained { qp_num }
-        | AsyncEvent::QpLastWqeReached { qp_num } => named(SoftKind::Qp, qp_num)
-            .and_then(|a| QpObj::get(a as *const IbvQp))
-            .map(|q| (q.s.ctx.clone(), q.addr())),
-        AsyncEvent::PortActive { port } | AsyncEvent::PortErr { port } => {
-            return to_every_context(
-                dev,
-                AsyncItem {
-                    event_type,
-                    element: usize::from(port),
-                },
-            )
-        }
-        _ => {
-            return to_every_context(
-                dev,
-                AsyncItem {
-                    event_type,
-                    element: 0,
-                },
-            )
-        }
-    };
-    if let Some((ctx, element)) = target {
-        if let Some(q) = lock(&ctx.s.events).clone() {
-            q.push_bounded(
-                AsyncItem {
-                    event_type,
-                    element,
-                },
-                ASYNC_QUEUE,
-            );
-        }
-    }
-}
-
-/// Queues `item` on every open context of the `dev`th device.
-fn to_every_context(dev: usize, item: AsyncItem) {
-    let ctxs: Vec<Arc<CtxObj>> = {
-        let mut c = lock(contexts());
-        c.retain(|w| w.strong_count() > 0);
-        c.iter()
-            .filter_map(Weak::upgrade)
-            .filter(|c| c.s.dev == dev)
-            .collect()
-    };
-    for ctx in ctxs {
-        if let Some(q) = lock(&ctx.s.events).clone() {
-            q.push_bounded(item, ASYNC_QUEUE);
-        }
-    }
-}
-
-/// Records a new context for port and device events (and forgets the contexts gone
-/// meanwhile: a `Weak` keeps its object's memory allocated).
-pub fn add_context(ctx: &Arc<CtxObj>) {
-    let mut c = lock(contexts());
-    c.retain(|w| w.strong_count() > 0);
-    c.push(Arc::downgrade(ctx));
-}
-
-/// How many contexts port and device events go to (the open ones; tests check that a
-/// closed context leaves nothing behind).
-pub fn event_contexts() -> usize {
-    lock(contexts()).len()
-}
-
-/// Forgets the closed context `ctx` (its struct lives on in the graveyard, but no event
-/// goes to it any more).
-fn remove_context(ctx: &Arc<CtxObj>) {
-    lock(contexts())
-        .retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(ctx)));
-}
-
-/// Drops the queued asynchronous events of the object at `addr` (being destroyed).
-fn forget_async_events(ctx: &CtxObj, addr: usize) {
-    if let Some(q) = lock(&ctx.s.events).clone() {
-        q.retain(|i| !(i.element == addr && names_object(i.event_type)));
-    }
-}
-
-/// True for the event types whose element is a CQ or QP (not a port number).
-fn names_object(event_type: u32) -> bool {
-    !matches!(
-        verbs::AsyncEventType::from_ibv(event_type),
-        Some(
-            verbs::AsyncEventType::PortActive
-                | verbs::AsyncEventType::PortErr
-                | verbs::AsyncEventType::DeviceFatal
-        )
-    )
-}
 
 c_fn!("IBVERBS_1.1";
 /// `ibv_get_async_event(3)`: the next asynchronous event of the context's objects (a CQ

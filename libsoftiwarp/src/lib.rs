@@ -29,7 +29,9 @@
 //! | [`device`] | the process's soft devices (one per host interface, or `SOFTIWARP_DEVICE`'s), the one RDMA CM over them |
 //! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
 //! | [`objects`] | the Rust objects behind the C pointers |
-//! | [`ibv`] | libibverbs entry points and the context's data-path ops |
+//! | [`ops`] | the context's ops table: the data path rdma-core's header inlines call (post, poll, arm a CQ) |
+//! | [`events`] | asynchronous events: the open contexts and the thread per device that delivers to them |
+//! | [`ibv`] | libibverbs entry points |
 //! | [`cm`] | librdmacm entry points |
 //! | [`stubs`] | entry points not implemented: one warning, the man page's error |
 //!
@@ -40,8 +42,10 @@ pub mod abi;
 pub mod boundary;
 pub mod cm;
 pub mod device;
+pub mod events;
 pub mod handles;
 pub mod ibv;
 pub mod maps;
 pub mod objects;
+pub mod ops;
 pub mod stubs;

@@ -13,7 +13,7 @@ use std::sync::Once;
 use cxgb4::ffi::types::*;
 use softiwarp::abi::{IbvQpAttr, IBV_QPS_ERR, IBV_QPS_INIT, IBV_QP_STATE};
 use softiwarp::boundary::errno;
-use softiwarp::{cm, ibv};
+use softiwarp::{cm, events, ibv, ops};
 
 fn device() {
     static ONCE: Once = Once::new();
@@ -70,14 +70,14 @@ fn null_and_bad_arguments_are_einval() {
         assert_eq!(ibv::ibv_destroy_cq(null_mut()), libc::EINVAL);
         assert_eq!(ibv::ibv_destroy_qp(null_mut()), libc::EINVAL);
         assert_eq!(
-            ibv::post_send(null_mut(), null_mut(), null_mut()),
+            ops::post_send(null_mut(), null_mut(), null_mut()),
             libc::EINVAL
         );
         assert_eq!(
-            ibv::post_recv(null_mut(), null_mut(), null_mut()),
+            ops::post_recv(null_mut(), null_mut(), null_mut()),
             libc::EINVAL
         );
-        assert_eq!(ibv::poll_cq(null_mut(), 1, null_mut()), -1);
+        assert_eq!(ops::poll_cq(null_mut(), 1, null_mut()), -1);
         let mut attr = std::mem::zeroed::<IbvPortAttr>();
         assert_eq!(ibv::ibv_query_port(ctx, 2, &mut attr), libc::EINVAL);
         assert_eq!(ibv::ibv_query_port(ctx, 1, &mut attr), 0);
@@ -217,7 +217,7 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
         assert_eq!(ibv::ibv_modify_qp(qp, &mut qa, IBV_QP_STATE), 0);
         qa.qp_state = IBV_QPS_ERR;
         assert_eq!(ibv::ibv_modify_qp(qp, &mut qa, IBV_QP_STATE), 0);
-        assert_eq!(ibv::req_notify_cq(cq, 0), 0);
+        assert_eq!(ops::req_notify_cq(cq, 0), 0);
         assert!(!readable(fd));
         let mut buf = [0u8; 16];
         let mr = ibv::ibv_reg_mr(pd, buf.as_mut_ptr().cast(), 16, 1);
@@ -233,14 +233,14 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
             num_sge: 1,
         };
         let mut bad: *mut IbvRecvWr = null_mut();
-        assert_eq!(ibv::post_recv(qp, &mut wr, &mut bad), 0);
+        assert_eq!(ops::post_recv(qp, &mut wr, &mut bad), 0);
         let (mut ev_cq, mut ev_ctx) = (null_mut(), null_mut());
         assert_eq!(ibv::ibv_get_cq_event(chan, &mut ev_cq, &mut ev_ctx), 0);
         assert_eq!((ev_cq, ev_ctx), (cq, marker));
         ibv::ibv_ack_cq_events(cq, 1);
         assert!(!readable(fd), "one event per arm");
         let mut wc = [std::mem::zeroed::<IbvWc>(); 4];
-        assert_eq!(ibv::poll_cq(cq, 4, wc.as_mut_ptr()), 1);
+        assert_eq!(ops::poll_cq(cq, 4, wc.as_mut_ptr()), 1);
         assert_eq!(
             (wc[0].wr_id, wc[0].status, wc[0].opcode),
             (77, 5, 128),
@@ -261,7 +261,7 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
 
 #[test]
 fn a_closed_context_leaves_nothing_in_the_list_of_contexts() {
-    let before = ibv::event_contexts();
+    let before = events::event_contexts();
     for _ in 0..500 {
         let ctx = open();
         // SAFETY: the C API as a C program uses it.
@@ -269,7 +269,7 @@ fn a_closed_context_leaves_nothing_in_the_list_of_contexts() {
     }
     // Other tests of this binary open a few contexts meanwhile; 500 closed ones used
     // to stay listed (each keeping its context's memory) until a port event.
-    let after = ibv::event_contexts();
+    let after = events::event_contexts();
     assert!(
         after <= before + 8,
         "{before} contexts listed before, {after} after"
