@@ -1816,7 +1816,7 @@ fn initiator_holds_its_first_fpdu_after_the_reply() {
 /// `poll_transmit` offers the next only after the one before was written
 /// (`transmit_done`), so a connection writes each as its own TCP segment. Framed all at
 /// once they were one block that TCP cut every MSS octets across FPDU boundaries (found
-/// on the wire after the offload change, issue 19). A ULPDU sent meanwhile queues behind
+/// on the wire with TAP segmentation offload). A ULPDU sent meanwhile queues behind
 /// them, in order.
 #[test]
 fn held_ulpdus_leave_one_fpdu_at_a_time() {
