@@ -6,12 +6,12 @@
 use super::{
     call_handler, CmEvent, CmId, CmIdRef, Delivery, DevEntry, IdInner, IwHandler, Queued, Role,
 };
-use crate::CmError;
 use crate::device::{CmDevice, NeighborResult, ResolveError};
 use crate::event::{map_iw_event, Disposition, EventKind, IwEventKind};
 use crate::machine::{IdState, Input, IwInput};
 use crate::stats::{bump, sub};
 use crate::sync::{lock, Arc};
+use crate::CmError;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 impl<D: CmDevice> IdInner<D> {
@@ -268,7 +268,10 @@ impl<D: CmDevice> IdInner<D> {
     /// `cma_listen_on_dev`). Called with the registry's listen lock held. Errors: the
     /// device's listen failed ([`CmError::Iw`], e.g. its port taken); a device being
     /// removed, or a parent no longer listening, is no error.
-    pub(crate) fn create_internal(parent: &Arc<Self>, entry: &Arc<DevEntry<D>>) -> Result<(), CmError> {
+    pub(crate) fn create_internal(
+        parent: &Arc<Self>,
+        entry: &Arc<DevEntry<D>>,
+    ) -> Result<(), CmError> {
         let (port, backlog) = {
             let pst = lock(&parent.st);
             if pst.state.get() != IdState::Listen
