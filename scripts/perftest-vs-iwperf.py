@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Unmodified perftest through libsoftiwarp against iwperf, side by side (issue 18).
+"""Unmodified perftest through libsoftiwarp against iwperf, side by side.
 
 Both on the same path: two processes on one UDP link on 127.0.0.1 (the library's
 `link=udp:`, iwperf's `--udp`), MTU as given. Each round runs, alternating:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long device-removal run of issue 8 (root): 500 iterations of
+# The long device-removal run (root): 500 iterations of
 # netns-tests/tests/removal_random.rs (seeded removal moments under load: before
 # connect, during address resolution, during the MPA exchange, under full load, during
 # disconnect, during destroy; `ip link del` and `ip link set down`, either side). Every

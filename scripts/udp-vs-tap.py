@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""iwperf on the UDP link against iwperf on TAPs, side by side in one run (issue 18).
+"""iwperf on the UDP link against iwperf on TAPs, side by side in one run.
 
 For each MTU, alternating the two links in every round:
   TAP: `iwperf demo --mtu M --rounds 1 --duration D --json` (two namespaces, TAPs on

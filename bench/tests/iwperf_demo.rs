@@ -71,7 +71,7 @@ fn demo_json_verified_clean_and_its_captures_decode() {
     assert_eq!(j["link"], "tap", "{j}");
     assert_eq!(j["mtu"], 65000);
     assert!(j["baseline_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
-    // The absolute reference (issue 19), and the TAP offload on by default.
+    // The absolute reference (kernel TCP over the veth), and the TAP offload on by default.
     assert!(j["kernel_tcp_gbps"].as_f64().unwrap() > 0.0, "{j}");
     assert_eq!(j["offload"], true, "{j}");
     let results = j["results"].as_array().expect("results");

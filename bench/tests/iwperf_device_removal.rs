@@ -1,4 +1,4 @@
-//! Root-only (issue 8): `iwperf` (bench) under a device removal. A server and a client
+//! Root-only: `iwperf` (bench) under a device removal. A server and a client
 //! run an RDMA Write bandwidth test between two namespaces; the client's TAP is deleted
 //! while the client prints progress. `iwperf` must report the `DeviceRemoval`, print its
 //! partial results, release everything and exit with its distinct status

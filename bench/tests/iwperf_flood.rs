@@ -1,5 +1,5 @@
 //! Root-only: connection floods from ordinary kernel sockets against a running `iwperf
-//! server` over TAP while a legitimate `iwperf client --verify` runs (issue 15: 256
+//! server` over TAP while a legitimate `iwperf client --verify` runs (256
 //! silent connections used to lock every client out for the whole MPA timeout, and the
 //! server's memory grew from 8 to about 200 MiB and stayed there).
 //!
@@ -7,7 +7,7 @@
 //! legitimate client (smoltcp, 10.234.0.2 on B's TAP); the server's smoltcp owns
 //! 10.234.0.1 on A's TAP. The server's resident memory (`VmRSS`) is sampled before the
 //! flood (idle), every 100 ms during it (peak) and 30 s after its sockets were closed;
-//! the bounds are the issue's: peak <= idle + 64 MiB, after <= idle + 16 MiB.
+//! the bounds: peak <= idle + 64 MiB, after <= idle + 16 MiB.
 //!
 //! An `iwperf server` serves one test and exits, so the legitimate client runs long
 //! enough to keep it alive past the "after" sample (its own connections and buffers,

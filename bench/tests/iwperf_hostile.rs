@@ -1,5 +1,5 @@
 //! Root-only: a hostile peer with ordinary kernel sockets against a running `iwperf
-//! server` over TAP, as a user would see it (issue 15). The server's smoltcp stack owns
+//! server` over TAP, as a user would see it. The server's smoltcp stack owns
 //! 10.234.0.1 on namespace A's TAP; the attacker is the kernel of namespace B with
 //! 10.234.0.3 on B's bridge, beside the legitimate `iwperf client` (10.234.0.2, smoltcp
 //! on B's TAP). Each case: the attack, the exact answer on the attacker's socket, then a
@@ -74,7 +74,7 @@ fn revision_3_request_gets_the_reject_reply_then_fin_and_the_server_serves_on() 
     assert_eq!(leftover_namespaces(&names), Vec::<String>::new());
 }
 
-/// The issue's 60-byte request for 1 GiB messages on 65,535 QPs, from a kernel socket,
+/// A 60-byte request for 1 GiB messages on 65,535 QPs, from a kernel socket,
 /// and a real `iwperf client` asking for messages over the limit: each gets the Reject
 /// with the reason in its private data (the client prints it), the server logs a line
 /// naming it, allocates nothing and keeps listening: a legitimate run then passes.

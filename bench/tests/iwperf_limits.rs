@@ -1,4 +1,4 @@
-//! `iwperf server` bounds what a client's test may make it allocate (issue 15: a
+//! `iwperf server` bounds what a client's test may make it allocate (a
 //! 60-byte request for 1 GiB Reads made it allocate about 2 GiB). Over the in-memory
 //! link, no root: a request beyond each limit is rejected with the reason in the
 //! Reject's private data, which the client reports with the connection-failure status;

@@ -1,4 +1,4 @@
-//! `iwperf --mpa-profile chelsio` (issue 17: the soft device as a Chelsio-like peer):
+//! `iwperf --mpa-profile chelsio` (the soft device as a Chelsio-like peer):
 //! the soft device starts from iw_cxgb4's MPA defaults (`LocalSettings::chelsio()`:
 //! revision 2, CRC, peer-to-peer mode with a zero-length Read RTR). Over the in-memory
 //! link, no root: Write, Read and Send of 64 KiB, verified, between two soft devices with

@@ -4,7 +4,7 @@
 //! before the server reads (and captures) them: the capture is what kernel siw, Chelsio
 //! hardware or Wireshark on the wire would see.
 //!
-//! Asserted (issue 19):
+//! Asserted:
 //!
 //! - every byte verified at both ends;
 //! - no wire segment carries octets of two FPDUs, and none is over the MSS; iwdump

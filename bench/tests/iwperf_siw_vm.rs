@@ -354,7 +354,7 @@ fn soft_server_rdma_core_client(
     (json_of(&out), json_of(&rest.join("\n")))
 }
 
-/// Issue 17's test 3: device removal on the rdma-core backend. The soft server on the
+/// Device removal on the rdma-core backend. The soft server on the
 /// host; `iwperf client --device siw0 --verify` in the VM runs two connections, one
 /// writing and one reading (RDMA Reads in flight on the ORQ are the WRs whose flushes
 /// kernel siw's removal can lose: `cxgb4::wr_track`) until, once it printed progress,

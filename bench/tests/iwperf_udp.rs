@@ -1,6 +1,6 @@
 //! `iwperf` server and client as two processes on the UDP link (`--udp`/`--udp-peer`:
 //! Ethernet frames as UDP datagrams on 127.0.0.1, `softiwarp::link::UdpLink`), which
-//! needs neither root nor a TAP (issue 18: "iwperf can use it too"). Write, Read and
+//! needs neither root nor a TAP. Write, Read and
 //! Send of 64 KiB with `--verify`, every message counted on both sides; and a UDP
 //! link's MTU outside what a datagram can carry is a usage error (status 2).
 

@@ -5,7 +5,7 @@ use crate::ffi::LoadError;
 use verbs::VerbsError;
 
 /// Why a call of this crate failed. `Display` is one line, fit for a tool to
-/// print before exiting (status 3 for the first two kinds, issue #17).
+/// print before exiting (status 3 for the first two kinds).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// rdma-core is not installed (or too old): `rdma-core (libibverbs.so.1)

@@ -28,7 +28,7 @@
 //! completions, access flags, errors with errno) and nothing of the soft
 //! device: it depends on `verbs` only (design.md section 2). The object
 //! traits both backends implement, and the RDMA CM API over either device,
-//! meet at that vocabulary (issue #17); this crate is the rdma-core side.
+//! meet at that vocabulary; this crate is the rdma-core side.
 //! Connections are made only through the CM (`RDMA_PS_TCP`,
 //! `rdma_create_qp` on the id): iWARP has no hand-driven QP bring-up.
 //!

@@ -1,8 +1,9 @@
-//! The crate's parse and emit error, and the mapping of each receive-side error to
-//! the Terminate error (RFC 5040 §4.8, RFC 5041 §7) the receiver must report.
+//! The crate's parse and emit error, below every wire module (it names only an
+//! [`Opcode`]); the mapping of each receive-side error to the Terminate error the
+//! receiver must report ([`Error::terminate_cause`]) is in [`crate::terminate`], with
+//! the Terminate codes.
 
-use crate::rdmap::Opcode;
-use crate::terminate::{DdpTaggedCode, DdpUntaggedCode, ErrorCause, RdmapOperationCode};
+use crate::opcode::Opcode;
 use core::fmt;
 
 /// A wire field or region, named as the RFCs name it; used by [`Error`] to say
@@ -145,47 +146,6 @@ pub enum Error {
         /// Bytes given.
         len: usize,
     },
-}
-
-impl Error {
-    /// The Terminate error a receiver reports for this error (RFC 5040 §4.8 /
-    /// RFC 5041 §7 tables), or `None` for errors that are not about received bytes
-    /// (`InvalidRepr`, `BufferTooSmall`).
-    ///
-    /// Mapping: DDP version -> DDP Tagged/Untagged Buffer Error "Invalid DDP
-    /// version" (by the T flag); RDMAP version -> RDMAP Remote Operation Error
-    /// "Invalid RDMAP version"; unknown opcode or opcode on the wrong buffer model
-    /// -> "Unexpected OpCode"; non-zero MO on a single-segment message -> DDP
-    /// Untagged "Invalid MO"; every malformed length (truncated or over-long
-    /// headers, L = 0 on a single-segment message, M without D, unknown atomic
-    /// opcode) -> RDMAP Remote Operation Error "Unspecified Error" (0xFF): the RFCs
-    /// have no more specific code for a malformed ULPDU. Never answer a received
-    /// Terminate with a Terminate (RFC 5040 §7), whatever this returns.
-    pub const fn terminate_cause(&self) -> Option<ErrorCause> {
-        Some(match *self {
-            Error::DdpVersion { tagged: true, .. } => {
-                ErrorCause::DdpTagged(DdpTaggedCode::InvalidVersion)
-            }
-            Error::DdpVersion { tagged: false, .. } => {
-                ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidVersion)
-            }
-            Error::RdmapVersion { .. } => {
-                ErrorCause::RdmapRemoteOperation(RdmapOperationCode::InvalidVersion)
-            }
-            Error::UnknownOpcode { .. } | Error::TaggedMismatch { .. } => {
-                ErrorCause::RdmapRemoteOperation(RdmapOperationCode::UnexpectedOpcode)
-            }
-            Error::NonZeroMo { .. } => ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidMo),
-            Error::Truncated { .. }
-            | Error::TrailingBytes { .. }
-            | Error::NotLast { .. }
-            | Error::TerminateLengthWithoutHeader
-            | Error::UnknownAtomicOpcode { .. } => {
-                ErrorCause::RdmapRemoteOperation(RdmapOperationCode::Unspecified)
-            }
-            Error::InvalidRepr { .. } | Error::BufferTooSmall { .. } => return None,
-        })
-    }
 }
 
 /// Result alias for this crate.

@@ -12,6 +12,7 @@
 //!   header fields, opcode, L flag, the typed Read Request / Terminate / RFC 7306
 //!   bodies and the payload, or a typed [`Error`] naming the field, mapped by
 //!   [`Error::terminate_cause`] to the Terminate error to report. Never panics.
+//!   [`ulpdu::terminate_cause`] reads the cause of a peer's Terminate.
 //! * [`ddp`]: the DDP header alone (RFC 5041 §4), smoltcp-style `Packet` view and
 //!   `Repr`. Byte 1, which DDP leaves to its ULP, is carried opaquely here and
 //!   interpreted by [`rdmap`].
@@ -25,6 +26,11 @@
 //!   receiver runs before placing data.
 //!
 //! All lengths are in bytes; all fields are big-endian on the wire.
+//!
+//! Each module uses only the ones below it (`scripts/modgraph.py` checks that there is
+//! no circle): the byte helpers (`wire`), the opcodes and the [`Error`] type (private
+//! modules, re-exported), then [`ddp`], [`rdmap`], [`terminate`], [`ulpdu`], and on
+//! top [`segment`] and [`reassembly`].
 //!
 //! # Example
 //!
@@ -71,6 +77,7 @@
 
 pub mod ddp;
 mod error;
+mod opcode;
 pub mod rdmap;
 pub mod reassembly;
 pub mod segment;

@@ -41,8 +41,7 @@
 
 use crate::ddp;
 use crate::error::{check_in, check_out, Error, Field, Result};
-use crate::rdmap::{Opcode, QN_TERMINATE, READ_REQUEST_LEN};
-use crate::ulpdu::{Body, Header, Ulpdu};
+use crate::rdmap::{Opcode, READ_REQUEST_LEN};
 use crate::wire;
 use core::fmt;
 
@@ -792,40 +791,45 @@ pub struct Repr {
     pub rdma_header: Option<[u8; RDMA_HEADER_LEN]>,
 }
 
-/// The cause of the Terminate `ulpdu`, if it is one (RDMAP opcode 7 on QN 2; RFC 5040
-/// §4.8), or `None` for every other ULPDU.
-///
-/// A malformed Terminate (a valid untagged DDP/RDMAP header with opcode 7 on QN 2, but
-/// too short to hold the Terminate Control word, or with junk after it) is still the
-/// peer ending the stream (RFC 5040 §7: never answered with a Terminate): its cause is
-/// the raw Layer/EType/Error Code triple when those two bytes are there
-/// ([`ErrorCause::from_raw`]), else [`ErrorCause::Unrecognized`] `0xf/0xf/0xff`. Runs
-/// [`Header::is_terminate`] first, so other ULPDUs cost two byte tests.
-pub fn cause_of(ulpdu: &[u8]) -> Option<ErrorCause> {
-    if !Header::is_terminate(ulpdu) {
-        return None;
-    }
-    match Ulpdu::parse(ulpdu) {
-        Ok(u) => match u.body {
-            Body::Terminate(t) => Some(t.cause),
-            _ => None,
-        },
-        Err(_) => match Header::parse(ulpdu) {
-            Ok(h) if h.opcode == Opcode::Terminate && h.qn() == Some(QN_TERMINATE) => {
-                let at = h.buffer_len();
-                Some(match ulpdu.get(at..at + 2) {
-                    Some(&[layer_etype, code]) => {
-                        ErrorCause::from_raw(layer_etype >> 4, layer_etype & 0x0f, code)
-                    }
-                    _ => ErrorCause::Unrecognized {
-                        layer: 0x0f,
-                        etype: 0x0f,
-                        code: 0xff,
-                    },
-                })
+/// The Terminate error of each receive-side [`Error`] (RFC 5040 §4.8, RFC 5041 §7).
+impl Error {
+    /// The Terminate error a receiver reports for this error (RFC 5040 §4.8 /
+    /// RFC 5041 §7 tables), or `None` for errors that are not about received bytes
+    /// (`InvalidRepr`, `BufferTooSmall`).
+    ///
+    /// Mapping: DDP version -> DDP Tagged/Untagged Buffer Error "Invalid DDP
+    /// version" (by the T flag); RDMAP version -> RDMAP Remote Operation Error
+    /// "Invalid RDMAP version"; unknown opcode or opcode on the wrong buffer model
+    /// -> "Unexpected OpCode"; non-zero MO on a single-segment message -> DDP
+    /// Untagged "Invalid MO"; every malformed length (truncated or over-long
+    /// headers, L = 0 on a single-segment message, M without D, unknown atomic
+    /// opcode) -> RDMAP Remote Operation Error "Unspecified Error" (0xFF): the RFCs
+    /// have no more specific code for a malformed ULPDU. Never answer a received
+    /// Terminate with a Terminate (RFC 5040 §7), whatever this returns.
+    pub const fn terminate_cause(&self) -> Option<ErrorCause> {
+        Some(match *self {
+            Error::DdpVersion { tagged: true, .. } => {
+                ErrorCause::DdpTagged(DdpTaggedCode::InvalidVersion)
             }
-            _ => None,
-        },
+            Error::DdpVersion { tagged: false, .. } => {
+                ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidVersion)
+            }
+            Error::RdmapVersion { .. } => {
+                ErrorCause::RdmapRemoteOperation(RdmapOperationCode::InvalidVersion)
+            }
+            Error::UnknownOpcode { .. } | Error::TaggedMismatch { .. } => {
+                ErrorCause::RdmapRemoteOperation(RdmapOperationCode::UnexpectedOpcode)
+            }
+            Error::NonZeroMo { .. } => ErrorCause::DdpUntagged(DdpUntaggedCode::InvalidMo),
+            Error::Truncated { .. }
+            | Error::TrailingBytes { .. }
+            | Error::NotLast { .. }
+            | Error::TerminateLengthWithoutHeader
+            | Error::UnknownAtomicOpcode { .. } => {
+                ErrorCause::RdmapRemoteOperation(RdmapOperationCode::Unspecified)
+            }
+            Error::InvalidRepr { .. } | Error::BufferTooSmall { .. } => return None,
+        })
     }
 }
 

@@ -15,9 +15,9 @@ use crate::ddp::{self, BufferModel};
 use crate::error::{check_in, check_out, Error, Field, Result};
 use crate::rdmap::{
     self, AtomicRequestRepr, AtomicResponseRepr, ImmediateDataRepr, Opcode, ReadRequestPacket,
-    ReadRequestRepr,
+    ReadRequestRepr, QN_TERMINATE,
 };
-use crate::terminate;
+use crate::terminate::{self, ErrorCause};
 use crate::wire;
 use core::ops::Range;
 
@@ -41,7 +41,7 @@ impl Header {
     /// `false`.
     ///
     /// The cheap test a receiver runs on every ULPDU: `false` is final, `true` still
-    /// wants [`Ulpdu::parse`] or [`terminate::cause_of`] (the QN, the lengths).
+    /// wants [`Ulpdu::parse`] or [`terminate_cause`] (the QN, the lengths).
     #[inline]
     pub fn is_terminate(ulpdu: &[u8]) -> bool {
         const DDP_BITS: u8 = ddp::FLAG_T | ddp::DV_MASK;
@@ -369,6 +369,43 @@ impl<'a> Ulpdu<'a> {
     }
 }
 
+/// The cause of the Terminate `ulpdu`, if it is one (RDMAP opcode 7 on QN 2; RFC 5040
+/// §4.8), or `None` for every other ULPDU.
+///
+/// A malformed Terminate (a valid untagged DDP/RDMAP header with opcode 7 on QN 2, but
+/// too short to hold the Terminate Control word, or with junk after it) is still the
+/// peer ending the stream (RFC 5040 §7: never answered with a Terminate): its cause is
+/// the raw Layer/EType/Error Code triple when those two bytes are there
+/// ([`ErrorCause::from_raw`]), else [`ErrorCause::Unrecognized`] `0xf/0xf/0xff`. Runs
+/// [`Header::is_terminate`] first, so other ULPDUs cost two byte tests.
+pub fn terminate_cause(ulpdu: &[u8]) -> Option<ErrorCause> {
+    if !Header::is_terminate(ulpdu) {
+        return None;
+    }
+    match Ulpdu::parse(ulpdu) {
+        Ok(u) => match u.body {
+            Body::Terminate(t) => Some(t.cause),
+            _ => None,
+        },
+        Err(_) => match Header::parse(ulpdu) {
+            Ok(h) if h.opcode == Opcode::Terminate && h.qn() == Some(QN_TERMINATE) => {
+                let at = h.buffer_len();
+                Some(match ulpdu.get(at..at + 2) {
+                    Some(&[layer_etype, code]) => {
+                        ErrorCause::from_raw(layer_etype >> 4, layer_etype & 0x0f, code)
+                    }
+                    _ => ErrorCause::Unrecognized {
+                        layer: 0x0f,
+                        etype: 0x0f,
+                        code: 0xff,
+                    },
+                })
+            }
+            _ => None,
+        },
+    }
+}
+
 fn wire_tail(buf: &mut [u8], at: usize) -> &mut [u8] {
     let len = buf.len();
     buf.get_mut(at..len).unwrap_or(&mut [])
@@ -377,7 +414,7 @@ fn wire_tail(buf: &mut [u8], at: usize) -> &mut [u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::terminate::{ErrorCause, RdmapOperationCode};
+    use crate::terminate::RdmapOperationCode;
 
     // rping-srv_p2p-cli_p2p.pcap frame 10: the zero-length RDMA Write RTR.
     static RTR: [u8; 14] = [

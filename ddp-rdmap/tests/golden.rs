@@ -12,7 +12,7 @@ use ddp_rdmap::terminate::{
     self, DdpHeaderCopy, DdpTaggedCode, DdpUntaggedCode, ErrorCause, LlpCode, Offending,
     RdmapOperationCode, RdmapProtectionCode, TerminatedDdp,
 };
-use ddp_rdmap::{Body, Error, Field, Header, Opcode, Ulpdu};
+use ddp_rdmap::{ulpdu, Body, Error, Field, Header, Opcode, Ulpdu};
 
 /// rping.pcap frame 10 (client -> server): Send, L, QN 0, MSN 1, MO 0, 16 bytes of
 /// rping's buffer advertisement (addr 0x55d41928dd50, rkey 0x79baa400, size 64).
@@ -663,7 +663,7 @@ fn terminates_are_recognised_by_their_control_bytes() {
     ];
     for (t, cause) in terminates {
         assert!(Header::is_terminate(t), "{cause}");
-        assert_eq!(terminate::cause_of(t), Some(cause));
+        assert_eq!(ulpdu::terminate_cause(t), Some(cause));
     }
     // Not Terminates: a tagged RDMA Write (rping frame 15), an untagged Send (frame
     // 10), a Read Request and a Read Response.
@@ -674,7 +674,7 @@ fn terminates_are_recognised_by_their_control_bytes() {
         &RPING_READ_RESPONSE_F12,
     ] {
         assert!(!Header::is_terminate(other));
-        assert_eq!(terminate::cause_of(other), None);
+        assert_eq!(ulpdu::terminate_cause(other), None);
     }
     // The two control bytes alone decide; L and the reserved bits do not count.
     assert!(Header::is_terminate(&[0x01, 0x47]));
@@ -698,27 +698,27 @@ fn terminates_are_built_and_recognised() {
         // Untagged header on QN 2, MSN 1, MO 0; then the Terminate control word.
         assert_eq!(&t[..2], &[0x41, 0x47]);
         assert_eq!(&t[6..18], &[0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]);
-        assert_eq!(terminate::cause_of(&t), Some(cause));
+        assert_eq!(ulpdu::terminate_cause(&t), Some(cause));
     }
     assert_eq!(
         emit(&Ulpdu::terminate(ErrorCause::Llp(LlpCode::CrcError), 1)),
         TERM_LLP_CRC
     );
-    assert_eq!(terminate::cause_of(&[0x41, 0x47, 0, 0]), None);
-    assert_eq!(terminate::cause_of(b""), None);
+    assert_eq!(ulpdu::terminate_cause(&[0x41, 0x47, 0, 0]), None);
+    assert_eq!(ulpdu::terminate_cause(b""), None);
     let send = [
         0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 9,
     ];
-    assert_eq!(terminate::cause_of(&send), None);
+    assert_eq!(ulpdu::terminate_cause(&send), None);
     // Malformed Terminates still end the stream: the raw triple, or 0xf/0xf/0xff.
     let mut short = TERM_LLP_CRC[..20].to_vec();
     assert_eq!(
-        terminate::cause_of(&short),
+        ulpdu::terminate_cause(&short),
         Some(ErrorCause::Llp(LlpCode::CrcError))
     );
     short.truncate(18);
     assert_eq!(
-        terminate::cause_of(&short),
+        ulpdu::terminate_cause(&short),
         Some(ErrorCause::Unrecognized {
             layer: 0x0f,
             etype: 0x0f,

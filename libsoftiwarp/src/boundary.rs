@@ -114,6 +114,24 @@ pub fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// Returns NULL with `errno` = `e`.
+pub fn null_err<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    std::ptr::null_mut()
+}
+
+/// Returns `e` (the errno-returning calls) and sets `errno` to it too.
+pub fn err_ret(e: c_int) -> c_int {
+    set_errno(e);
+    e
+}
+
+/// -1 with `errno` = `e`.
+pub fn minus_one(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
 /// The calling thread's `errno`.
 pub fn errno() -> c_int {
     // SAFETY: as in `set_errno`.

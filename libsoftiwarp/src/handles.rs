@@ -1,5 +1,5 @@
 //! The handles this library gave to C, and what becomes of them when destroyed
-//! (issue 28: a C program's misuse must not corrupt memory).
+//! (a C program's misuse must not corrupt memory).
 //!
 //! # Live handles
 //!

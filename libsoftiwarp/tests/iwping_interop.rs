@@ -1,5 +1,5 @@
-//! Unmodified rdma-core `rping` under libsoftiwarp against our own `iwping` (issue 18,
-//! test 3), both directions, as an unprivileged user (`nobody` when the tests run as
+//! Unmodified rdma-core `rping` under libsoftiwarp against our own `iwping`,
+//! both directions, as an unprivileged user (`nobody` when the tests run as
 //! root), on one UDP link on 127.0.0.1 (iwping's `--udp`, the library's `link=udp:`):
 //! ten pings with `-V` each way, every ping line checked on both sides.
 //!

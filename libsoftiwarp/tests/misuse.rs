@@ -1,4 +1,4 @@
-//! A C program's misuse of the library must not corrupt memory (issue 28):
+//! A C program's misuse of the library must not corrupt memory:
 //! `tests/misuse.c`, built with gcc `-fsanitize=address` and linked straight against
 //! the built `libsoftiwarp.so` (so libasan is first in its library list and its
 //! `malloc`/`free` serve the library too: a double free inside the library is a

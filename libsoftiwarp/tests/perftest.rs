@@ -1,5 +1,5 @@
 //! Unmodified perftest (Debian 12, 4.5) over libsoftiwarp with `-R` (rdma_cm), as an
-//! unprivileged user, two processes on one UDP link (issue 18, test 1): write, read and
+//! unprivileged user, two processes on one UDP link: write, read and
 //! send bandwidth and write and send latency, at the default sizes and at
 //! `-s 1048576 -n 200`. Drop-in mode (the harder one: perftest's libmlx5/libefa need
 //! rdma-core's provider symbols at load time).

@@ -1,8 +1,7 @@
 //! Unmodified rdma-core programs over libsoftiwarp, as an unprivileged user (`nobody`
-//! through runuser when the tests run as root), two processes on one UDP link
-//! (issue 18, tests 1 and 4): rping in both ways of loading the library, ibv_devinfo,
-//! a bad `SOFTIWARP_DEVICE`, an entry point the library does not implement, and a peer
-//! killed with SIGKILL mid-run.
+//! through runuser when the tests run as root), two processes on one UDP link: rping
+//! in both ways of loading the library, ibv_devinfo, a bad `SOFTIWARP_DEVICE`, an entry
+//! point the library does not implement, and a peer killed with SIGKILL mid-run.
 
 mod support;
 

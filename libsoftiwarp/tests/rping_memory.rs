@@ -1,4 +1,4 @@
-//! Resident memory of an unmodified `rping` under libsoftiwarp (issue 18, test 5): no
+//! Resident memory of an unmodified `rping` under libsoftiwarp: no
 //! leak per WR and none per connection. A persistent rping server (`-P`) on the UDP
 //! link serves, in turn, a warm-up (a client of 1,000 pings and 20 short clients), a
 //! long client (`-C 10000`), and 20 more short clients (10 pings each). The server's

@@ -1,5 +1,5 @@
-//! Unmodified host programs under libsoftiwarp against the Linux kernel (issue 18,
-//! test 2): the kernel's siw in the QEMU VM of `shared/tools/siwvm` (rping and
+//! Unmodified host programs under libsoftiwarp against the Linux kernel:
+//! the kernel's siw in the QEMU VM of `shared/tools/siwvm` (rping and
 //! perftest from Debian in the guest), the library on a TAP on the VM's bridge in the
 //! VM's namespace (`SOFTIWARP_DEVICE=link=tap:...`). rping with `-V` and
 //! `ib_write_bw -R` in both directions. Root (TAP, namespace, VM); skips with a note

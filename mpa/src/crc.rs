@@ -20,16 +20,17 @@
 //! * with AVX-512 and VPCLMULQDQ, the `crc-fast` crate's CRC-32/ISCSI (a fusion of the
 //!   SSE4.2 `crc32` instruction with carry-less multiplication folding): on a Xeon with
 //!   AVX-512 it ran at 57 GB/s on 1460-octet FPDUs and 107 GB/s on 9000 to 64 KiB,
-//!   against 16 and 27 GB/s for the `crc32c` crate (docs/PERFORMANCE.md, "fpdu_path");
+//!   against 16 and 27 GB/s for the `crc32c` crate;
 //! * otherwise, with SSE4.2 and PCLMULQDQ, our own three streams of the `crc32`
 //!   instruction over the whole buffer (`crc::sse42`, the one `unsafe` module of this
 //!   crate, with its contract): on an AMD EPYC with AVX2 but no AVX-512, 21.7 GiB/s at
 //!   1450 octets against 11.4 for the `crc32c` crate (which runs half of such an FPDU in
-//!   one stream) and 10.8 for `crc-fast` (docs/PERFORMANCE.md, "2026-12-02: a CRC32c for FPDU-sized buffers");
+//!   one stream) and 10.8 for `crc-fast`;
 //! * elsewhere the `crc32c` crate (a table where there is no `crc32` instruction).
 //!
 //! All compute the same function; the tests hold each against the bit-at-a-time
-//! reference.
+//! reference. Why three: docs/ARCHITECTURE.md, "The CRC32c engines"; the measurements:
+//! docs/PERFORMANCE.md, "Where the time goes".
 
 #[cfg(target_arch = "x86_64")]
 mod sse42;

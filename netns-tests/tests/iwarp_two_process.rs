@@ -6,7 +6,7 @@
 //! malformed, no bad CRC). A second test aborts a transfer midway and checks that the
 //! failure is reported and everything is removed all the same.
 //!
-//! A third moves ULPDUs from a client whose TAP has segmentation offload (issue 19) to a
+//! A third moves ULPDUs from a client whose TAP has segmentation offload to a
 //! server whose TAP has none, so the kernel cuts the client's super-segments before the
 //! server reads them, and checks the server's capture of them: every TCP segment of
 //! the client holds exactly one FPDU, none larger than the MSS.
@@ -361,7 +361,7 @@ int ioctl(int fd, unsigned long req, ...) {
 
 /// A kernel that refuses `TUNSETOFFLOAD` (here: the shim above in the client): the
 /// device says so once in its log and runs as without the offload, one write per
-/// segment, every ULPDU intact (issue 19).
+/// segment, every ULPDU intact.
 #[test]
 fn a_refused_offload_is_logged_once_and_the_transfer_runs_without_it() {
     if skip_unless_root("a_refused_offload_is_logged_once_and_the_transfer_runs_without_it") {

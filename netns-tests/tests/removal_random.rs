@@ -1,10 +1,10 @@
-//! Root-only (issue 8): device removal at seeded random moments under load. One
+//! Root-only: device removal at seeded random moments under load. One
 //! namespace pair is reused; each iteration starts a `removal-peer` server in A and a
 //! client in B (three QPs with RDMA Writes, Reads and Sends in flight, plus a churn
 //! of connection set-up and teardown), tears the server's or the client's TAP down
 //! (`ip link del` or `ip link set down`) at the iteration's moment — before connect,
 //! during address resolution, during the MPA exchange, under full load, during
-//! disconnect, during destroy —, waits for both to exit, checks what issue 8 asks
+//! disconnect, during destroy —, waits for both to exit, checks the removal rules
 //! (`removal_support::check_outcome` and each peer's own invariants), and
 //! re-creates the TAP.
 //!

@@ -1,4 +1,4 @@
-//! Root-only (issue 8): device removal in the exact scenarios of the seeds, across two
+//! Root-only: device removal in the exact scenarios of the seeds, across two
 //! processes in two namespaces (`removal-peer`, see `netns_tests::removal`):
 //!
 //! - the 2007 seed: a callback returns Destroy while removal starts; no

@@ -252,8 +252,8 @@ fn floor(c: &mut Criterion) {
     }
     g.finish();
     // Each CRC32c engine on one FPDU's worth of octets (MULPDU - 14 of ULPDU plus the
-    // 6-octet header and the ULPDU_Length field; docs/PERFORMANCE.md, "2026-12-02: a
-    // CRC32c for FPDU-sized buffers"); the engine in use is `Engine::current()`.
+    // 6-octet header and the ULPDU_Length field; docs/ARCHITECTURE.md, "The CRC32c
+    // engines"); the engine in use is `Engine::current()`.
     let mut g = c.benchmark_group("crc32c_engine");
     for engine in [Engine::Crc32c, Engine::CrcFast, Engine::Sse42ThreeStreams] {
         for len in [1450usize, 8950, LEN] {

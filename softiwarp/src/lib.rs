@@ -132,14 +132,19 @@
 //! # Layers
 //!
 //! One folder per layer, bottom up (as smoltcp's `phy/ iface/ socket/`); a folder uses
-//! only the folders listed before it (`scripts/modgraph.py softiwarp/src` prints the module graph
-//! and fails on a cycle):
+//! only the folders listed before it. Below them all sit two private modules: `sync`
+//! (std's or loom's primitives) and `progress_outbox`, the outbox of the progress lock
+//! (`defer_wake`, `defer_call`, `assert_outside_driver`, offered as [`progress`]'s), which
+//! the completion queues and neighbour resolution use inside a pass without importing
+//! the engine. `scripts/modgraph.py --check softiwarp/src` holds the same order and fails
+//! on an upward import or a module circle (without `--check` it prints the graph):
 //!
 //! | folder | owns | may touch |
 //! |---|---|---|
 //! | [`link`] | whole Ethernet frames: a TAP ([`link::TapLink`]), an in-process pair ([`link::MemoryLink`]) or UDP datagrams to a fixed peer ([`link::UdpLink`]), stackable middlewares ([`link::Pcap`], [`link::Faults`]), link failure as events ([`link::LinkEvent`]), rtnetlink | nothing of ours |
 //! | [`transport`] | sans-IO, no threads, no clock: the [`transport::Stack`] (smoltcp interface, TCP sockets, listeners with a backlog, an upper layer per connection), [`transport::smoltcp_glue`] (smoltcp's `Device` over any link), [`transport::mpa_conn`] (one connection's MPA endpoint, RFC 5044/6581), [`transport::stream`] (the stream upper: bounded ULPDU queues), [`transport::neighbor`] (ARP on request) | `link` |
 //! | [`resources`] | state shared by application threads and the engine: the STag table and MRs ([`resources::stag_table`], siw_mem.c; MRs over the application's own memory through [`resources::user_memory`], the crate's second `unsafe` module), completion queues ([`resources::completion_queue`], siw_cq.c), the event queues and [`DeviceEnd`] | `link` |
+//! | [`host`] | the host-TCP transport: a device on a host interface, its connections kernel TCP sockets under one epoll set, the interface followed through rtnetlink (`host::socket`, [`host::netdev`]; `SIOCOUTQ` in the crate's third `unsafe` module) | `link`, `transport` |
 //! | [`rdmap`] | sans-IO, no threads: the per-QP RDMAP/DDP engine ([`rdmap::engine::QpEngine`] with its `tx`/`rx` paths, siw_qp.c, siw_qp_tx.c, siw_qp_rx.c) and the QP as a connection's upper layer ([`rdmap::binding`]: placement in place from the TCP receive buffer, header + MR slice framed with the CRC in one pass) | `resources`, `transport` |
 //! | `engine/` (private) | the engine thread (the NIC's firmware): its commands, the handle every device object holds, [`DeviceError`], [`DeviceEvent`], [`EngineConfig`] | `rdmap`, `resources`, `transport`, `link` |
 //! | `api/` (private; re-exported here) | the public surface, siw_verbs.c's role: [`Device`] (open, listen, connect, accept/reject, ULPDUs, close; binding QPs to connections) and the verbs objects [`Pd`], [`Mr`], [`Cq`], [`Qp`] (checked on the caller's thread, handed to the engine) | every folder above |
@@ -161,6 +166,7 @@ pub mod cm;
 mod engine;
 pub mod host;
 pub mod link;
+mod progress_outbox;
 pub mod rdmap;
 pub mod resources;
 pub mod spec;

@@ -2,7 +2,7 @@
 //! variable of programs that cannot take options of ours (an unmodified rdma-core
 //! application under libsoftiwarp), and any tool that wants the same syntax.
 //!
-//! The line is comma-separated `key=value` pairs (issue 18):
+//! The line is comma-separated `key=value` pairs:
 //!
 //! | key | value | default |
 //! |---|---|---|
@@ -17,7 +17,7 @@
 //! | `mpa_rev` | `1` or `2` | `2` |
 //! | `p2p` | `on` (MPA peer-to-peer mode with a Read RTR, as iw_cxgb4) or `off` | `off` |
 //! | `first_fpdu_delay_ms` | as the connecting side, hold the first FPDU this many milliseconds after the MPA Reply, 0..=1000 (`MpaConfig::first_fpdu_delay_us`) | [`DEFAULT_FIRST_FPDU_DELAY_MS`] |
-//! | `tcp_buffer` | each connection's TCP send and receive buffer in bytes, [`MIN_TCP_BUFFER`]..=[`MAX_SPEC_TCP_BUFFER`] (`TcpConfig::rx_buffer`, `tx_buffer`); 1048576 lets bulk runs at MTU 1500 fill whole super-segments (docs/PERFORMANCE.md, "2026-12-02: one super-segment per message") | 262144 (`TcpConfig::default`) |
+//! | `tcp_buffer` | each connection's TCP send and receive buffer in bytes, [`MIN_TCP_BUFFER`]..=[`MAX_SPEC_TCP_BUFFER`] (`TcpConfig::rx_buffer`, `tx_buffer`); 1048576 lets bulk runs at MTU 1500 fill whole super-segments (docs/ARCHITECTURE.md, "TAP segmentation offload") | 262144 (`TcpConfig::default`) |
 //!
 //! A `netdev` line (`netdev=eth0`, optionally with `name` and the MPA and TCP keys) is a
 //! host-TCP device: its addresses, MTU and ports are the interface's and the kernel's,

@@ -424,7 +424,7 @@ const DEFAULT_SPIN_US: u64 = 50;
 const DEFAULT_TCP_BUFFER: usize = 256 * 1024;
 /// `--tcp-buffer`'s default for `demo`, bytes (applied to the raw TCP baseline as well):
 /// at MTU 1500 with the offload, iWARP Write ran 15-25% faster than with 256 KiB
-/// (docs/PERFORMANCE.md, "2026-12-02: one super-segment per message").
+/// (docs/ARCHITECTURE.md, "TAP segmentation offload").
 const DEMO_TCP_BUFFER: usize = 1024 * 1024;
 /// `--first-fpdu-delay-ms`'s default, milliseconds (as iwping's and `SOFTIWARP_DEVICE`'s).
 const DEFAULT_FIRST_FPDU_DELAY_MS: u64 = softiwarp::spec::DEFAULT_FIRST_FPDU_DELAY_MS;

@@ -39,8 +39,7 @@ use verbs::provider::{
 };
 use verbs::{DeviceCaps, QpCap};
 
-use super::datapath::MAX_RD_ATOMIC;
-use super::wire::{AcceptInfo, MrInfo, TestParams};
+use super::wire::{AcceptInfo, MrInfo, TestParams, MAX_RD_ATOMIC};
 use super::IwperfError;
 
 /// Which link the device runs on.

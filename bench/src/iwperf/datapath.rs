@@ -88,8 +88,6 @@ pub const UNKNOWN_INLINE: u32 = 64;
 /// How long a latency client waits for one answer before it gives up (a message the
 /// peer never took: the run ends with [`IwperfError::Connection`] instead of hanging).
 pub const LAT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest RDMA Read depth asked for (ORD/IRD), as perftest's default.
-pub const MAX_RD_ATOMIC: u16 = 16;
 
 /// How a side waits when there is nothing to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The work-request ledger of one side: every WR iwperf posts and every work
 //! completion it polls, counted, so that a run ended by a `DeviceRemoval` can show that
 //! every posted WR completed, successfully or flushed ("nothing is lost silently";
-//! issue 17's removal test on rdma-core, the soft device's rule of design.md section 5).
+//! the removal test on rdma-core, the soft device's rule of design.md section 5).
 //!
 //! Counts, not timings: the data path adds to them where it posts and polls
 //! ([`WrLedger::posted_sends`], [`WrLedger::posted_recvs`], [`WrLedger::completed`]).

@@ -6,7 +6,8 @@
 //! The layers (only [`conn`] talks to the RDMA CM; only [`datapath`] posts and polls):
 //!
 //! - [`wire`]: what the peers tell each other (test parameters in the MPA Request's
-//!   private data, the server's memory region in the Reply's, control messages).
+//!   private data, the server's memory region in the Reply's, control messages) and
+//!   the Read depth they ask for ([`wire::MAX_RD_ATOMIC`]).
 //! - [`conn`]: opening the soft device and everything RDMA CM, over a provider's event
 //!   channel: listen / accept on the server, resolve / connect on the client, the
 //!   connection events (a `DeviceRemoval` on any id ends the run), disconnect and
@@ -23,6 +24,9 @@
 //! - [`demo`]: `iwperf demo`: two namespaces with a TAP each (or, without root, an
 //!   in-memory link in one process), the raw TCP baseline, Write, Read, Send and the
 //!   latency row, one table.
+//!
+//! [`datapath`] uses [`conn`] (it implements [`conn::VerbsSetup`], the hooks connection
+//! setup calls) and never the other way; what both need is in [`wire`].
 //!
 //! Exit statuses of the binary: [`IwperfError::exit_code`].
 

@@ -231,7 +231,7 @@ pub fn host_row_label(op: Op) -> String {
 }
 
 impl DemoReport {
-    /// The JSON object of the form: `{"link", "mtu", "baseline_tcp_gbps",
+    /// The demo's JSON object: `{"link", "mtu", "baseline_tcp_gbps",
     /// "results": [{"op", "size", "gbps", "mpps", "ratio", ...}], "latency_us": {...}}`.
     /// With host-TCP rows, `"host_tcp": {"results": [...], "latency_us": {...}}` in the
     /// same forms (the baseline is kernel TCP); `null` without.

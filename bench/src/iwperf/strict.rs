@@ -1,5 +1,5 @@
 //! Tests of iwperf's send-queue windows and CQ sizing on a provider that keeps verbs'
-//! rules strictly (issue 28), over the soft device's memory link in one process.
+//! rules strictly, over the soft device's memory link in one process.
 //!
 //! [`Strict`] wraps a provider (here the soft device's) and frees a send-queue slot only
 //! when a completion at or after its WR is polled, as iw_cxgb4 and the InfiniBand
@@ -422,7 +422,8 @@ mod tests {
         .expect("memory link");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         // Hybrid progress (the default): application threads drive the device inside
-        // post_send, so WRs complete while they are posted (issue 28's setting).
+        // post_send, so WRs complete while they are posted (where waiting for
+        // `QueueFull` before polling overruns a CQ).
         let sdev = DeviceOptions::memory(&format!("{tag}s"), a, SERVER);
         let server = std::thread::spawn(move || {
             let mut summary = ServerSummary::default();

@@ -9,7 +9,7 @@
 //! but iw_cxgb4 and the InfiniBand providers only when a later signaled completion is
 //! polled: a program that posts only unsignaled WRs fills its send queue for good, and
 //! one that waits for `QueueFull` before it polls overruns its CQ on the soft device
-//! (issue 28). So the window:
+//! (see docs/ARCHITECTURE.md, "Test peers poll as real programs do"). So the window:
 //!
 //! - counts a WR outstanding from its post until a signaled completion at or after it
 //!   is polled ([`SendWindow::completed`]);

@@ -149,6 +149,10 @@ pub struct TestParams {
 /// Length in bytes of an encoded [`TestParams`].
 pub const PARAMS_LEN: usize = 40;
 
+/// Largest RDMA Read depth asked for (ORD/IRD), as perftest's default: the most a
+/// client puts in [`TestParams::rd_depth`] and in its `ConnParam`.
+pub const MAX_RD_ATOMIC: u16 = 16;
+
 fn put_mr(out: &mut Vec<u8>, mr: &MrInfo) {
     out.extend_from_slice(&mr.iova.to_le_bytes());
     out.extend_from_slice(&mr.rkey.to_le_bytes());

@@ -2,7 +2,7 @@
 //! sockets (std::net) in namespace B, from a kernel address on B's bridge
 //! ([`netlab::Topology::add_kernel_address`]), aimed at an `iwperf server` whose
 //! smoltcp stack owns 10.234.0.1 on A's TAP, as an attacker on the network would do it
-//! (issue 15, the attack of 2026-12-01).
+//! (docs/ARCHITECTURE.md, "Hostile peers").
 //!
 //! Two kinds of attacker:
 //!
@@ -490,7 +490,7 @@ pub fn terminate_ulpdu(cause: ErrorCause, offending: Option<&[u8]>) -> Vec<u8> {
 ///
 /// iWARP has no encryption: the STag a responder hands out in its Reply is on the wire
 /// in clear. An attacker off the path has to guess it: 32 bits (a random 24-bit
-/// index, issue 15, and an 8-bit key fresh per registration).
+/// index and an 8-bit key fresh per registration).
 pub fn sniff_accept(
     ns: &NetNs,
     client: Ipv4Addr,

@@ -5,8 +5,8 @@
 //! 1,454 octets. The `crc32c` crate runs its three streams only over whole blocks of 768
 //! octets and the rest (about half of such an FPDU) in one stream, whose `crc32`
 //! instructions wait on each other (latency 3 cycles, throughput 1 a cycle); `crc-fast`
-//! is slower still at that size on CPUs without AVX-512 (docs/PERFORMANCE.md,
-//! "2026-12-02: a CRC32c for FPDU-sized buffers"). Here the buffer is cut into three equal blocks whatever its length,
+//! is slower still at that size on CPUs without AVX-512 (docs/ARCHITECTURE.md, "The
+//! CRC32c engines"). Here the buffer is cut into three equal blocks whatever its length,
 //! so one stream runs only over what is left after them (0-23 octets, or a whole
 //! remainder under 48, where the join would cost more than it saves): 21.7 against
 //! 11.4 GiB/s for the `crc32c` crate at 1450 octets on an AMD EPYC (2.45 GHz;

@@ -1,4 +1,4 @@
-//! `removal-peer`: one side of the device-removal tests (issue 8), run inside a
+//! `removal-peer`: one side of the device-removal tests, run inside a
 //! namespace by `tests/removal_*.rs` and `scripts/removal-long.sh`:
 //!
 //! ```text

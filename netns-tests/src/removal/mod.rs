@@ -1,4 +1,4 @@
-//! Device removal by tearing down the interface, end to end (issue 8): the peer program
+//! Device removal by tearing down the interface, end to end: the peer program
 //! that `removal-peer` runs and its machine-readable report. The harness side (plans of
 //! seeded removal moments, acting on TAPs, checking reports) is test code:
 //! `tests/removal_support`, shared by the `tests/removal_*.rs` tests (and so by

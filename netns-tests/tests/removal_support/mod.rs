@@ -1,4 +1,4 @@
-//! The harness side of the device-removal tests (issue 8), shared by `removal_*.rs`:
+//! The harness side of the device-removal tests, shared by `removal_*.rs`:
 //! plans of seeded removal moments ([`Plan`], drawn with `testkit::Rng`, the tests' one
 //! PRNG), the topology with what the tests do to it ([`Bench`]: tear a TAP down at a
 //! chosen moment, re-create it, add a second one, all through netlab's `ip` runner),
@@ -39,7 +39,7 @@ pub enum RemovalTestError {
         #[source]
         source: ReportError,
     },
-    /// One of issue 8's checks failed on the reports (the message says which).
+    /// One of the removal checks failed on the reports (the message says which).
     #[error("{0}")]
     Check(String),
     /// An iteration of the random test failed: its plan, the check, the outcome and both
@@ -75,7 +75,7 @@ fn report_of(o: &netlab::PeerOutput) -> Result<PeerReport, RemovalTestError> {
     })
 }
 
-/// When, in a peer's life, the harness tears the interface down (issue 8's list).
+/// When, in a peer's life, the harness tears the interface down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Moment {
     /// The client's device is open, nothing connected yet.
@@ -444,7 +444,7 @@ pub fn ms(ns: u64, from: u64) -> f64 {
 }
 
 /// Runs one iteration of the random test on `bench`: server and client, the trigger,
-/// the teardown, both exits, the checks of issue 8. The TAP is re-created afterwards
+/// the teardown, both exits, the removal checks. The TAP is re-created afterwards
 /// (also on failure). `tcp_timeout_ms` is the peers' TCP user timeout.
 ///
 /// Errors: a message with what failed and both peers' output (stacks if one hung).
@@ -539,7 +539,7 @@ fn iteration(
     check_outcome(&outcome, removed, survivor).or_else(fail)
 }
 
-/// The checks of one random iteration (issue 8), on the two reports.
+/// The checks of one random iteration, on the two reports.
 ///
 /// Errors: the first check that failed.
 pub fn check_outcome(

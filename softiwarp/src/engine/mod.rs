@@ -126,7 +126,7 @@ impl Default for EngineConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProgressMode {
     /// Only the engine thread drives; a post rings its wake-up (an eventfd write) and a
-    /// CQ waiter sleeps until the engine pushes a completion (the model before issue 16,
+    /// CQ waiter sleeps until the engine pushes a completion (the device's first model,
     /// kept for comparison).
     Engine,
     /// Application threads drive too, inside verbs calls, as Linux siw transmits in the
@@ -136,7 +136,7 @@ pub enum ProgressMode {
     /// [`EngineConfig::spin`] before it becomes the link's poller. The engine
     /// thread keeps the link, timers, commands and passive targets whenever no
     /// application thread drives. The default: the 8-byte ping-pong halves and bulk
-    /// stays level (docs/PERFORMANCE.md, "Run-to-completion progress").
+    /// stays level (docs/ARCHITECTURE.md, "Threads").
     #[default]
     Hybrid,
 }

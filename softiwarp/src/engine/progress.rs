@@ -47,11 +47,18 @@
 //! ends the device ([`Drove::Ended`]), since its state may be half-updated
 //! (progress-design.md section 3.9, risk 4).
 
-use core::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
 use std::sync::TryLockError;
 
+use crate::progress_outbox::InDriver;
 use crate::sync::{fence, AtomicBool, AtomicU64, Mutex, RwLock, RwLockReadGuard};
+
+// The outbox of the progress lock lives below the layers that defer into it
+// (`crate::progress_outbox`); the progress lock marks its passes with it and runs it
+// after unlock, and `softiwarp::progress` keeps offering it.
+pub use crate::progress_outbox::{
+    assert_outside_driver, defer_call, defer_wake, in_driver, run_deferred,
+};
 
 /// How much one [`Progress::drive`] call may do: at most `passes` passes of the driver,
 /// each with at most `rounds` transmit rounds per connection (the driver's unit; siw
@@ -125,83 +132,6 @@ pub enum ProgressBreak {
     UngatedPost,
     /// The engine takes a lapsed lease by reading it, without a compare-and-swap.
     ViewWithoutCas,
-}
-
-thread_local! {
-    static IN_DRIVER: Cell<bool> = const { Cell::new(false) };
-    static DEFERRED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Something that may run foreign code, held back until the progress lock is released.
-enum Deferred {
-    Wake(std::task::Waker),
-    Call(Box<dyn FnOnce() + Send>),
-}
-
-/// Wakes `waker` now, or, inside a pass, once the pass's lock is released (an executor's
-/// waker is foreign code: it may poll a task inline).
-pub fn defer_wake(waker: std::task::Waker) {
-    if in_driver() {
-        DEFERRED.with(|d| d.borrow_mut().push(Deferred::Wake(waker)));
-    } else {
-        waker.wake();
-    }
-}
-
-/// Runs `f` now, or, inside a pass, once the pass's lock is released (a completion
-/// closure handed in by a caller, such as a neighbour resolution's reply).
-pub fn defer_call(f: impl FnOnce() + Send + 'static) {
-    if in_driver() {
-        DEFERRED.with(|d| d.borrow_mut().push(Deferred::Call(Box::new(f))));
-    } else {
-        f();
-    }
-}
-
-/// Runs what this thread deferred during its pass (an [`Outbox`] calls it after the
-/// lock is released). Loom models share one OS thread between modelled threads, so
-/// their toy drivers defer nothing.
-pub fn run_deferred() {
-    loop {
-        let batch = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
-        if batch.is_empty() {
-            return;
-        }
-        for item in batch {
-            match item {
-                Deferred::Wake(w) => w.wake(),
-                Deferred::Call(f) => f(),
-            }
-        }
-    }
-}
-
-/// Debug assertion: the calling thread is not inside a pass (holding a progress lock).
-/// Called where user code may run or a thread may block (CQ waits, deferred wakers), so
-/// that "no user code under the progress lock" (design.md section 5) fails loudly.
-pub fn assert_outside_driver(what: &str) {
-    debug_assert!(
-        !IN_DRIVER.with(Cell::get),
-        "{what} inside a progress pass (the progress lock is held: no user code, no blocking)"
-    );
-}
-
-/// True while the calling thread runs a pass.
-pub fn in_driver() -> bool {
-    IN_DRIVER.with(Cell::get)
-}
-
-struct InDriver;
-impl InDriver {
-    fn enter() -> InDriver {
-        IN_DRIVER.with(|c| c.set(true));
-        InDriver
-    }
-}
-impl Drop for InDriver {
-    fn drop(&mut self) {
-        IN_DRIVER.with(|c| c.set(false));
-    }
 }
 
 /// One device's progress lock. See the [module documentation](self).

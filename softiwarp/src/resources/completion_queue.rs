@@ -196,7 +196,7 @@ impl CompletionQueue {
         }
         for w in wakers {
             // Executor wakers are foreign code: inside a pass they run after unlock.
-            crate::engine::progress::defer_wake(w);
+            crate::progress_outbox::defer_wake(w);
         }
         result
     }
@@ -250,7 +250,7 @@ impl CompletionQueue {
     /// error, or `timeout` passes. Returns true in the first two cases. Never call
     /// it while driving a device (a debug assertion).
     pub fn wait(&self, timeout: Duration) -> bool {
-        crate::engine::progress::assert_outside_driver("CompletionQueue::wait");
+        crate::progress_outbox::assert_outside_driver("CompletionQueue::wait");
         let deadline = Instant::now().checked_add(timeout);
         let mut g = self.lock();
         let ready = loop {

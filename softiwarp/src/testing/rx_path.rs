@@ -97,8 +97,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ddp_rdmap::terminate::{self, ErrorCause};
-use ddp_rdmap::Header;
+use ddp_rdmap::terminate::ErrorCause;
+use ddp_rdmap::{ulpdu, Header};
 use mpa::negotiate::{CrcPolicy, LocalSettings};
 use verbs::{
     AccessFlags, AsyncEvent, FastReg, QpCap, QpState, RecvWr, SendWr, Sge, Stag, WcOpcode, WcStatus,
@@ -595,7 +595,7 @@ impl Harness {
                         self.ulpdus_after_terminate += 1;
                     }
                     if Header::is_terminate(&u) {
-                        self.terminates_out.push(terminate::cause_of(&u));
+                        self.terminates_out.push(ulpdu::terminate_cause(&u));
                     } else {
                         self.ulpdus_out += 1;
                     }
@@ -649,7 +649,7 @@ impl Harness {
                     if Header::is_terminate(&u) {
                         self.peer_terminated = true;
                     }
-                    if let Some(cause) = terminate::cause_of(&u) {
+                    if let Some(cause) = ulpdu::terminate_cause(&u) {
                         self.rx_stopped = true;
                         self.aborted = true;
                         let live = self.watch.live();
@@ -756,7 +756,7 @@ impl Harness {
                 self.flush_tx();
             }
             if let Some(t) = self.ulp.poll_terminate() {
-                let cause = terminate::cause_of(&t);
+                let cause = ulpdu::terminate_cause(&t);
                 match self.dev.send_terminate(&[&t]) {
                     Ok(()) => {
                         self.rx_stopped = true;

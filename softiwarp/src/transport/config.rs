@@ -46,8 +46,8 @@ pub const DEFAULT_HALF_OPEN_MAX: usize = 64;
 /// Not more, because every armed socket is visited by every smoltcp ingress, egress and
 /// `poll_at` scan: with the backlog's room armed (64 sockets for a backlog of 128 and the
 /// default pool), those scans were 12% of a passive RDMA Write target's CPU at MTU 65000
-/// and about 4 points of its throughput (docs/PERFORMANCE.md, "Run-to-completion
-/// progress").
+/// and about 4 points of its throughput (docs/ARCHITECTURE.md, "Hostile peers", has the
+/// bound and its tests).
 pub const MAX_ARMED: usize = 8;
 
 /// ULPDUs a responder takes from its upper before the initiator's first FPDU arrived

@@ -6,8 +6,8 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use ddp_rdmap::terminate::{self, ErrorCause};
-use ddp_rdmap::{Header, Ulpdu};
+use ddp_rdmap::terminate::ErrorCause;
+use ddp_rdmap::{ulpdu, Header, Ulpdu};
 use mpa::negotiate::LocalSettings;
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
@@ -412,7 +412,7 @@ impl<H> Conn<H> {
                     return;
                 }
                 cx.stats.ulpdus_rx += 1;
-                if let Some(cause) = terminate::cause_of(&ulpdu) {
+                if let Some(cause) = ulpdu::terminate_cause(&ulpdu) {
                     cx.stats.terminates_received += 1;
                     tracing::debug!(conn = self.id.0, %cause, "Terminate received");
                     self.rx_stopped = true;
@@ -733,7 +733,7 @@ impl<H> Conn<H> {
             return Pulled::Empty;
         };
         if let Some(t) = first.then(|| upper.poll_terminate()).flatten() {
-            let cause = terminate::cause_of(&t);
+            let cause = ulpdu::terminate_cause(&t);
             match mpa.send_terminate(&[&t]) {
                 Ok(()) => {
                     cx.stats.terminates_sent += 1;

@@ -72,7 +72,7 @@ impl NeighborReply {
     pub fn complete(mut self, result: NeighborResult) {
         if let Some(done) = self.0.take() {
             // The caller's closure: inside a progress pass it runs after unlock.
-            crate::engine::progress::defer_call(move || done(result));
+            crate::progress_outbox::defer_call(move || done(result));
         }
     }
 }
@@ -80,7 +80,7 @@ impl NeighborReply {
 impl Drop for NeighborReply {
     fn drop(&mut self) {
         if let Some(done) = self.0.take() {
-            crate::engine::progress::defer_call(move || done(Err(NeighborError::DeviceGone)));
+            crate::progress_outbox::defer_call(move || done(Err(NeighborError::DeviceGone)));
         }
     }
 }

@@ -758,8 +758,8 @@ fn bad_fpdu_behind(first: &[u8], own: Option<Vec<u8>>) -> (Option<ConnEvent>, u6
 }
 
 /// Found by the rx_path fuzz target: a Terminate the stack cannot read (opcode 7 on
-/// QN 0: `cause_of` wants QN 2, but a QP takes it as the peer's Terminate, RFC 5040 §7)
-/// followed by an FPDU with a bad CRC. The stack answered the bad FPDU with the LLP CRC
+/// QN 0: `ulpdu::terminate_cause` wants QN 2, but a QP takes it as the peer's
+/// Terminate, RFC 5040 §7) followed by an FPDU with a bad CRC. The stack answered the bad FPDU with the LLP CRC
 /// Terminate, so the peer's Terminate got one; now nothing is sent (then the RST).
 #[test]
 fn a_bad_fpdu_behind_a_terminate_the_upper_took_is_not_answered() {

@@ -8,7 +8,7 @@ mod support;
 
 use ddp_rdmap::ddp::BufferModel;
 use ddp_rdmap::terminate::{self, ErrorCause, LlpCode};
-use ddp_rdmap::{Body, Header, Opcode, Ulpdu};
+use ddp_rdmap::{ulpdu, Body, Header, Opcode, Ulpdu};
 use mpa::deframer::{CrcStatus, Deframer, DeframerConfig};
 use mpa::fpdu::{self, Framer, Framing};
 use mpa::negotiate::{
@@ -1232,7 +1232,7 @@ fn bad_crc_in_the_first_fpdu_still_gets_the_terminate() {
         assert!(matches!(fpdus[0].1, CrcStatus::Good(_)));
         let ulpdu = &fpdus[0].0;
         assert_eq!(
-            terminate::cause_of(ulpdu),
+            ulpdu::terminate_cause(ulpdu),
             Some(ErrorCause::Llp(LlpCode::CrcError))
         );
         assert_eq!((ulpdu[18] >> 4, ulpdu[18] & 0xf, ulpdu[19]), (2, 0, 0x02));
@@ -1816,7 +1816,7 @@ fn initiator_holds_its_first_fpdu_after_the_reply() {
 /// `poll_transmit` offers the next only after the one before was written
 /// (`transmit_done`), so a connection writes each as its own TCP segment. Framed all at
 /// once they were one block that TCP cut every MSS octets across FPDU boundaries (found
-/// on the wire after the offload change, issue 19). A ULPDU sent meanwhile queues behind
+/// on the wire with TAP segmentation offload). A ULPDU sent meanwhile queues behind
 /// them, in order.
 #[test]
 fn held_ulpdus_leave_one_fpdu_at_a_time() {

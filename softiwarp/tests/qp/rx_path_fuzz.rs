@@ -223,10 +223,10 @@ fn a_bad_fpdu_behind_the_peers_terminate_in_the_same_read_sends_nothing() {
 fn a_bad_fpdu_behind_an_unreadable_terminate_is_not_answered() {
     // Found by the fuzz target (minimized by hand): markers, the device responds, one
     // TCP read of three FPDUs: a Read Response into the sink, then an opcode-7 ULPDU on
-    // QN 0x15161718 with MO 0xa500 (the stack's `cause_of` does not read it, the QP
-    // takes it as the peer's Terminate, RFC 5040 §7), then an FPDU with a bad CRC. The
-    // stack used to answer the bad FPDU with the LLP CRC Terminate; now the QP's stream
-    // has ended (`Ulp::stream_ended`) and nothing is sent.
+    // QN 0x15161718 with MO 0xa500 (the stack's `ulpdu::terminate_cause` does not read
+    // it, the QP takes it as the peer's Terminate, RFC 5040 §7), then an FPDU with a
+    // bad CRC. The stack used to answer the bad FPDU with the LLP CRC Terminate; now
+    // the QP's stream has ended (`Ulp::stream_ended`) and nothing is sent.
     let mut term = vec![
         0x41, 0x47, 0, 0, 0, 0x14, 0x15, 0x16, 0x17, 0x18, 0x20, 0x25, 0,
     ];

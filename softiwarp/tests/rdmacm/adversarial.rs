@@ -25,7 +25,7 @@ fn hosts(sub: u8) -> Hosts {
     Hosts::new("b", 73, sub)
 }
 
-/// The breaker's calls on [`Hosts`].
+/// The adversarial tests' calls on [`Hosts`].
 impl Hosts {
     fn server_addr(&self) -> SocketAddr {
         SocketAddr::new(pair_ip(73, self.sub, 2).into(), PORT)

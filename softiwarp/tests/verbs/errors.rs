@@ -241,7 +241,7 @@ fn write_to_an_invalidated_stag_terminates() {
     );
 }
 
-/// The issue #15 scenario: two connections on one PD of the server. The peer on
+/// A hostile peer's Send with Invalidate: two connections on one PD of the server. The peer on
 /// connection 1 sends a Send with Invalidate naming the rkey of an ordinary MR
 /// used by connection 2 (same PD, registered without
 /// `MrOptions::remote_invalidate`). Connection 1 gets the Terminate "STag cannot

@@ -1,5 +1,5 @@
 //! `iwping --device NAME` where NAME is no RDMA device (or rdma-core is not installed):
-//! one line on stderr saying so, exit status 3, nothing on stdout (issue #17, test 5).
+//! one line on stderr saying so, exit status 3, nothing on stdout.
 //! Needs neither root nor rdma-core.
 
 use std::process::Command;

@@ -1,4 +1,4 @@
-//! Root-only: the same `iwping` on both backends (issue #17, test 2). The host-built
+//! Root-only: the same `iwping` on both backends. The host-built
 //! binary is copied into the siw VM (`shared/tools/siwvm/siw-peer-vm.sh --add`, harness
 //! [`netlab::siwvm`]) and runs there as `iwping --device siw0` (rdma-core, kernel siw),
 //! against our soft `iwping` on the host's TAP; both directions, `-C 10 -v -V`:

@@ -12,7 +12,7 @@
 //!   Request and Reply, nothing malformed, no bad CRC; the close is FINs, no RST.
 //!
 //! One VM per variant (booted once, about 7 s under software emulation; both directions
-//! run in it), one VM at a time. The traps of interop (issue 9) and the runs that cover
+//! run in it), one VM at a time. The traps of interop and the runs that cover
 //! them are listed in docs/ARCHITECTURE.md, "Interop with kernel siw".
 //!
 //! Each test skips (saying so) when not root; when the VM cannot be built or booted it
