@@ -3,7 +3,7 @@
 this directory after adding an entry point)."""
 import re
 nodes = {}
-for f in ['src/ibv.rs', 'src/cm.rs', 'src/ep.rs', 'src/ex.rs']:
+for f in ['src/ibv.rs', 'src/context.rs', 'src/events.rs', 'src/cm.rs', 'src/ep.rs', 'src/ex.rs']:
     s = open(f).read()
     for m in re.finditer(r'c_fn!\("([A-Z0-9_.]+)";.*?pub unsafe extern "C" fn (\w+)', s, re.S):
         nodes.setdefault(m.group(1), []).append(m.group(2))

@@ -27,8 +27,8 @@ struct ibv_async_event;
 struct rdma_event_channel;
 struct rdma_cm_event;
 
-/* The Rust steps (src/ibv.rs, src/cm.rs): 0 done, -1 failed (errno set), 1 wait on *fd
- * (then the caller owns *fd). */
+/* The Rust steps (src/ibv.rs, src/events.rs, src/cm.rs): 0 done, -1 failed (errno set),
+ * 1 wait on *fd (then the caller owns *fd). */
 int swi_get_cq_event_try(struct ibv_comp_channel *channel, struct ibv_cq **cq,
 			 void **cq_context, int *fd);
 int swi_get_async_event_try(struct ibv_context *context, struct ibv_async_event *event,

@@ -18,7 +18,7 @@
 //!    has destructors to run (undefined in Rust). So the wait is in C, with no Rust frame
 //!    on the stack: `src/blocking.c` defines the three entry points, each a loop of
 //!    - the Rust step (`swi_get_cq_event_try` in [`crate::ibv`], `swi_get_async_event_try`
-//!      there too, `swi_get_cm_event_try` in [`crate::cm`]), which runs in
+//!      in [`crate::events`], `swi_get_cm_event_try` in [`crate::cm`]), which runs in
 //!      [`crate::boundary::guard`] and returns: 0 (an event written), -1 (`errno` set:
 //!      `EINVAL`, `EAGAIN` for an `O_NONBLOCK` fd with nothing queued), or [`WAIT`] with
 //!      an fd of the caller's own ([`wait_on`], [`wait_forever`]);

@@ -47,7 +47,8 @@ use crate::boundary::{
     c_fn, c_str, free_list, from_raw, guard, into_raw, into_raw_list, obj, obj_mut, read_sockaddr,
     set_errno, slice, sockaddr_in, sockaddr_storage, write_out, zeroed,
 };
-use crate::device::{of_device, NO_DEVICE};
+use crate::context::of_device;
+use crate::device::NO_DEVICE;
 use crate::objects::{
     lock, wait, ChanObj, ChanShared, ChanState, EventObj, EventState, FdWaker, IdObj, IdState,
     PdObj, QpObj,
@@ -165,7 +166,7 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
 
 /// A new published event channel.
 pub(crate) fn new_channel() -> Result<Arc<ChanObj>, c_int> {
-    let cm = crate::device::cm().ok_or(NO_DEVICE)?;
+    let cm = crate::context::cm().ok_or(NO_DEVICE)?;
     let fd = crate::boundary::new_eventfd()?;
     let ch = cm.create_event_channel();
     let c = RdmaEventChannel {
@@ -265,7 +266,7 @@ pub(crate) fn create_id(
     } else {
         (channel, live_channel(channel).ok_or(libc::EINVAL)?, None)
     };
-    let cm = crate::device::cm().ok_or(NO_DEVICE)?;
+    let cm = crate::context::cm().ok_or(NO_DEVICE)?;
     let cmid = cm.create_id_with_channel(&sh.ch);
     Ok(new_id_obj(cmid, chan, sh, own, context, ps, (0, 0)))
 }
@@ -1207,7 +1208,7 @@ c_fn!("RDMACM_1.0";
 /// `rdma_get_devices(3)`: each device's context of CM ids, NULL-terminated.
 pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut IbvContext {
     guard("rdma_get_devices", std::ptr::null_mut(), || {
-        let ctxs: Vec<usize> = crate::device::devices()
+        let ctxs: Vec<usize> = crate::context::devices()
             .iter()
             .map(|s| s.cm_ctx() as usize)
             .collect();

@@ -1,5 +1,7 @@
 //! The process's soft devices and the one RDMA CM over them, built on first use
-//! (`ibv_get_device_list`, `rdma_create_event_channel`, ...).
+//! (`ibv_get_device_list`, `rdma_create_event_channel`, ...: the lookups that open them
+//! are [`crate::context`]'s, which hands [`all`] the maker of each device's context of
+//! CM ids; [`get`] finds the device of a context among the devices open).
 //!
 //! **Which devices.** With `SOFTIWARP_DEVICE` unset or empty (the usual case): one host-TCP
 //! device (`softiwarp::LinkConfig::netdev`) per host interface that is up and has an
@@ -15,7 +17,8 @@
 //! **One CM.** Every device is added to one [`SoftRdmaCm`], as the kernel's rdma_cm
 //! spans every RDMA device: `rdma_resolve_addr` picks the device by route,
 //! `rdma_bind_addr` by address, and a wildcard `rdma_listen` listens on all of them. A
-//! CM id's `verbs` is the CM context of the device its id is on ([`of_device`]).
+//! CM id's `verbs` is the CM context of the device its id is on
+//! ([`crate::context::of_device`]).
 //!
 //! **The GID.** A host-TCP device reports its interface's MAC
 //! (`/sys/class/net/IF/address`) as its GID and node GUID, as siw does; an interface
@@ -40,8 +43,7 @@
 //! for the host's interfaces run the same defaults.
 
 use std::ffi::c_int;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cxgb4::ffi::types::{IbvContext, IbvDevice, IBV_TRANSPORT_IWARP};
 use sw::cm::rdmacm::{SoftDevice, SoftRdmaCm};
@@ -49,7 +51,7 @@ use sw::spec::{DeviceSpec, LinkKind};
 
 use crate::abi::IBV_NODE_RNIC;
 use crate::boundary::{copy_cstr, into_raw, zeroed};
-use crate::objects::{CtxObj, CtxState, FdQueue};
+use crate::objects::CtxObj;
 
 /// The environment variable holding the device line (see `softiwarp::spec`).
 pub const ENV: &str = "SOFTIWARP_DEVICE";
@@ -92,48 +94,44 @@ impl Soft {
 }
 
 /// The devices and the RDMA CM over them.
-struct Devices {
+pub struct Devices {
     cm: SoftRdmaCm,
     list: Vec<Soft>,
 }
 
+impl Devices {
+    /// The devices, in list order.
+    pub fn list(&self) -> &[Soft] {
+        &self.list
+    }
+
+    /// The RDMA CM over them.
+    pub fn cm(&self) -> &SoftRdmaCm {
+        &self.cm
+    }
+}
+
+/// Makes a new published context of a device, `(dev, index, cm)` as
+/// [`crate::context::new_context`], which [`all`] is handed: a context's operations are
+/// in modules above this one, which look devices up here.
+pub type NewContext = fn(*mut IbvDevice, usize, bool) -> Result<Arc<CtxObj>, c_int>;
+
 static DEVICES: OnceLock<Option<Devices>> = OnceLock::new();
 
-fn all() -> Option<&'static Devices> {
-    DEVICES.get_or_init(open).as_ref()
+/// The devices, opened on first call (each device's context of CM ids made by
+/// `new_context`); `None` (after one line on stderr) if there are none (see the
+/// [module docs](self)).
+pub fn all(new_context: NewContext) -> Option<&'static Devices> {
+    DEVICES.get_or_init(|| open(new_context)).as_ref()
 }
 
-/// The devices, opened on first call; empty (after one line on stderr) if there are
-/// none (see the [module docs](self)).
-pub fn devices() -> &'static [Soft] {
-    all().map_or(&[], |d| d.list.as_slice())
-}
-
-/// The RDMA CM over the devices; `None` without a device.
-pub fn cm() -> Option<&'static SoftRdmaCm> {
-    all().map(|d| &d.cm)
-}
-
-/// The device at `index` in the list.
+/// The device at `index` in the list, among the devices open: the device of a context
+/// (a context exists only once [`all`] has opened them).
 pub fn get(index: usize) -> Option<&'static Soft> {
-    devices().get(index)
+    DEVICES.get()?.as_ref()?.list.get(index)
 }
 
-/// The device whose `struct ibv_device` is `dev` (compared, never read).
-pub fn of_ibdev(dev: *const IbvDevice) -> Option<&'static Soft> {
-    devices()
-        .iter()
-        .find(|s| s.ibdev as *const IbvDevice == dev)
-}
-
-/// Our device of the soft device `d` (the one a CM id is on).
-pub fn of_device(d: &sw::Device) -> Option<&'static Soft> {
-    devices()
-        .iter()
-        .find(|s| std::ptr::eq(Arc::as_ptr(&s.device), d))
-}
-
-fn open() -> Option<Devices> {
+fn open(new_context: NewContext) -> Option<Devices> {
     if let Ok(filter) = std::env::var("SOFTIWARP_LOG") {
         // Diagnostics on request only: `SOFTIWARP_LOG=debug` (an EnvFilter) to stderr.
         let _ = tracing_subscriber::fmt()
@@ -165,7 +163,7 @@ fn open() -> Option<Devices> {
     };
     let mut list = Vec::with_capacity(specs.len());
     for spec in &specs {
-        match open_one(&cm, spec, list.len()) {
+        match open_one(&cm, spec, list.len(), new_context) {
             Ok(s) => list.push(s),
             Err(e) if from_env.is_some() => {
                 eprintln!("libsoftiwarp: {ENV}: {e}; no device");
@@ -209,9 +207,14 @@ fn host_specs() -> Option<Vec<DeviceSpec>> {
     Some(specs)
 }
 
-/// Opens the device of `spec` as the `index`th of the list and adds it to `cm`; what
-/// went wrong, in words, if it could not.
-fn open_one(cm: &SoftRdmaCm, spec: &DeviceSpec, index: usize) -> Result<Soft, String> {
+/// Opens the device of `spec` as the `index`th of the list (its context of CM ids made
+/// by `new_context`) and adds it to `cm`; what went wrong, in words, if it could not.
+fn open_one(
+    cm: &SoftRdmaCm,
+    spec: &DeviceSpec,
+    index: usize,
+    new_context: NewContext,
+) -> Result<Soft, String> {
     let mut config = spec.to_config();
     if let LinkKind::Netdev(ifname) = &spec.link {
         config.interface.mac = interface_mac(ifname);
@@ -248,7 +251,7 @@ fn open_one(cm: &SoftRdmaCm, spec: &DeviceSpec, index: usize) -> Result<Soft, St
         .map_err(|e| e.to_string())
         .and_then(|d| cm.add_device(d).map_err(|e| e.to_string()))
         .map_err(|e| format!("cannot add the device to the RDMA CM: {e}"))?;
-    crate::ibv::start_async_events(index, device.clone());
+    crate::events::start_async_events(index, device.clone());
     Ok(Soft {
         mtu: device.mtu(),
         device,
@@ -293,38 +296,6 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
         *m = u8::from_str_radix(p, 16).ok()?;
     }
     parts.next().is_none().then_some(mac)
-}
-
-/// A new published context of `dev` (the `index`th device) whose ops are this
-/// library's data path (`cm`: the context of CM ids, never closed); `Err(errno)` if its
-/// `async_fd` cannot be made (`EMFILE` when the process is out of fds).
-pub fn new_context(dev: *mut IbvDevice, index: usize, cm: bool) -> Result<Arc<CtxObj>, c_int> {
-    let mut c: IbvContext = zeroed();
-    c.device = dev;
-    c.ops.poll_cq = Some(crate::ibv::poll_cq);
-    c.ops.req_notify_cq = Some(crate::ibv::req_notify_cq);
-    c.ops.post_send = Some(crate::ibv::post_send);
-    c.ops.post_recv = Some(crate::ibv::post_recv);
-    let post_srq_recv: crate::abi::PostSrqRecvFn = crate::ibv::post_srq_recv;
-    c.ops._slots_13_24[crate::abi::POST_SRQ_RECV_SLOT] = post_srq_recv as *mut std::ffi::c_void;
-    c.cmd_fd = -1;
-    let events = Arc::new(FdQueue::new(crate::boundary::new_eventfd()?));
-    c.async_fd = events.raw_fd();
-    c.num_comp_vectors = 1;
-    c.abi_compat = crate::abi::VERBS_ABI_IS_EXTENDED;
-    let ctx = CtxObj::with_prefix(
-        crate::ex::verbs_context_prefix(),
-        c,
-        CtxState {
-            events: Mutex::new(Some(events)),
-            dev: index,
-            cm,
-            unacked: AtomicUsize::new(0),
-        },
-    );
-    CtxObj::publish(&ctx);
-    crate::ibv::add_context(&ctx);
-    Ok(ctx)
 }
 
 /// The errno of "no device": `ENODEV`.

@@ -44,9 +44,9 @@ use crate::abi::*;
 use crate::boundary::{c_fn, guard, obj, obj_mut, slice, write_out, write_prefix};
 use crate::ibv::{
     ctx_obj, device_attr, err_ret, gid_entry, new_cq, new_soft_qp, null_err, port_attr, qp_obj_ex,
-    send_flags, sges,
 };
 use crate::objects::{lock, to_ibv_wc, CqObj, PdObj, QpObj, WrBatch};
+use crate::ops::{send_flags, sges};
 
 /// The `struct verbs_context` head of a new context: the operations of this module,
 /// the rest NULL, `sz` the size of rdma-core 44's `struct verbs_context`.

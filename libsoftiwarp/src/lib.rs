@@ -27,11 +27,14 @@
 //! | [`boundary`] | the raw-pointer steps and their contract, `catch_unwind`, `errno`, cancellation off |
 //! | [`blocking`] | the three blocking calls: waiting in C's `read(2)` (signals, `pthread_cancel`) |
 //! | [`abi`] | C layouts beyond `cxgb4::ffi::types`, enum values |
-//! | [`device`] | the process's soft devices (one per host interface, or `SOFTIWARP_DEVICE`'s), the one RDMA CM over them |
 //! | [`handles`] | the live handles (validated before use) and the graveyard of destroyed ones |
 //! | [`objects`] | the Rust objects behind the C pointers |
-//! | [`ibv`] | libibverbs entry points and the context's data-path ops |
+//! | [`ops`] | the context's ops table: the data path rdma-core's header inlines call (post, poll, arm a CQ, post to an SRQ) |
+//! | [`events`] | asynchronous events: the open contexts, the map from soft objects to ours, the thread per device that delivers to them |
+//! | [`device`] | the process's soft devices (one per host interface, or `SOFTIWARP_DEVICE`'s), the one RDMA CM over them |
+//! | [`ibv`] | libibverbs entry points on an open context |
 //! | [`ex`] | the extended verbs: the `verbs_context` operations, `ibv_create_cq_ex` / `ibv_create_qp_ex` and their poll and `ibv_wr_*` APIs |
+//! | [`context`] | making a context (its ops, `verbs_context` head, async events), the devices opened on first use, the device list, `ibv_open_device` / `ibv_close_device` |
 //! | [`cm`] | librdmacm entry points |
 //! | [`ep`] | librdmacm's synchronous endpoint API, `rdma_migrate_id`, and the calls for QPs made outside the CM (`rdma_init_qp_attr`, `rdma_establish`) |
 //! | [`stubs`] | entry points not implemented: one warning, the man page's error |
@@ -43,11 +46,14 @@ pub mod abi;
 pub mod blocking;
 pub mod boundary;
 pub mod cm;
+pub mod context;
 pub mod device;
 pub mod ep;
+pub mod events;
 pub mod ex;
 pub mod handles;
 pub mod ibv;
 pub mod maps;
 pub mod objects;
+pub mod ops;
 pub mod stubs;

@@ -115,7 +115,7 @@ pub struct AsyncItem {
 pub struct CtxState {
     /// The asynchronous events (`async_fd` is its fd), until the context is closed.
     pub events: Mutex<Option<Arc<FdQueue<AsyncItem>>>>,
-    /// Its device: the index in `crate::device::devices()`.
+    /// Its device: the index in `crate::context::devices()`.
     pub dev: usize,
     /// The context of CM ids (`id->verbs`): never closed.
     pub cm: bool,

@@ -13,7 +13,7 @@ use std::sync::Once;
 use cxgb4::ffi::types::*;
 use softiwarp::abi::{IbvQpAttr, IBV_QPS_ERR, IBV_QPS_INIT, IBV_QP_STATE};
 use softiwarp::boundary::errno;
-use softiwarp::{cm, ibv};
+use softiwarp::{cm, context, events, ibv, ops};
 
 fn device() {
     static ONCE: Once = Once::new();
@@ -49,10 +49,10 @@ fn open() -> *mut IbvContext {
     let mut n = 0;
     // SAFETY: the C API as a C program uses it.
     unsafe {
-        let list = ibv::ibv_get_device_list(&mut n);
+        let list = context::ibv_get_device_list(&mut n);
         assert_eq!(n, 1);
-        let ctx = ibv::ibv_open_device(*list);
-        ibv::ibv_free_device_list(list);
+        let ctx = context::ibv_open_device(*list);
+        context::ibv_free_device_list(list);
         assert!(!ctx.is_null());
         ctx
     }
@@ -105,14 +105,14 @@ fn null_and_bad_arguments_are_einval() {
         assert_eq!(ibv::ibv_destroy_cq(null_mut()), libc::EINVAL);
         assert_eq!(ibv::ibv_destroy_qp(null_mut()), libc::EINVAL);
         assert_eq!(
-            ibv::post_send(null_mut(), null_mut(), null_mut()),
+            ops::post_send(null_mut(), null_mut(), null_mut()),
             libc::EINVAL
         );
         assert_eq!(
-            ibv::post_recv(null_mut(), null_mut(), null_mut()),
+            ops::post_recv(null_mut(), null_mut(), null_mut()),
             libc::EINVAL
         );
-        assert_eq!(ibv::poll_cq(null_mut(), 1, null_mut()), -1);
+        assert_eq!(ops::poll_cq(null_mut(), 1, null_mut()), -1);
         let mut attr = std::mem::zeroed::<IbvPortAttr>();
         assert_eq!(ibv::ibv_query_port(ctx, 2, &mut attr), libc::EINVAL);
         assert_eq!(ibv::ibv_query_port(ctx, 1, &mut attr), 0);
@@ -153,7 +153,7 @@ fn null_and_bad_arguments_are_einval() {
         assert_eq!(cm::rdma_get_cm_event(null_mut(), null_mut()), -1);
         assert_eq!(errno(), libc::EINVAL);
         assert_eq!(cm::rdma_ack_cm_event(null_mut()), -1);
-        assert_eq!(ibv::ibv_close_device(ctx), 0);
+        assert_eq!(context::ibv_close_device(ctx), 0);
     }
 }
 
@@ -231,7 +231,7 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
         );
         assert_eq!(errno(), libc::EBUSY);
         let qp = qp_in_error(pd, cq, 2);
-        assert_eq!(ibv::req_notify_cq(cq, 0), 0);
+        assert_eq!(ops::req_notify_cq(cq, 0), 0);
         assert!(!readable(fd));
         let mut buf = [0u8; 16];
         let mr = ibv::ibv_reg_mr(pd, buf.as_mut_ptr().cast(), 16, 1);
@@ -247,14 +247,14 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
             num_sge: 1,
         };
         let mut bad: *mut IbvRecvWr = null_mut();
-        assert_eq!(ibv::post_recv(qp, &mut wr, &mut bad), 0);
+        assert_eq!(ops::post_recv(qp, &mut wr, &mut bad), 0);
         let (mut ev_cq, mut ev_ctx) = (null_mut(), null_mut());
         assert_eq!(ibv::ibv_get_cq_event(chan, &mut ev_cq, &mut ev_ctx), 0);
         assert_eq!((ev_cq, ev_ctx), (cq, marker));
         ibv::ibv_ack_cq_events(cq, 1);
         assert!(!readable(fd), "one event per arm");
         let mut wc = [std::mem::zeroed::<IbvWc>(); 4];
-        assert_eq!(ibv::poll_cq(cq, 4, wc.as_mut_ptr()), 1);
+        assert_eq!(ops::poll_cq(cq, 4, wc.as_mut_ptr()), 1);
         assert_eq!(
             (wc[0].wr_id, wc[0].status, wc[0].opcode),
             (77, 5, 128),
@@ -269,21 +269,21 @@ fn a_flushed_receive_is_one_cq_event_and_one_wc() {
         assert_eq!(ibv::ibv_destroy_cq(cq), 0);
         assert_eq!(ibv::ibv_destroy_comp_channel(chan), 0);
         assert_eq!(ibv::ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv::ibv_close_device(ctx), 0);
+        assert_eq!(context::ibv_close_device(ctx), 0);
     }
 }
 
 #[test]
 fn a_closed_context_leaves_nothing_in_the_list_of_contexts() {
-    let before = ibv::event_contexts();
+    let before = events::event_contexts();
     for _ in 0..500 {
         let ctx = open();
         // SAFETY: the C API as a C program uses it.
-        assert_eq!(unsafe { ibv::ibv_close_device(ctx) }, 0);
+        assert_eq!(unsafe { context::ibv_close_device(ctx) }, 0);
     }
     // Other tests of this binary open a few contexts meanwhile; 500 closed ones used
     // to stay listed (each keeping its context's memory) until a port event.
-    let after = ibv::event_contexts();
+    let after = events::event_contexts();
     assert!(
         after <= before + 8,
         "{before} contexts listed before, {after} after"
@@ -340,28 +340,28 @@ fn atomics_are_reported_accepted_and_complete_with_their_opcodes() {
         // A misaligned target, and a result buffer that is not 8 bytes: EINVAL, the
         // WR named in bad_wr, nothing completes.
         let mut wr = atomic_wr(1, 6, &mut sge, 0x1004);
-        assert_eq!(ibv::post_send(qp, &mut wr, &mut bad), libc::EINVAL);
+        assert_eq!(ops::post_send(qp, &mut wr, &mut bad), libc::EINVAL);
         assert_eq!(bad, &mut wr as *mut IbvSendWr);
         let mut short = IbvSge { length: 4, ..sge };
         let mut wr = atomic_wr(2, 5, &mut short, 0x1000);
-        assert_eq!(ibv::post_send(qp, &mut wr, &mut bad), libc::EINVAL);
+        assert_eq!(ops::post_send(qp, &mut wr, &mut bad), libc::EINVAL);
         // In Error both are accepted and flushed, with the atomic WC opcodes.
         let mut cas = atomic_wr(3, 5, &mut sge, 0x1000);
         let mut faa = atomic_wr(4, 6, &mut sge, 0x1008);
         cas.next = &mut faa;
-        assert_eq!(ibv::post_send(qp, &mut cas, &mut bad), 0);
+        assert_eq!(ops::post_send(qp, &mut cas, &mut bad), 0);
         let mut wc = [std::mem::zeroed::<IbvWc>(); 4];
-        assert_eq!(ibv::poll_cq(cq, 4, wc.as_mut_ptr()), 2);
+        assert_eq!(ops::poll_cq(cq, 4, wc.as_mut_ptr()), 2);
         assert_eq!(
             [wc[0], wc[1]].map(|w| (w.wr_id, w.status, w.opcode)),
             [(3, 5, 3), (4, 5, 4)],
             "WR_FLUSH_ERR; IBV_WC_COMP_SWAP, IBV_WC_FETCH_ADD"
         );
-        assert_eq!(ibv::poll_cq(cq, 4, wc.as_mut_ptr()), 0);
+        assert_eq!(ops::poll_cq(cq, 4, wc.as_mut_ptr()), 0);
         assert_eq!(ibv::ibv_destroy_qp(qp), 0);
         assert_eq!(ibv::ibv_dereg_mr(mr), 0);
         assert_eq!(ibv::ibv_destroy_cq(cq), 0);
         assert_eq!(ibv::ibv_dealloc_pd(pd), 0);
-        assert_eq!(ibv::ibv_close_device(ctx), 0);
+        assert_eq!(context::ibv_close_device(ctx), 0);
     }
 }
