@@ -29,7 +29,7 @@
 //! or the errno of the first WR built wrong (then nothing is posted, as rdma-core's
 //! providers) or refused; `wr_abort` drops it. An operation not asked for in
 //! `send_ops_flags` has no function (NULL). Send with Immediate has no soft device
-//! operation: `IBV_QP_EX_WITH_SEND_WITH_IMM` is `EOPNOTSUPP`; so are the atomics for now.
+//! operation: `IBV_QP_EX_WITH_SEND_WITH_IMM` is `EOPNOTSUPP`.
 //!
 //! Pointer rules: [`crate::boundary`]'s contract. Every function runs in
 //! [`guard`](crate::boundary::guard).
@@ -313,13 +313,16 @@ unsafe extern "C" fn read_dlid_path_bits(_cq: *mut IbvCqEx) -> u8 {
 // ------------------------------------------------------------------ extended QP
 
 /// The `send_ops_flags` a QP takes: Send, Send with Invalidate, RDMA Write (with
-/// Immediate), RDMA Read, Local Invalidate.
+/// Immediate), RDMA Read, Local Invalidate, and the RFC 7306 atomics (Compare-and-Swap,
+/// Fetch-and-Add).
 pub const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
     | IBV_QP_EX_WITH_SEND
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_LOCAL_INV
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
 /// The `comp_mask` bits `ibv_create_qp_ex` takes (the PD is required; `create_flags`
 /// must be 0).
@@ -356,8 +359,6 @@ unsafe extern "C" fn create_qp_ex(
         } else {
             0
         };
-        // atomics: wired when the soft device has them (IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-        // and _FETCH_AND_ADD are refused here until then, their pointers left NULL).
         if ops & !SUPPORTED_SEND_OPS != 0 {
             return null_err(libc::EOPNOTSUPP);
         }
@@ -408,6 +409,12 @@ pub(crate) fn set_wr_ops(x: &mut IbvQpEx, ops: u64) {
     }
     if has(IBV_QP_EX_WITH_LOCAL_INV) {
         x.wr_local_inv = Some(wr_local_inv);
+    }
+    if has(IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP) {
+        x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    }
+    if has(IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) {
+        x.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
     }
 }
 
@@ -573,6 +580,41 @@ unsafe extern "C" fn wr_rdma_read(qp: *mut IbvQpEx, rkey: u32, remote_addr: u64)
             rkey: Stag::from_raw(rkey),
         };
         add_wr(qp, IBV_QP_EX_WITH_RDMA_READ, op)
+    })
+}
+
+/// `ibv_wr_atomic_cmp_swp`: RFC 7306 Compare-and-Swap of the 8-byte word at
+/// `remote_addr` (8-byte aligned) in the peer's region `rkey`; the original value lands
+/// in the WR's one 8-byte SGE (`ibv_wr_set_sge`).
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut IbvQpEx,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    guard("ibv_wr_atomic_cmp_swp", (), || {
+        let op = SendOp::AtomicCmpSwap {
+            remote_addr,
+            rkey: Stag::from_raw(rkey),
+            compare,
+            swap,
+        };
+        add_wr(qp, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, op)
+    })
+}
+
+/// `ibv_wr_atomic_fetch_add`: RFC 7306 Fetch-and-Add of `add` to the 8-byte word at
+/// `remote_addr` (8-byte aligned) in the peer's region `rkey`; the original value lands
+/// in the WR's one 8-byte SGE.
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut IbvQpEx, rkey: u32, remote_addr: u64, add: u64) {
+    guard("ibv_wr_atomic_fetch_add", (), || {
+        let op = SendOp::AtomicFetchAdd {
+            remote_addr,
+            rkey: Stag::from_raw(rkey),
+            add,
+        };
+        add_wr(qp, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, op)
     })
 }
 

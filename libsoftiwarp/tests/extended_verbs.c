@@ -67,7 +67,7 @@ static void poll_ex(struct ibv_cq_ex *cq, int n, uint64_t *wr_id, int *opcode,
 
 int main(int argc, char **argv)
 {
-	static char cbuf[4 * LEN], sbuf[4 * LEN];
+	static char cbuf[4 * LEN] __attribute__((aligned(8))), sbuf[4 * LEN] __attribute__((aligned(8)));
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct rdma_cm_id *lid, *cid, *sid;
 	struct sockaddr_in a = { .sin_family = AF_INET };
@@ -139,8 +139,11 @@ int main(int argc, char **argv)
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = cpd,
 		.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
 	};
-	CHECK("ibv_create_qp_ex asking for atomics", ibv_create_qp_ex(ctx, &qx) == NULL, 1);
-	CHECK("  errno EOPNOTSUPP", errno, EOPNOTSUPP);
+	struct ibv_qp *fa = ibv_create_qp_ex(ctx, &qx);
+	CHECK("ibv_create_qp_ex asking for Fetch-and-Add only", fa != NULL, 1);
+	CHECK("  wr_atomic_fetch_add set", ((struct ibv_qp_ex *)fa)->wr_atomic_fetch_add != NULL, 1);
+	CHECK("  wr_atomic_cmp_swp left NULL", ((struct ibv_qp_ex *)fa)->wr_atomic_cmp_swp == NULL, 1);
+	CHECK("ibv_destroy_qp", ibv_destroy_qp(fa), 0);
 	qx.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
 			    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ;
 	struct ibv_qp *plain = ibv_create_qp_ex(ctx, &qx);
@@ -148,6 +151,7 @@ int main(int argc, char **argv)
 	CHECK("  its ibv_qp_ex", ibv_qp_to_qp_ex(plain) == (struct ibv_qp_ex *)plain, 1);
 	CHECK("  wr_atomic_fetch_add left NULL", ((struct ibv_qp_ex *)plain)->wr_atomic_fetch_add == NULL, 1);
 	CHECK("ibv_destroy_qp", ibv_destroy_qp(plain), 0);
+	qx.send_ops_flags |= IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
 
 	/* The client's QP through the CM, with the post API. */
 	CHECK("rdma_create_qp_ex with send_ops_flags", rdma_create_qp_ex(cid, &qx), 0);
@@ -165,7 +169,8 @@ int main(int argc, char **argv)
 	struct ibv_pd *spd = ibv_alloc_pd(sid->verbs);
 	struct ibv_cq_ex *scq = ibv_create_cq_ex(sid->verbs, &cx);
 	struct ibv_mr *smr = ibv_reg_mr(spd, sbuf, sizeof(sbuf),
-					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					IBV_ACCESS_REMOTE_ATOMIC);
 	struct ibv_qp_init_attr sqa = {
 		.send_cq = ibv_cq_ex_to_cq(scq), .recv_cq = ibv_cq_ex_to_cq(scq), .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -243,6 +248,29 @@ int main(int argc, char **argv)
 	CHECK("  wc_flags IBV_WC_WITH_IMM", fl[1] & IBV_WC_WITH_IMM, IBV_WC_WITH_IMM);
 	CHECK("  imm_data", ntohl(imm[1]), 0x1234);
 	CHECK("the written bytes", sbuf[2 * LEN + 8] == 'w' && sbuf[2 * LEN + LEN - 1] == 'w', 1);
+
+	/* A batch of the RFC 7306 atomics: Fetch-and-Add, then Compare-and-Swap on the
+	 * new value; the original values land in the client's buffer. */
+	uint64_t *target = (uint64_t *)(sbuf + 3 * LEN), *orig = (uint64_t *)(cbuf + 3 * LEN);
+	*target = 40;
+	ibv_wr_start(qpx);
+	qpx->wr_id = 5;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_fetch_add(qpx, smr->rkey, (uintptr_t)target, 2);
+	ibv_wr_set_sge(qpx, cmr->lkey, (uintptr_t)orig, 8);
+	qpx->wr_id = 6;
+	ibv_wr_atomic_cmp_swp(qpx, smr->rkey, (uintptr_t)target, 42, 7);
+	ibv_wr_set_sge(qpx, cmr->lkey, (uintptr_t)(orig + 1), 8);
+	CHECK("ibv_wr_complete of the atomics", ibv_wr_complete(qpx), 0);
+	poll_ex(ccq, 2, ids, ops, lens, fl, imm, qpn);
+	CHECK("atomic completion 1: wr_id", ids[0], 5);
+	CHECK("  opcode IBV_WC_FETCH_ADD", ops[0], IBV_WC_FETCH_ADD);
+	CHECK("  byte_len", lens[0], 8);
+	CHECK("  the original value", orig[0], 40);
+	CHECK("atomic completion 2: wr_id", ids[1], 6);
+	CHECK("  opcode IBV_WC_COMP_SWAP", ops[1], IBV_WC_COMP_SWAP);
+	CHECK("  the original value", orig[1], 42);
+	CHECK("the target after both", *target, 7);
 
 	struct ibv_poll_cq_attr pca = {};
 	CHECK("ibv_start_poll on an empty CQ", ibv_start_poll(ccq, &pca), ENOENT);
