@@ -287,10 +287,7 @@ fn spawn_in_netns(
         .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
-    Proc {
-        child,
-        what: format!("{prog} {} (in {ns})", args.join(" ")),
-    }
+    Proc::new(child, format!("{prog} {} (in {ns})", args.join(" ")))
 }
 
 /// Root: two namespaces joined by one veth, an unmodified rping server and client

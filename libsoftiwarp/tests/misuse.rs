@@ -101,11 +101,7 @@ fn c_misuse_under_address_sanitizer_is_errors_not_memory_corruption() {
         .process_group(0)
         .spawn()
         .expect("spawn the misuse program");
-    let out = Proc {
-        child,
-        what: "misuse".into(),
-    }
-    .wait(Duration::from_secs(120));
+    let out = Proc::new(child, "misuse".into()).wait(Duration::from_secs(120));
     println!("{}", out.stdout);
     eprintln!("{}", out.stderr);
     assert!(

@@ -179,7 +179,15 @@ fn rdma_core_python_suite_device_only_tests_pass_and_the_rest_fail_only_as_on_iw
     );
     assert_eq!((d.failures, d.errors), (0, 0), "{}", d.out);
     assert_eq!(d.passed(), 27, "{}", d.out);
-    assert!(!d.out.contains("libsoftiwarp:"), "{}", d.out);
+    // The library says nothing but its one line per refused QP type (UD, UC, raw
+    // packet: iWARP is RC only).
+    let said: Vec<&str> = d
+        .out
+        .lines()
+        .filter_map(|l| l.split_once("libsoftiwarp: ").map(|(_, m)| m))
+        .filter(|m| !m.starts_with("iWARP has no "))
+        .collect();
+    assert!(said.is_empty(), "library warnings: {said:?}\n{}", d.out);
 
     let all = run_suite(&lib, &suite, &[]);
     println!(

@@ -14,6 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How the library is put under the program.
@@ -137,6 +138,22 @@ pub struct Proc {
     pub child: Child,
     /// What it is, for messages.
     pub what: String,
+    /// Readers of its stdout and stderr, drained while it runs (a program that writes
+    /// more than a pipe holds must not block on a full pipe).
+    readers: Option<(JoinHandle<String>, JoinHandle<String>)>,
+}
+
+/// A thread that reads `pipe` to its end.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut p) = pipe {
+            let mut bytes = Vec::new();
+            let _ = p.read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+        text
+    })
 }
 
 /// Spawns `prog args` with `SOFTIWARP_DEVICE=device` (plus the library's environment),
@@ -178,10 +195,7 @@ pub fn spawn_with(
         .stderr(Stdio::piped())
         .process_group(0);
     let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {prog}: {e}"));
-    Proc {
-        child,
-        what: format!("{prog} {}", args.join(" ")),
-    }
+    Proc::new(child, format!("{prog} {}", args.join(" ")))
 }
 
 /// How a program ended.
@@ -225,6 +239,17 @@ impl Drop for Proc {
 }
 
 impl Proc {
+    /// `child` (spawned in a process group of its own), described as `what`; its piped
+    /// stdout and stderr are read from now on.
+    pub fn new(mut child: Child, what: String) -> Proc {
+        let readers = Some((drain(child.stdout.take()), drain(child.stderr.take())));
+        Proc {
+            child,
+            what,
+            readers,
+        }
+    }
+
     /// Kills the process group (SIGKILL) by its id: the program and runuser.
     pub fn kill(&mut self) {
         let pgid = self.child.id();
@@ -247,14 +272,10 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut o) = self.child.stdout.take() {
-            let _ = o.read_to_string(&mut stdout);
-        }
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
+        let (stdout, stderr) = match self.readers.take() {
+            Some((o, e)) => (o.join().unwrap_or_default(), e.join().unwrap_or_default()),
+            None => Default::default(),
+        };
         Outcome {
             status,
             stdout,
