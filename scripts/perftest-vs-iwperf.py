@@ -2,7 +2,10 @@
 """Unmodified perftest through libsoftiwarp against iwperf, side by side.
 
 Both on the same path: two processes on one UDP link on 127.0.0.1 (the library's
-`link=udp:`, iwperf's `--udp`), MTU as given. Each round runs, alternating:
+`link=udp:`, iwperf's `--udp`), MTU as given; or, with `--netdev lo`, both on the host's
+kernel TCP over lo (the library with no configuration, whose devices are the host's
+interfaces, against `iwperf --netdev lo`; perftest and iwperf connect to 127.0.0.1;
+`--mtu` is lo's and ignored). Each round runs, alternating:
   ib_write_bw -R, ib_read_bw -R (64 KiB, --report_gbits, -D seconds) and
   ib_send_lat -R (2 bytes, -n iterations) with LD_PRELOAD=libsoftiwarp.so, then
   iwperf client --op write / --op read (64 KiB, --duration) and --lat --op send
@@ -12,6 +15,7 @@ the library as a share (bandwidth) or a multiple (latency) of iwperf.
 
 Usage: scripts/perftest-vs-iwperf.py --lib target/release/libsoftiwarp.so
         [--iwperf target/release/iwperf] [--rounds 5] [--duration 3] [--mtu 1500]
+        [--netdev lo]
 """
 import argparse
 import json
@@ -29,6 +33,7 @@ p.add_argument("--rounds", type=int, default=5)
 p.add_argument("--duration", type=float, default=3.0)
 p.add_argument("--lat-iters", type=int, default=10000)
 p.add_argument("--mtu", type=int, default=1500)
+p.add_argument("--netdev", help="kernel TCP on this interface (lo) instead of a UDP link")
 a = p.parse_args()
 
 tmp = tempfile.mkdtemp(prefix="pt-vs-iwperf-")
@@ -46,12 +51,18 @@ def perftest(prog, args):
     global port
     port += 2
     env = dict(os.environ, LD_PRELOAD=lib)
-    srv = subprocess.Popen([prog, "-R"] + args,
-                           env=dict(env, SOFTIWARP_DEVICE=line("10.77.70.1", port, port + 1)),
+    env.pop("SOFTIWARP_DEVICE", None)
+    if a.netdev:
+        senv, cenv, dst = env, env, "127.0.0.1"
+        args = args + ["-p", str(port)]
+    else:
+        senv = dict(env, SOFTIWARP_DEVICE=line("10.77.70.1", port, port + 1))
+        cenv = dict(env, SOFTIWARP_DEVICE=line("10.77.70.2", port + 1, port))
+        dst = "10.77.70.1"
+    srv = subprocess.Popen([prog, "-R"] + args, env=senv,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
-    out = subprocess.run([prog, "-R"] + args + ["10.77.70.1"],
-                         env=dict(env, SOFTIWARP_DEVICE=line("10.77.70.2", port + 1, port)),
+    out = subprocess.run([prog, "-R"] + args + [dst], env=cenv,
                          capture_output=True, text=True, timeout=120).stdout
     srv.wait(timeout=60)
     rows = out.splitlines()
@@ -62,14 +73,19 @@ def perftest(prog, args):
 def iwperf(args):
     global port
     port += 2
-    srv = subprocess.Popen([a.iwperf, "server", "--udp", f"127.0.0.1:{port}", "--udp-peer",
-                            f"127.0.0.1:{port + 1}", "--ip", "10.77.71.1/24", "--mtu",
-                            str(a.mtu), "--timeout", "60"],
+    if a.netdev:
+        sdev = cdev = ["--netdev", a.netdev, "--port", str(port)]
+        peer = "127.0.0.1"
+    else:
+        sdev = ["--udp", f"127.0.0.1:{port}", "--udp-peer", f"127.0.0.1:{port + 1}",
+                "--ip", "10.77.71.1/24", "--mtu", str(a.mtu)]
+        cdev = ["--udp", f"127.0.0.1:{port + 1}", "--udp-peer", f"127.0.0.1:{port}",
+                "--ip", "10.77.71.2/24", "--mtu", str(a.mtu)]
+        peer = "10.77.71.1"
+    srv = subprocess.Popen([a.iwperf, "server"] + sdev + ["--timeout", "60"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert srv.stdout.readline().strip() == "READY"
-    out = subprocess.run([a.iwperf, "client", "--udp", f"127.0.0.1:{port + 1}", "--udp-peer",
-                          f"127.0.0.1:{port}", "--ip", "10.77.71.2/24", "--mtu", str(a.mtu),
-                          "--peer", "10.77.71.1", "--json"] + args,
+    out = subprocess.run([a.iwperf, "client"] + cdev + ["--peer", peer, "--json"] + args,
                          capture_output=True, text=True, check=True, timeout=120).stdout
     srv.wait(timeout=60)
     return json.loads(out.strip().splitlines()[-1])
@@ -90,7 +106,8 @@ for r in range(a.rounds):
     res["iw_lat"].append(iwperf(["--lat", "--op", "send", "--size", "2", "--iters",
                                  str(a.lat_iters)])["latency"]["t_typical"])
 m = {k: statistics.median(v) for k, v in res.items()}
-print(f"UDP link on 127.0.0.1, MTU {a.mtu}, {a.rounds} rounds alternated, medians:")
+path = f"kernel TCP on {a.netdev}" if a.netdev else f"UDP link on 127.0.0.1, MTU {a.mtu}"
+print(f"{path}, {a.rounds} rounds alternated, medians:")
 print("| test | perftest through libsoftiwarp | iwperf | library / iwperf |")
 print("|---|---:|---:|---:|")
 print(f"| Write 64 KiB (Gbit/s) | {m['pt_write']:.2f} | {m['iw_write']:.2f} | {m['pt_write'] / m['iw_write']:.0%} |")
