@@ -69,7 +69,8 @@ fn cmtime_times_100_connections_on_qps_with_the_cm_defaults() {
     srv.kill();
     let s = srv.wait(Duration::from_secs(10));
     assert!(c.ok(), "client: {c:?}");
-    // Every step ran for every connection: a table row each, no error printed.
+    // Every step ran for every connection: a table row each with its total, no error
+    // printed.
     for step in [
         "create id",
         "resolve addr",
@@ -89,7 +90,9 @@ fn cmtime_times_100_connections_on_qps_with_the_cm_defaults() {
             .next()
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("{row}"));
-        assert!(total > 0.0, "{row}");
+        // A step of 100 fast calls can total under the table's 0.01 ms resolution
+        // (disconnect printed 0.00 once): the row's number is what is checked.
+        assert!(total >= 0.0, "{row}");
     }
     for o in [&c, &s] {
         let all = format!("{}{}", o.stdout, o.stderr);
