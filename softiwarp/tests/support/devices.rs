@@ -271,3 +271,17 @@ pub fn stream_verified(
         assert_eq!(rx.join().unwrap(), h_sent, "seed {seed}: checksum mismatch");
     });
 }
+
+/// After a run of RDMA Reads and/or atomics from `a` to `b` with ORD = IRD = `ord`:
+/// `a` had exactly `ord` requests outstanding at most (ORD reached, not passed), `b`
+/// queued between 1 and `ord` responses (IRD respected), and `a` is still in RTS.
+pub fn assert_ord_ird_respected(a: &End, b: &End, ord: u32) {
+    assert_eq!(
+        u64::from(ord),
+        a.qp.stats().reads_outstanding_max as u64,
+        "ORD reached, not passed"
+    );
+    let rr = b.qp.stats().read_responses_pending_max as u64;
+    assert!((1..=u64::from(ord)).contains(&rr), "IRD respected: {rr}");
+    assert_eq!(a.qp.state(), verbs::QpState::Rts);
+}

@@ -595,14 +595,7 @@ fn ord_and_ird_limits_are_negotiated_and_reached() {
         assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success));
     }
     assert!(local.to_vec() == data);
-    assert_eq!(
-        a.qp.stats().reads_outstanding_max,
-        2,
-        "ORD reached, not passed"
-    );
-    let rr = b.qp.stats().read_responses_pending_max;
-    assert!((1..=2).contains(&rr), "IRD respected: {rr}");
-    assert_eq!(a.qp.state(), QpState::Rts);
+    assert_ord_ird_respected(&a, &b, 2);
 }
 
 #[test]
