@@ -136,12 +136,15 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
             server_note(&mut p, &mut conns, &mut listener, n);
         }
         if !p.newly_removed_peek().is_empty() {
+            step("settle");
             p.settle_removals();
+            step("settled");
         }
         let now = Instant::now();
         for c in conns.values_mut() {
             if c.accept_at.is_some_and(|t| t <= now) {
                 c.accept_at = None;
+                step(&format!("accept {}", c.purpose));
                 server_accept(&p, &devs, c);
             }
         }
@@ -153,6 +156,7 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
             .collect();
         for s in ended {
             if let Some(c) = conns.remove(&s) {
+                step(&format!("finish {}", c.purpose));
                 server_finish(&mut p, &devs, c);
             }
         }
@@ -167,6 +171,7 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
                 && conns.is_empty()
                 && ready.elapsed() >= Duration::from_millis(args.first_connection_ms));
         if done && !p.removal_pending() && !p.action_pending() {
+            step("idle");
             break;
         }
         if p.out_of_time() {
@@ -206,6 +211,7 @@ pub(super) fn run_server(args: &PeerArgs) -> Result<PeerReport, PeerError> {
         }
         drop((d.mr, d.rmr, d.cq, d.pd));
     }
+    step("pollers-joined");
     Ok(p.finish())
 }
 

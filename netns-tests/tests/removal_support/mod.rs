@@ -438,6 +438,18 @@ pub fn phase_at(stdout: &str, t: u64) -> Option<String> {
         .map(|(p, _)| p.to_owned())
 }
 
+/// A peer's `STEP <name> <t_ns>` and `PHASE <name> <t_ns>` lines as `name@ms` (ms after
+/// `t0`, ns since the epoch), in order: where a slow peer spent its time.
+pub fn timeline(stdout: &str, t0: u64) -> String {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("STEP ").or_else(|| l.strip_prefix("PHASE ")))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(name, ts)| Some(format!("{name}@{:.1}", ms(ts.parse().ok()?, t0))))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Milliseconds from `from` to `ns` (both ns since the epoch; negative if `ns` is earlier).
 pub fn ms(ns: u64, from: u64) -> f64 {
     (ns as f64 - from as f64) / 1e6
@@ -532,7 +544,10 @@ fn iteration(
             plan: format!("{plan:?}"),
             check: Box::new(check),
             context: format!(
-                "{outcome:?}\nremoved side report: {removed:?}\nsurvivor report: {survivor:?}"
+                "{outcome:?}\nremoved side report: {removed:?}\nsurvivor report: {survivor:?}\n\
+                 server steps (ms after the action): {}\nclient steps (ms after the action): {}",
+                timeline(&outs[0].stdout, t_act),
+                timeline(&outs[1].stdout, t_act)
             ),
         })
     };
