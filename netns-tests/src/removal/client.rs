@@ -182,6 +182,13 @@ pub(super) fn load_worker(
     })();
     let (src, dst) = match mrs {
         Ok(m) => m,
+        // The removal reached this device before the worker's first registration (a
+        // worker thread scheduled late on a loaded machine): the error a real program
+        // gets then, and its notice of the removal, not a violation.
+        Err(verbs::VerbsError::DeviceGone) => {
+            rec.notice(now_ns(), || "load MRs: device removed".into());
+            return (acct, c);
+        }
         Err(err) => {
             rec.violation(format!("load MRs: {}", e(err)));
             return (acct, c);
