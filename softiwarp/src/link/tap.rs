@@ -55,7 +55,12 @@
 //! readable when a frame arrives, when a link notification arrives, or when the TAP fd
 //! errors, so an engine sleeping on it wakes within microseconds of the change. If the
 //! netlink socket overflows (`ENOBUFS`, notifications lost), the state is re-read with
-//! `RTM_GETLINK`. Once gone, both fds leave the epoll set, so the poll fd stays quiet.
+//! `RTM_GETLINK`. A third member, an `eventfd(2)`, is readable exactly while an event is
+//! queued and not yet taken by [`Link::poll_event`]: a read or write that meets
+//! `EBADFD` queues `Gone` without any notification (`ip link del` detaches the TAP fd
+//! before it sends `RTM_DELLINK`), and a caller that then sleeps on the poll fd must
+//! still wake for it. Once gone, the TAP and netlink fds leave the epoll set, so the
+//! poll fd stays quiet after `Gone` was taken.
 //!
 //! # Start-up
 //!
@@ -76,6 +81,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use nix::errno::Errno;
 use nix::net::if_::if_nametoindex;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::offload::{fill_partial_csum, RxCsum, RxMeta, OFFLOAD_MAX_FRAME};
 use super::rtnl::{LinkMsg, RtnlBody, RtnlSocket, AF_UNSPEC, RTMGRP_LINK};
@@ -91,6 +97,7 @@ const IFNAMSIZ: usize = 16;
 
 const TOKEN_TAP: u64 = 0;
 const TOKEN_RTNL: u64 = 1;
+const TOKEN_QUEUED: u64 = 2;
 
 /// `struct ifreq` as `TUNSETIFF` uses it: the name and the `ifr_flags` member of the
 /// union (40 bytes on 64-bit Linux, `linux/if.h`).
@@ -195,6 +202,8 @@ pub struct TapLink {
     mtu: usize,
     rtnl: Option<RtnlSocket>,
     epoll: Epoll,
+    /// In `epoll`; readable exactly while `tracker` holds an event not yet taken.
+    queued: EventFd,
     tracker: StateTracker,
     span: tracing::Span,
     /// Attached with `IFF_VNET_HDR`: every read and write starts with a header.
@@ -357,6 +366,11 @@ impl TapLink {
         epoll
             .add(&rtnl, EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_RTNL))
             .map_err(|e| LinkError::io("epoll_ctl", e))?;
+        let queued = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| LinkError::io("eventfd", e))?;
+        epoll
+            .add(&queued, EpollEvent::new(EpollFlags::EPOLLIN, TOKEN_QUEUED))
+            .map_err(|e| LinkError::io("epoll_ctl", e))?;
         let state = info.state();
         let span = tracing::info_span!("tap", name = %name, ifindex);
         let offload = vnet
@@ -378,6 +392,7 @@ impl TapLink {
             mtu,
             rtnl: Some(rtnl),
             epoll,
+            queued,
             tracker: StateTracker::new(state),
             span,
             vnet,
@@ -392,6 +407,10 @@ impl TapLink {
 
     fn set_state(&mut self, next: LinkEvent) {
         if self.tracker.set(next) {
+            // The poll fd is readable until the event is taken (`poll_event`). An
+            // eventfd write fails only on counter overflow, which one write per state
+            // change cannot reach.
+            let _ = self.queued.write(1);
             let _e = self.span.enter();
             tracing::info!(event = ?next, "TAP state change");
             if next.is_gone() {
@@ -409,7 +428,7 @@ impl TapLink {
         if self.tracker.state().is_gone() {
             return;
         }
-        let mut evs = [EpollEvent::empty(); 2];
+        let mut evs = [EpollEvent::empty(); 3];
         let n = match self.epoll.wait(&mut evs, EpollTimeout::ZERO) {
             Ok(n) => n,
             Err(e) => {
@@ -426,7 +445,9 @@ impl TapLink {
                         .events()
                         .intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP)
                 }
-                _ => notified = true,
+                TOKEN_RTNL => notified = true,
+                // The queued-event eventfd: nothing to read from the kernel.
+                _ => {}
             }
         }
         if notified {
@@ -645,7 +666,13 @@ impl Link for TapLink {
         if !self.tracker.has_events() {
             self.check();
         }
-        self.tracker.pop()
+        let ev = self.tracker.pop();
+        if ev.is_some() && !self.tracker.has_events() {
+            // Every event taken: the poll fd no longer reports one. EAGAIN when the
+            // counter is zero already; nothing else can fail on a valid eventfd.
+            let _ = self.queued.read();
+        }
+        ev
     }
 
     fn state(&self) -> LinkEvent {
