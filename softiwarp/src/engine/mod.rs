@@ -1053,11 +1053,20 @@ impl Driving {
         {
             let _ = self.wake.write(1);
         }
-        if d != Drove::Ended {
+        if d == Drove::Ended {
+            self.ended_by_app();
+        } else {
             self.owner
                 .lease(self.now_us().saturating_add(LEASE.as_micros() as u64));
         }
         d
+    }
+
+    /// An application thread's drive found the device ended: the engine thread frees
+    /// the driver ([`Progress::drop_retired`]), so it is woken; the verbs call returns
+    /// without waiting for the link to close.
+    fn ended_by_app(&self) {
+        let _ = self.wake.write(1);
     }
 
     /// A blocking wait of an application thread (Hybrid mode), until `ready()` or
@@ -1111,7 +1120,10 @@ impl Driving {
                 sleep(Some(self.link_fd.as_fd()), None, Some(nap));
             }
             match self.progress.drive(POLL_BUDGET) {
-                Drove::Ended => break ready(),
+                Drove::Ended => {
+                    self.ended_by_app();
+                    break ready();
+                }
                 Drove::Drove { active: a, .. } => active = a,
                 Drove::Busy => active = true,
             }
@@ -1141,7 +1153,8 @@ impl Driving {
 /// [`ProgressMode::Hybrid`], while an application thread holds the link's lease or polls
 /// it ([`Owner`]), the engine sleeps on its wake-up alone (commands, a lapsed lease).
 /// Returns when the device ended (shutdown, every handle gone, link gone), whichever
-/// thread ran the ending pass.
+/// thread ran the ending pass, after freeing the ended driver (its link and sockets:
+/// [`Progress::drop_retired`]), so no application thread waits for the link to close.
 pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
     let shared = &driving.shared;
     let span = tracing::info_span!("device", name = %name);
@@ -1164,6 +1177,7 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
                 // lapses or the poller leaves; a wake-up (commands, work left at a
                 // budget's end) or published work is driven at once.
                 if (woken || progress.pending()) && progress.drive(ENGINE_BUDGET) == Drove::Ended {
+                    progress.drop_retired();
                     return;
                 }
                 let nap = match view {
@@ -1192,6 +1206,7 @@ pub(crate) fn run_engine(driving: Arc<Driving>, name: String) {
         match progress.drive(ENGINE_BUDGET) {
             Drove::Ended => {
                 tracing::debug!("engine ended");
+                progress.drop_retired();
                 return;
             }
             Drove::Busy => {

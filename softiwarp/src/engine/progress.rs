@@ -78,7 +78,8 @@ pub struct Pass {
     pub active: bool,
     /// It stopped at its budget with work left: `pending` stays set.
     pub more: bool,
-    /// The device ended in this pass: the driver is taken out and dropped after unlock.
+    /// The device ended in this pass: the driver is taken out and retired (see
+    /// [`Progress::drop_retired`]).
     pub ended: bool,
 }
 
@@ -137,6 +138,9 @@ pub enum ProgressBreak {
 /// One device's progress lock. See the [module documentation](self).
 pub struct Progress<D> {
     driver: Mutex<Option<D>>,
+    /// The driver of an ended device, until [`Progress::drop_retired`] (or the lock's
+    /// own drop) frees it.
+    retired: Mutex<Option<D>>,
     pending: AtomicBool,
     brk: Option<ProgressBreak>,
 }
@@ -160,6 +164,7 @@ impl<D: Drive> Progress<D> {
     pub fn with_break(driver: D, brk: Option<ProgressBreak>) -> Self {
         Progress {
             driver: Mutex::new(Some(driver)),
+            retired: Mutex::new(None),
             pending: AtomicBool::new(false),
             brk,
         }
@@ -204,9 +209,9 @@ impl<D: Drive> Progress<D> {
                 Err(TryLockError::Poisoned(p)) => {
                     // A pass panicked: its state may be half-updated; end the device.
                     let mut g = p.into_inner();
-                    let d = g.take();
-                    drop(g);
-                    drop(d);
+                    if let Some(d) = g.take() {
+                        self.retire(d);
+                    }
                     return Drove::Ended;
                 }
             };
@@ -228,13 +233,13 @@ impl<D: Drive> Progress<D> {
             if pass.more {
                 self.pending.store(true, Release);
             }
-            let ended = if pass.ended { guard.take() } else { None };
+            // Retired while the lock is held: whoever then finds no driver finds it.
+            let ended = pass.ended && guard.take().map(|d| self.retire(d)).is_some();
             drop(guard);
             out.run();
             passes += 1;
             active |= pass.active;
-            if let Some(d) = ended {
-                drop(d);
+            if ended {
                 return Drove::Ended;
             }
             self.fence();
@@ -247,6 +252,30 @@ impl<D: Drive> Progress<D> {
                 };
             }
         }
+    }
+
+    /// Keeps the driver of an ended device for [`Progress::drop_retired`].
+    fn retire(&self, d: D) {
+        *self
+            .retired
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(d);
+    }
+
+    /// Frees the driver of an ended device, if it has not been freed yet; true if this
+    /// call freed it. Freeing it can block: it closes the device's link (a TAP fd
+    /// whose interface `ip link del` is deleting waits in the kernel until the deletion
+    /// is done: seconds on a loaded machine). The pass that ends the device may run on
+    /// an application thread inside a verbs call, so the driver is not freed there; the
+    /// engine thread calls this when it sees [`Drove::Ended`] (and the lock's own drop
+    /// frees a driver no one freed).
+    pub fn drop_retired(&self) -> bool {
+        let d = self
+            .retired
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        d.is_some()
     }
 
     /// Runs `f` on the driver if the lock is free (the engine thread's bookkeeping before
